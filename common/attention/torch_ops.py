@@ -26,12 +26,9 @@ def gather_kv(cache: torch.Tensor, block_table: torch.Tensor, seq_len: int) -> t
 def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
     """q [Lq, Hq, D] attends causally to k/v [Lk, Hkv, D] whose last Lq rows are the queries' own."""
     lq, lk = q.shape[0], k.shape[0]
-    group = q.shape[1] // k.shape[1]
-    if group > 1:
-        k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
     mask = torch.ones(lq, lk, dtype=torch.bool, device=q.device).tril(diagonal=lk - lq)
     out = F.scaled_dot_product_attention(q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1),
-                                         attn_mask=mask, scale=scale)
+                                         attn_mask=mask, scale=scale, enable_gqa=True)
     return out.transpose(0, 1)
 
 
@@ -59,5 +56,13 @@ def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
 
 def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                            block_tables: torch.Tensor, seq_lens: torch.Tensor, scale: float) -> torch.Tensor:
-    cu = torch.arange(q.shape[0] + 1, dtype=torch.int32)
-    return paged_prefill_attention(q, k_cache, v_cache, cu, seq_lens, block_tables, 1, scale)
+    """One query per sequence; all sequences in one padded, masked attention call."""
+    block_size = k_cache.shape[1]
+    max_len = int(seq_lens.max())
+    tables = block_tables[:, :(max_len + block_size - 1) // block_size].long()
+    b = q.shape[0]
+    k = k_cache[tables].flatten(1, 2)[:, :max_len].transpose(1, 2)  # [B, Hkv, L, D]
+    v = v_cache[tables].flatten(1, 2)[:, :max_len].transpose(1, 2)
+    mask = (torch.arange(max_len, device=q.device) < seq_lens.unsqueeze(1)).view(b, 1, 1, max_len)
+    out = F.scaled_dot_product_attention(q.unsqueeze(2), k, v, attn_mask=mask, scale=scale, enable_gqa=True)
+    return out.squeeze(2)

@@ -1,0 +1,149 @@
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+# architecture -> (attention has qkv bias, per-head q/k RMSNorm)
+ARCHITECTURES = {
+    "LlamaForCausalLM": (False, False),
+    "MistralForCausalLM": (False, False),
+    "Qwen2ForCausalLM": (True, False),
+    "Qwen3ForCausalLM": (False, True),
+}
+
+
+class ConfigError(ValueError):
+    pass
+
+
+@dataclass
+class ModelConfig:
+    """The parts of an HF config.json the engine needs."""
+
+    architecture: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    rope_theta: float
+    rope_scaling: dict | None
+    max_position_embeddings: int
+    tie_word_embeddings: bool
+    qkv_bias: bool
+    qk_norm: bool
+    dtype: torch.dtype
+    eos_token_ids: list[int]
+    bos_token_id: int | None
+
+    @classmethod
+    def from_dir(cls, model: str | os.PathLike) -> ModelConfig:
+        path = Path(model) / "config.json"
+        if not path.is_file():
+            raise ConfigError(f"model: no config.json in {model!r} (is it an HF checkpoint folder?)")
+        return cls.from_dict(json.loads(path.read_text()))
+
+    @classmethod
+    def from_dict(cls, c: dict) -> ModelConfig:
+        arch = (c.get("architectures") or ["?"])[0]
+        if arch not in ARCHITECTURES:
+            raise ConfigError(f"model: architecture {arch!r} is not supported (supported: {', '.join(ARCHITECTURES)})")
+        qkv_bias, qk_norm = ARCHITECTURES[arch]
+        rope = dict(c.get("rope_parameters") or c.get("rope_scaling") or {})
+        rope_theta = float(c.get("rope_theta") or rope.pop("rope_theta", 10000.0))
+        rope.pop("rope_theta", None)
+        rope_type = rope.get("rope_type", rope.get("type", "default"))
+        eos = c.get("eos_token_id")
+        dtype = c.get("torch_dtype") or c.get("dtype") or "float32"
+        return cls(
+            architecture=arch,
+            vocab_size=c["vocab_size"],
+            hidden_size=c["hidden_size"],
+            intermediate_size=c["intermediate_size"],
+            num_layers=c["num_hidden_layers"],
+            num_heads=c["num_attention_heads"],
+            num_kv_heads=c.get("num_key_value_heads") or c["num_attention_heads"],
+            head_dim=c.get("head_dim") or c["hidden_size"] // c["num_attention_heads"],
+            rms_norm_eps=c.get("rms_norm_eps", 1e-6),
+            rope_theta=rope_theta,
+            rope_scaling=None if rope_type == "default" else rope,
+            max_position_embeddings=c.get("max_position_embeddings", 4096),
+            tie_word_embeddings=c.get("tie_word_embeddings", False),
+            qkv_bias=c.get("attention_bias", qkv_bias),
+            qk_norm=qk_norm,
+            dtype=DTYPES.get(str(dtype).replace("torch.", ""), torch.float32),
+            eos_token_ids=[] if eos is None else ([eos] if isinstance(eos, int) else list(eos)),
+            bos_token_id=c.get("bos_token_id"),
+        )
+
+
+def parse_bytes(text: str | int) -> int:
+    """'4GiB', '512MB', '1e9' or an int -> bytes."""
+    if isinstance(text, int):
+        return text
+    m = re.fullmatch(r"\s*([0-9.eE+]+)\s*([KMGT]?)(i?)B?\s*", str(text), re.IGNORECASE)
+    if not m:
+        raise ConfigError(f"not a size: {text!r} (e.g. 2GiB, 512MB)")
+    base = 1024 if m.group(3) or not m.group(2) else 1000
+    return int(float(m.group(1)) * base ** " KMGT".index(m.group(2).upper() or " "))
+
+
+def _opt(default, help: str, **kw):
+    return field(default=default, metadata={"help": help, **kw})
+
+
+@dataclass
+class EngineConfig:
+    model: str = field(metadata={"help": "HF checkpoint folder (config.json, *.safetensors, tokenizer)"})
+    device: str = _opt("auto", "cpu, cuda, or auto (cuda when available)")
+    dtype: str = _opt("auto", "float32, bfloat16, float16, or auto (the checkpoint's on cuda, float32 on cpu)")
+    block_size: int = _opt(16, "tokens per KV block")
+    max_num_seqs: int = _opt(256, "most sequences in one step")
+    max_num_batched_tokens: int = _opt(8192, "token budget of one step; longer prompts are prefilled in chunks")
+    max_model_len: int | None = _opt(None, "longest prompt + completion (default: the model's limit)")
+    kv_cache_memory: int = _opt(2 << 30, "bytes of KV cache on cpu, e.g. 2GiB", parse=parse_bytes)
+    gpu_memory_utilization: float = _opt(0.9, "share of the GPU's memory this worker may use (weights, activations, KV)")
+    num_kv_blocks: int | None = _opt(None, "fix the KV pool's block count instead of sizing it from memory")
+    enable_prefix_caching: bool = _opt(True, "reuse KV blocks of shared prompt prefixes")
+    enforce_eager: bool = _opt(False, "never use CUDA graphs")
+    tensor_parallel_size: int = _opt(1, "GPUs one model is split across")
+    attention_backend: str = _opt("auto", "auto, torch, triton or flash_attn")
+    load_format: str = _opt("auto", "auto, or dummy for random weights (benchmarks)")
+    seed: int = _opt(0, "seed of the engine's random state")
+    model_config: ModelConfig = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self.model_config = ModelConfig.from_dir(self.model)
+        if self.device == "auto":
+            self.device = "cuda" if torch.cuda.is_available() else "cpu"
+        if self.device not in ("cpu", "cuda"):
+            raise ConfigError(f"device: must be cpu or cuda, got {self.device!r}")
+        if self.device == "cuda" and not torch.cuda.is_available():
+            raise ConfigError("device: cuda asked for but torch sees no CUDA device")
+        if self.dtype != "auto" and self.dtype not in DTYPES:
+            raise ConfigError(f"dtype: must be one of auto, {', '.join(DTYPES)}, got {self.dtype!r}")
+        limit = self.model_config.max_position_embeddings
+        self.max_model_len = min(self.max_model_len or limit, limit)
+        for name in ("block_size", "max_num_seqs", "max_num_batched_tokens", "tensor_parallel_size"):
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"{name}: must be positive, got {getattr(self, name)}")
+        if self.max_num_batched_tokens < self.max_num_seqs:
+            raise ConfigError("max_num_batched_tokens: must be at least max_num_seqs, so every decode fits a step")
+        if not 0 < self.gpu_memory_utilization <= 1:
+            raise ConfigError(f"gpu_memory_utilization: must be in (0, 1], got {self.gpu_memory_utilization}")
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        if self.dtype != "auto":
+            return DTYPES[self.dtype]
+        return self.model_config.dtype if self.device == "cuda" else torch.float32

@@ -1,0 +1,117 @@
+from __future__ import annotations
+
+import logging
+import multiprocessing as mp
+import socket
+import time
+from dataclasses import dataclass
+
+from common.block_manager import BlockManager
+from common.config import EngineConfig
+from common.model_runner import ModelRunner
+from common.sampling_params import InvalidRequest, SamplingParams
+from common.scheduler import Scheduler
+from common.sequence import Sequence
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class StepStats:
+    num_prefill_tokens: int = 0
+    num_decode_tokens: int = 0
+    seconds: float = 0.0
+
+
+def _tp_worker(config: EngineConfig, rank: int, init_method: str) -> None:
+    ModelRunner(config, rank, init_method).serve_forever()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class LLMEngine:
+    """Requests in, tokens out: schedule -> run -> postprocess, one step at a time. Speaks token ids only."""
+
+    def __init__(self, config: EngineConfig):
+        self.config = config
+        self._procs: list[mp.Process] = []
+        init_method = None
+        if config.tensor_parallel_size > 1:
+            init_method = f"tcp://127.0.0.1:{_free_port()}"
+            ctx = mp.get_context("spawn")  # never fork a process that may hold CUDA state
+            self._procs = [ctx.Process(target=_tp_worker, args=(config, r, init_method), daemon=True)
+                           for r in range(1, config.tensor_parallel_size)]
+            for p in self._procs:
+                p.start()
+        self.runner = ModelRunner(config, 0, init_method)
+        capacity = self.runner.num_blocks * config.block_size
+        if capacity < config.max_model_len:
+            log.warning("max_model_len lowered from %d to %d: the KV pool holds no more", config.max_model_len, capacity)
+            config.max_model_len = capacity
+        self.block_manager = BlockManager(self.runner.num_blocks, config.block_size, config.enable_prefix_caching)
+        self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, config.max_num_batched_tokens,
+                                   config.max_model_len, config.model_config.eos_token_ids)
+        self.requests: dict[str, Sequence] = {}
+        self.last_step = StepStats()
+
+    def add_request(self, request_id: str, prompt_token_ids: list[int], sampling: SamplingParams) -> Sequence:
+        """Validates and queues a request; raises InvalidRequest (naming the field) and changes nothing on bad input."""
+        if request_id in self.requests:
+            raise InvalidRequest("request_id", f"{request_id!r} is already in use")
+        self.validate_prompt(prompt_token_ids)
+        sampling.validate()
+        seq = Sequence(request_id, prompt_token_ids, sampling)
+        self.requests[request_id] = seq
+        self.scheduler.add(seq)
+        return seq
+
+    def validate_prompt(self, ids: list[int]) -> None:
+        vocab = self.config.model_config.vocab_size
+        if not ids:
+            raise InvalidRequest("prompt", "is empty")
+        if len(ids) > self.config.max_model_len:
+            raise InvalidRequest("prompt", f"has {len(ids)} tokens, more than max_model_len={self.config.max_model_len}")
+        if not all(isinstance(t, int) and 0 <= t < vocab for t in ids):
+            raise InvalidRequest("prompt_token_ids", f"every token id must be an integer in [0, {vocab})")
+
+    def abort(self, request_id: str) -> bool:
+        seq = self.requests.pop(request_id, None)
+        if seq is None:
+            return False
+        self.scheduler.finish(seq, "abort")
+        return True
+
+    def step(self) -> list[Sequence]:
+        """One forward over the next scheduled batch; returns the sequences that got a token."""
+        start = time.perf_counter()
+        batch = self.scheduler.schedule()
+        if batch is None:
+            self.last_step = StepStats()
+            return []
+        tokens = self.runner.run(batch)
+        updated = self.scheduler.postprocess(batch, tokens)
+        for seq in updated:
+            if seq.is_finished:
+                self.requests.pop(seq.request_id, None)
+        nd = batch.num_decodes
+        self.last_step = StepStats(batch.num_tokens - nd, nd, time.perf_counter() - start)
+        return updated
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_unfinished()
+
+    @property
+    def num_free_blocks(self) -> int:
+        return self.block_manager.num_free_blocks
+
+    def close(self) -> None:
+        self.runner.stop_workers()
+        for p in self._procs:
+            p.join(timeout=30)
+            if p.is_alive():
+                p.kill()
+        self._procs = []

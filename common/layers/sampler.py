@@ -1,0 +1,67 @@
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from common.sampling_params import SamplingParams
+
+
+@dataclass
+class SamplingBatch:
+    """Per-row sampling settings of one step, as device tensors (built once per step)."""
+
+    temperatures: torch.Tensor  # [B] float32; 0 = greedy
+    top_ks: torch.Tensor | None  # [B] int64, vocab size where disabled; None if no row uses top-k
+    top_ps: torch.Tensor | None  # [B] float32; None if no row uses top-p
+    generators: list[torch.Generator | None]  # per row: its own seeded generator, or None
+    all_greedy: bool
+
+    @classmethod
+    def build(cls, params: list[SamplingParams], generators: list[torch.Generator | None], vocab_size: int,
+              device: torch.device) -> SamplingBatch:
+        temps = [p.temperature for p in params]
+        use_k = any(0 < p.top_k < vocab_size for p in params)
+        use_p = any(p.top_p < 1.0 for p in params)
+        return cls(
+            temperatures=torch.tensor(temps, dtype=torch.float32, device=device),
+            top_ks=torch.tensor([p.top_k if 0 < p.top_k < vocab_size else vocab_size for p in params],
+                                device=device) if use_k else None,
+            top_ps=torch.tensor([p.top_p for p in params], dtype=torch.float32, device=device) if use_p else None,
+            generators=generators,
+            all_greedy=all(t == 0.0 for t in temps),
+        )
+
+
+def sample(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
+    """Greedy rows take the argmax; the others the Gumbel-max trick: argmax(p / E) with E ~ Exp(1)."""
+    logits = logits.float()
+    greedy = logits.argmax(dim=-1)
+    if batch.all_greedy:
+        return greedy
+    temps = batch.temperatures
+    scaled = logits / torch.where(temps > 0, temps, 1.0).unsqueeze(1)
+    if batch.top_ks is not None or batch.top_ps is not None:
+        scaled = _mask_top_k_top_p(scaled, batch.top_ks, batch.top_ps)
+    probs = scaled.softmax(dim=-1)
+    noise = torch.empty_like(probs).exponential_()
+    for i, gen in enumerate(batch.generators):
+        if gen is not None:
+            noise[i].exponential_(generator=gen)
+    sampled = (probs / noise).argmax(dim=-1)
+    return torch.where(temps == 0, greedy, sampled)
+
+
+def _mask_top_k_top_p(logits: torch.Tensor, top_ks: torch.Tensor | None, top_ps: torch.Tensor | None) -> torch.Tensor:
+    sorted_logits, order = logits.sort(dim=-1, descending=True)
+    vocab = logits.shape[-1]
+    drop = torch.zeros_like(sorted_logits, dtype=torch.bool)
+    if top_ks is not None:
+        drop |= torch.arange(vocab, device=logits.device).unsqueeze(0) >= top_ks.unsqueeze(1)
+    if top_ps is not None:
+        probs = sorted_logits.masked_fill(drop, float("-inf")).softmax(dim=-1)
+        # Mass strictly before each token: the token that crosses top_p is kept.
+        before = probs.cumsum(dim=-1) - probs
+        drop |= before >= top_ps.unsqueeze(1)
+    sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
+    return torch.empty_like(logits).scatter_(-1, order, sorted_logits)

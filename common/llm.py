@@ -1,0 +1,97 @@
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+
+from tqdm import tqdm
+from transformers import AutoTokenizer
+
+from common.config import EngineConfig
+from common.engine import LLMEngine
+from common.sampling_params import InvalidRequest, SamplingParams
+
+
+@dataclass
+class RequestOutput:
+    index: int
+    prompt_token_ids: list[int]
+    token_ids: list[int]  # the completion
+    text: str
+    finish_reason: str
+    num_cached_tokens: int
+
+
+def load_tokenizer(model: str):
+    return AutoTokenizer.from_pretrained(model)
+
+
+def encode_prompt(tokenizer, prompt: str, chat: bool = False) -> list[int]:
+    """Raw prompts exactly as `tokenizer.encode`; chat prompts through the model's chat template."""
+    if not isinstance(prompt, str):
+        raise InvalidRequest("prompt", f"must be a string, got {type(prompt).__name__}")
+    if chat:
+        text = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False,
+                                             add_generation_prompt=True)
+        return tokenizer.encode(text, add_special_tokens=False)
+    return tokenizer.encode(prompt)
+
+
+class LLM:
+    """Offline generation: `LLM(model_dir).generate(prompts, SamplingParams(...))`."""
+
+    def __init__(self, model: str, **engine_args):
+        self._start(EngineConfig(model=model, **engine_args))
+
+    @classmethod
+    def from_config(cls, config: EngineConfig) -> LLM:
+        llm = cls.__new__(cls)
+        llm._start(config)
+        return llm
+
+    def _start(self, config: EngineConfig) -> None:
+        self.tokenizer = load_tokenizer(config.model)
+        self.engine = LLMEngine(config)
+        self._ids = itertools.count()
+
+    def generate(self, prompts: str | list[str] | list[list[int]], sampling: SamplingParams | list[SamplingParams] | None = None,
+                 chat: bool = False, use_tqdm: bool = True) -> list[RequestOutput]:
+        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
+            prompts = [prompts]
+        params = sampling if isinstance(sampling, list) else [sampling or SamplingParams()] * len(prompts)
+        if len(params) != len(prompts):
+            raise InvalidRequest("sampling", f"{len(params)} sampling params for {len(prompts)} prompts")
+        encoded = [p if isinstance(p, list) else encode_prompt(self.tokenizer, p, chat) for p in prompts]
+        for ids, sp in zip(encoded, params):  # all or nothing: validate before queueing any
+            self.engine.validate_prompt(ids)
+            sp.validate()
+        index = {}
+        for i, (ids, sp) in enumerate(zip(encoded, params)):
+            rid = f"offline-{next(self._ids)}"
+            index[rid] = i
+            self.engine.add_request(rid, ids, sp)
+        results: list[RequestOutput | None] = [None] * len(prompts)
+        bar = tqdm(total=len(prompts), desc="Generating", dynamic_ncols=True, disable=not use_tqdm)
+        try:
+            while self.engine.has_unfinished():
+                for seq in self.engine.step():
+                    if seq.is_finished:
+                        ids = seq.completion_token_ids
+                        results[index[seq.request_id]] = RequestOutput(
+                            index[seq.request_id], seq.token_ids[:seq.num_prompt_tokens], ids,
+                            self.tokenizer.decode(ids, skip_special_tokens=True), seq.finish_reason,
+                            seq.num_cached_tokens)
+                        bar.update(1)
+                stats = self.engine.last_step
+                if stats.seconds:
+                    bar.set_postfix_str(f"prefill {stats.num_prefill_tokens / stats.seconds:.0f} tok/s, "
+                                        f"decode {stats.num_decode_tokens / stats.seconds:.0f} tok/s", refresh=False)
+        except BaseException:
+            for rid in index:
+                self.engine.abort(rid)
+            raise
+        finally:
+            bar.close()
+        return results
+
+    def close(self) -> None:
+        self.engine.close()

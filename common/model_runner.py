@@ -1,0 +1,213 @@
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from common.attention.backend import select_backend
+from common.attention.metadata import AttentionMetadata
+from common.config import EngineConfig
+from common.context import forward_context
+from common.kv_pool import KVLayout, KVPool
+from common.layers.sampler import SamplingBatch, sample
+from common.loader import init_dummy_weights, load_weights
+from common.models.llama import CausalLM
+from common.scheduler import ScheduledBatch
+from common.sequence import Sequence
+
+log = logging.getLogger(__name__)
+
+_HEADER = 9  # cmd, T, B, block-table width, num_decodes, max_query_len, max_seq_len, prefix_cached, max_prefill_q
+_RUN, _STOP = 1, 0
+
+
+@dataclass
+class StepInputs:
+    """A step's model inputs on the device: what every tensor-parallel rank runs the forward on."""
+
+    input_ids: torch.Tensor  # [T] int64
+    positions: torch.Tensor  # [T] int64
+    logits_indices: torch.Tensor  # [B] int64: the last new token of each sequence
+    attn: AttentionMetadata
+
+
+class ModelRunner:
+    """Owns the model, its KV pool and the device; turns a scheduled batch into sampled tokens.
+
+    Rank 0 builds each step's inputs and broadcasts them, as one int64 tensor, to the other
+    tensor-parallel ranks, which run the same forward (`serve_forever`).
+    """
+
+    def __init__(self, config: EngineConfig, rank: int = 0, init_method: str | None = None):
+        self.config = config
+        self.rank, self.world = rank, config.tensor_parallel_size
+        mc = config.model_config
+        if config.device == "cuda":
+            self.device = torch.device("cuda", rank)
+            torch.cuda.set_device(self.device)
+        else:
+            self.device = torch.device("cpu")
+        if self.world > 1:
+            dist.init_process_group("nccl" if config.device == "cuda" else "gloo", init_method=init_method,
+                                    world_size=self.world, rank=rank)
+        self.dtype = config.torch_dtype
+        torch.manual_seed(config.seed)
+        previous = torch.get_default_dtype()
+        torch.set_default_dtype(self.dtype)
+        try:
+            with torch.device(self.device):
+                self.model = CausalLM(mc)
+        finally:
+            torch.set_default_dtype(previous)
+        if config.load_format == "dummy":
+            init_dummy_weights(self.model, config.seed)
+        else:
+            load_weights(self.model, config.model, show_progress=rank == 0)
+        self.backend = select_backend(config.attention_backend, config.device)
+        attn_layers = self.model.attention_layers()
+        for layer in attn_layers:
+            layer.backend = self.backend
+        self.layout = KVLayout(mc.num_layers, config.block_size, attn_layers[0].num_kv_heads, mc.head_dim, self.dtype)
+        self.kv_pool = KVPool(self.layout, self._num_kv_blocks(), self.device)
+        for i, layer in enumerate(attn_layers):
+            layer.k_cache, layer.v_cache = self.kv_pool.k_cache(i), self.kv_pool.v_cache(i)
+
+    @property
+    def num_blocks(self) -> int:
+        return self.kv_pool.num_blocks
+
+    # ---- sizing -------------------------------------------------------------------------------------
+    def _num_kv_blocks(self) -> int:
+        cfg = self.config
+        if cfg.num_kv_blocks:
+            n = cfg.num_kv_blocks
+        elif cfg.device == "cpu":
+            n = cfg.kv_cache_memory // self.layout.block_bytes
+        else:
+            n = self._num_kv_blocks_from_gpu_memory()
+        if self.world > 1:  # every rank must hold the same blocks: take the smallest
+            t = torch.tensor([n], device=self.device)
+            dist.all_reduce(t, op=dist.ReduceOp.MIN)
+            n = int(t.item())
+        if n < 1:
+            raise RuntimeError("no memory is left for the KV cache: raise --gpu-memory-utilization / "
+                               "--kv-cache-memory, or lower --max-num-batched-tokens")
+        log.info("KV pool: %d blocks of %d tokens (%.2f GiB)", n, cfg.block_size, n * self.layout.block_bytes / 2**30)
+        return n
+
+    @torch.inference_mode()
+    def _num_kv_blocks_from_gpu_memory(self) -> int:
+        """Run the largest prefill once, without a cache, to learn the activation peak; the rest of this
+        worker's share (`gpu_memory_utilization` of the card) becomes KV blocks."""
+        cfg = self.config
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+        num_tokens = min(cfg.max_num_batched_tokens, cfg.max_model_len * cfg.max_num_seqs)
+        seq_len = min(cfg.max_model_len, num_tokens)
+        lens = [seq_len] * (num_tokens // seq_len) + ([num_tokens % seq_len] if num_tokens % seq_len else [])
+        self.execute(self._warmup_inputs(lens))
+        torch.cuda.synchronize()
+        free, total = torch.cuda.mem_get_info()
+        peak = torch.cuda.max_memory_allocated()
+        budget = min(total * cfg.gpu_memory_utilization - peak, free * 0.98)
+        return int(budget // self.layout.block_bytes)
+
+    def _warmup_inputs(self, lens: list[int]) -> StepInputs:
+        qsl = np.concatenate([[0], np.cumsum(lens)])
+        positions = np.concatenate([np.arange(n) for n in lens])
+        payload = (np.zeros(qsl[-1], np.int64), positions, np.full(qsl[-1], -1), qsl, np.asarray(lens),
+                   np.zeros((len(lens), 0), np.int64), qsl[1:] - 1)
+        header = [_RUN, int(qsl[-1]), len(lens), 0, 0, max(lens), max(lens), 0, max(lens)]
+        return self._unpack(torch.tensor(header), torch.from_numpy(np.concatenate([np.ravel(p) for p in payload])).to(self.device))
+
+    # ---- one step -----------------------------------------------------------------------------------
+    @torch.inference_mode()
+    def run(self, batch: ScheduledBatch) -> list[int]:
+        header, payload = self._pack(batch)
+        payload = payload.to(self.device, non_blocking=True)
+        if self.world > 1:
+            dist.broadcast(header.to(self.device), 0)
+            dist.broadcast(payload, 0)
+        logits = self.execute(self._unpack(header, payload))
+        tokens = sample(logits, self._sampling_batch(batch.seqs))
+        return tokens.tolist()
+
+    def execute(self, inputs: StepInputs) -> torch.Tensor:
+        with forward_context(inputs.attn):
+            hidden = self.model(inputs.input_ids, inputs.positions)
+        return self.model.compute_logits(hidden[inputs.logits_indices])
+
+    @torch.inference_mode()
+    def serve_forever(self) -> None:
+        """Non-zero tensor-parallel ranks: run whatever rank 0 broadcasts until it says stop."""
+        while True:
+            header = torch.empty(_HEADER, dtype=torch.int64, device=self.device)
+            dist.broadcast(header, 0)
+            header = header.cpu()
+            if header[0] == _STOP:
+                break
+            t, b, width = (int(x) for x in header[1:4])
+            payload = torch.empty(3 * t + 3 * b + 1 + b * width, dtype=torch.int64, device=self.device)
+            dist.broadcast(payload, 0)
+            self.execute(self._unpack(header, payload))
+        dist.destroy_process_group()
+
+    def stop_workers(self) -> None:
+        if self.world > 1 and dist.is_initialized():
+            header = torch.zeros(_HEADER, dtype=torch.int64)
+            dist.broadcast(header.to(self.device), 0)
+            dist.destroy_process_group()
+
+    # ---- inputs -------------------------------------------------------------------------------------
+    def _pack(self, batch: ScheduledBatch) -> tuple[torch.Tensor, torch.Tensor]:
+        bs = self.config.block_size
+        ids, positions, slots = [], [], []
+        seq_lens, qsl = [], [0]
+        for seq, n in zip(batch.seqs, batch.num_new_tokens):
+            start, end = seq.num_computed_tokens, seq.num_computed_tokens + n
+            ids.extend(seq.token_ids[start:end])
+            pos = np.arange(start, end)
+            positions.append(pos)
+            slots.append(np.asarray(seq.block_table)[pos // bs] * bs + pos % bs)
+            seq_lens.append(end)
+            qsl.append(qsl[-1] + n)
+        width = max(len(seq.block_table) for seq in batch.seqs)
+        tables = np.zeros((len(batch.seqs), width), np.int64)
+        for i, seq in enumerate(batch.seqs):
+            tables[i, :len(seq.block_table)] = seq.block_table
+        nd = batch.num_decodes
+        prefill_q = [n for n in batch.num_new_tokens[nd:]]
+        prefix_cached = any(l > n for l, n in zip(seq_lens[nd:], prefill_q))
+        header = torch.tensor([_RUN, qsl[-1], len(seq_lens), width, nd, max(batch.num_new_tokens), max(seq_lens),
+                               int(prefix_cached), max(prefill_q, default=0)])
+        qsl_arr = np.asarray(qsl)
+        payload = np.concatenate([np.asarray(ids, np.int64), np.concatenate(positions), np.concatenate(slots), qsl_arr,
+                                  np.asarray(seq_lens), tables.ravel(), qsl_arr[1:] - 1])
+        payload = torch.from_numpy(payload)
+        if self.device.type == "cuda":
+            payload = payload.pin_memory()
+        return header, payload
+
+    def _unpack(self, header: torch.Tensor, payload: torch.Tensor) -> StepInputs:
+        _, t, b, width, nd, max_q, max_k, prefix_cached, max_prefill_q = (int(x) for x in header.tolist())
+        ids, positions, slots, qsl, seq_lens, tables, logits_idx = payload.split([t, t, t, b + 1, b, b * width, b])
+        qsl32 = qsl.int()
+        prefill_qsl = (qsl32[nd:] - nd) if nd < b else None
+        attn = AttentionMetadata(
+            num_decodes=nd, num_decode_tokens=nd, slot_mapping=slots, query_start_loc=qsl32,
+            seq_lens=seq_lens.int(), block_tables=tables.view(b, width).int(), max_query_len=max_q,
+            max_seq_len=max_k, prefix_cached=bool(prefix_cached), prefill_query_start_loc=prefill_qsl,
+            max_prefill_query_len=max_prefill_q)
+        return StepInputs(ids, positions, logits_idx, attn)
+
+    def _sampling_batch(self, seqs: list[Sequence]) -> SamplingBatch:
+        generators = []
+        for seq in seqs:
+            if seq.sampling.seed is not None and seq.generator is None:
+                seq.generator = torch.Generator(self.device).manual_seed(seq.sampling.seed)
+            generators.append(seq.generator)
+        return SamplingBatch.build([s.sampling for s in seqs], generators, self.config.model_config.vocab_size,
+                                   self.device)

@@ -1,0 +1,57 @@
+from __future__ import annotations
+
+import time
+from enum import Enum, auto
+from typing import TYPE_CHECKING
+
+from common.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    import torch
+
+
+class SequenceStatus(Enum):
+    WAITING = auto()
+    RUNNING = auto()
+    FINISHED = auto()
+
+
+class Sequence:
+    """One request inside an engine: its tokens, its place in the KV cache, and how far it has been computed."""
+
+    def __init__(self, request_id: str, prompt_token_ids: list[int], sampling: SamplingParams):
+        self.request_id = request_id
+        self.token_ids = list(prompt_token_ids)
+        self.num_prompt_tokens = len(prompt_token_ids)
+        self.sampling = sampling
+        self.status = SequenceStatus.WAITING
+        self.block_table: list[int] = []
+        self.num_computed_tokens = 0  # tokens whose K/V are in the cache
+        self.num_cached_tokens = 0  # of the prompt, found in the prefix cache
+        self.finish_reason: str | None = None
+        self.arrival_time = time.monotonic()
+        self.num_preemptions = 0
+        self.generator: torch.Generator | None = None  # the request's own RNG when it has a seed
+
+    def __repr__(self) -> str:
+        return (f"Sequence({self.request_id!r}, {self.status.name}, tokens={self.num_tokens}, "
+                f"computed={self.num_computed_tokens}, blocks={self.block_table})")
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def num_completion_tokens(self) -> int:
+        return len(self.token_ids) - self.num_prompt_tokens
+
+    @property
+    def completion_token_ids(self) -> list[int]:
+        return self.token_ids[self.num_prompt_tokens:]
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status == SequenceStatus.FINISHED
+
+    def num_uncomputed(self) -> int:
+        return self.num_tokens - self.num_computed_tokens
