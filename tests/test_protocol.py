@@ -4,11 +4,16 @@ import copy
 import dataclasses
 import math
 import re
+import subprocess
+import sys
+import threading
 from dataclasses import dataclass
 from datetime import timedelta
+from pathlib import Path
 
 import msgpack
 import pytest
+import zmq
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -54,6 +59,8 @@ from common.protocol import (
     wire_field,
 )
 from common.sampling_params import SamplingParams
+
+DOC = Path(__file__).resolve().parents[1] / "docs" / "protocol.md"
 
 LAYOUT = KVLayout(block_size=16, num_layers=28, num_kv_heads=8, head_dim=128, dtype="bfloat16")
 SAMPLING = Sampling(max_tokens=64, temperature=0.7, top_p=0.9, top_k=50, seed=1234, stop_token_ids=[2, 7], ignore_eos=True)
@@ -107,6 +114,12 @@ SAMPLES: dict[str, Message] = {
         AbortRequest(request_id="req-1"),
         Shutdown(reason="rolling restart"),
     ]
+}
+
+# Records reachable from messages, by the name the doc uses.
+RECORDS: dict[str, type] = {
+    "Sampling": SamplingParams, "Usage": Usage, "Timings": Timings, "WorkerStats": WorkerStats,
+    "KVLayout": KVLayout, "TokenUpdate": TokenUpdate,
 }
 
 
@@ -492,3 +505,78 @@ def test_encode_rejects_non_messages_and_mutated_messages():
     with pytest.raises(ProtocolError) as info:
         encode(msg)
     assert (info.value.code, info.value.request_id) == ("internal", "rid")
+
+
+# --- docs/protocol.md stays in sync ---------------------------------------------------------------
+
+
+def doc_sections() -> dict[str, str]:
+    """Heading line -> the text under it, up to the next heading."""
+    parts = re.split(r"^(#{1,6} .*)$", DOC.read_text(), flags=re.M)
+    return {parts[i]: parts[i + 1] for i in range(1, len(parts), 2)}
+
+
+def section_for(key: str) -> str:
+    matches = [body for heading, body in doc_sections().items() if f"`{key}`" in heading]
+    assert len(matches) == 1, f"docs/protocol.md needs exactly one heading with `{key}`"
+    return matches[0]
+
+
+@pytest.mark.parametrize("name", sorted(REGISTRY))
+def test_every_message_is_documented(name):
+    body = section_for(name)
+    for f in dataclasses.fields(REGISTRY[name]):
+        assert f"| `{f.name}` |" in body, f"{name}.{f.name} is not in docs/protocol.md"
+
+
+@pytest.mark.parametrize("name", sorted(RECORDS))
+def test_every_record_is_documented(name):
+    body = section_for(name)
+    for f in dataclasses.fields(RECORDS[name]):
+        assert f"| `{f.name}` |" in body, f"{name}.{f.name} is not in docs/protocol.md"
+
+
+def test_error_codes_and_byte_example_are_documented():
+    errors = doc_sections()["## Errors"]
+    for code in ERROR_CODES:
+        assert f"| `{code}` |" in errors
+    hexdump = re.search(r"```\n([0-9a-f ]+)\n```", doc_sections()["## Byte-level example"]).group(1)
+    assert bytes.fromhex(hexdump) == encode(Ping(nonce=7))
+
+
+def test_example_client_runs_against_a_router(tmp_path):
+    code = re.search(r"<!-- example-client -->\n```python\n(.*?)```", DOC.read_text(), flags=re.S).group(1)
+    assert "pdcluster" not in code and "common" not in code
+    ctx = zmq.Context.instance()
+    router = ctx.socket(zmq.ROUTER)
+    router.setsockopt(zmq.LINGER, 0)
+    port = router.bind_to_random_port("tcp://127.0.0.1")
+    assert P.DEFAULT_ROUTER_ADDRESS in code
+    code = code.replace(P.DEFAULT_ROUTER_ADDRESS, f"tcp://127.0.0.1:{port}")
+
+    def serve() -> None:
+        if not router.poll(20_000):
+            return
+        identity, frame = router.recv_multipart()
+        req = decode(frame, expect=CLIENT_TO_ROUTER)
+        assert isinstance(req, Submit) and req.stream and req.sampling.max_tokens == 32
+        for msg in [
+            Pong(nonce=1),
+            Delta(request_id="someone-else", token_ids=[9], text="nope", index=0),
+            Delta(request_id=req.request_id, token_ids=[11], text=" Par", index=0),
+            Delta(request_id=req.request_id, token_ids=[12], text="is", index=1),
+            Result(request_id=req.request_id, token_ids=[11, 12], text=" Paris", finish_reason="stop",
+                   usage=Usage(prompt_tokens=5, completion_tokens=2, cached_tokens=0),
+                   timings=Timings(queued=0, ttft=0.1, e2e=0.2, itl=[0.1])),
+        ]:
+            router.send_multipart([identity, encode(msg)])
+
+    server = threading.Thread(target=serve, daemon=True)
+    server.start()
+    try:
+        run = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=30)
+    finally:
+        server.join(timeout=5)
+        router.close()
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.startswith(" Paris\n[stop]")
