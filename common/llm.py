@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import itertools
+import time
 from dataclasses import dataclass
 
 from tqdm import tqdm
@@ -71,20 +72,19 @@ class LLM:
             self.engine.add_request(rid, ids, sp)
         results: list[RequestOutput | None] = [None] * len(prompts)
         bar = tqdm(total=len(prompts), desc="Generating", dynamic_ncols=True, disable=not use_tqdm)
+        prefill_tokens = decode_tokens = 0
+        start = time.perf_counter()
         try:
             while self.engine.has_unfinished():
                 for seq in self.engine.step():
                     if seq.is_finished:
-                        ids = seq.completion_token_ids
-                        results[index[seq.request_id]] = RequestOutput(
-                            index[seq.request_id], seq.token_ids[:seq.num_prompt_tokens], ids,
-                            self.tokenizer.decode(ids, skip_special_tokens=True), seq.finish_reason,
-                            seq.num_cached_tokens)
+                        results[index[seq.request_id]] = self._output(index[seq.request_id], seq)
                         bar.update(1)
-                stats = self.engine.last_step
-                if stats.seconds:
-                    bar.set_postfix_str(f"prefill {stats.num_prefill_tokens / stats.seconds:.0f} tok/s, "
-                                        f"decode {stats.num_decode_tokens / stats.seconds:.0f} tok/s", refresh=False)
+                prefill_tokens += self.engine.last_step.num_prefill_tokens
+                decode_tokens += self.engine.last_step.num_decode_tokens
+                elapsed = time.perf_counter() - start
+                bar.set_postfix_str(f"prefill {prefill_tokens / elapsed:.0f} tok/s, "
+                                    f"decode {decode_tokens / elapsed:.0f} tok/s", refresh=False)
         except BaseException:
             for rid in index:
                 self.engine.abort(rid)
@@ -92,6 +92,12 @@ class LLM:
         finally:
             bar.close()
         return results
+
+    def _output(self, index: int, seq) -> RequestOutput:
+        ids = seq.completion_token_ids
+        return RequestOutput(index, seq.token_ids[:seq.num_prompt_tokens], ids,
+                             self.tokenizer.decode(ids, skip_special_tokens=True), seq.finish_reason,
+                             seq.num_cached_tokens)
 
     def close(self) -> None:
         self.engine.close()

@@ -1,0 +1,124 @@
+from __future__ import annotations
+
+import pytest
+
+from common import block_manager as bm_module
+from common.block_manager import BlockManager
+from common.sampling_params import SamplingParams
+from common.sequence import Sequence
+
+
+def seq(tokens: list[int], rid: str = "r") -> Sequence:
+    return Sequence(rid, tokens, SamplingParams())
+
+
+def computed(bm: BlockManager, s: Sequence) -> None:
+    """Pretend the whole sequence was computed this step, as the scheduler's postprocess does."""
+    old = s.num_computed_tokens
+    s.num_computed_tokens = s.num_tokens
+    bm.commit(s, old)
+
+
+def test_allocate_and_free_return_every_block():
+    bm = BlockManager(8, 4)
+    a, b = seq(list(range(10)), "a"), seq(list(range(5)), "b")
+    assert bm.allocate(a, a.num_tokens) and len(a.block_table) == 3
+    assert bm.allocate(b, b.num_tokens) and len(b.block_table) == 2
+    assert bm.num_free_blocks == 3
+    bm.free_blocks(a)
+    bm.free_blocks(b)
+    assert bm.num_free_blocks == 8 and a.block_table == [] and sorted(bm.ref_counts) == [0] * 8
+
+
+def test_allocation_is_all_or_nothing():
+    bm = BlockManager(4, 4)
+    big = seq(list(range(20)))
+    assert not bm.allocate(big, big.num_tokens)
+    assert big.block_table == [] and bm.num_free_blocks == 4
+
+
+def test_shared_prefix_is_reused_with_reference_counts():
+    bm = BlockManager(16, 4)
+    prefix = list(range(100, 108))  # two full blocks
+    a = seq(prefix + [1, 2, 3], "a")
+    assert bm.allocate(a, a.num_tokens)
+    computed(bm, a)
+    b = seq(prefix + [7, 8], "b")
+    assert bm.allocate(b, b.num_tokens)
+    assert b.block_table[:2] == a.block_table[:2]
+    assert b.num_computed_tokens == b.num_cached_tokens == 8
+    assert bm.ref_counts[a.block_table[0]] == 2
+    assert bm.cache_hit_tokens == 8
+    bm.free_blocks(a)
+    assert bm.ref_counts[b.block_table[0]] == 1  # still held by b
+
+
+def test_full_prefix_hit_keeps_last_token_for_recompute():
+    bm = BlockManager(16, 4)
+    tokens = list(range(8))  # exactly two blocks
+    a = seq(tokens, "a")
+    bm.allocate(a, a.num_tokens)
+    computed(bm, a)
+    b = seq(tokens, "b")
+    bm.allocate(b, b.num_tokens)
+    # only the first block may hit: a prefill needs at least one query token
+    assert b.num_computed_tokens == 4 and b.num_tokens - b.num_computed_tokens >= 1
+    assert b.block_table[0] == a.block_table[0] and b.block_table[1] != a.block_table[1]
+
+
+def test_hash_collision_does_not_reuse_a_block(monkeypatch):
+    monkeypatch.setattr(bm_module, "chain_hash", lambda prev, tokens: 42)
+    bm = BlockManager(16, 4)
+    a = seq([1, 2, 3, 4, 5], "a")
+    bm.allocate(a, a.num_tokens)
+    computed(bm, a)
+    b = seq([9, 9, 9, 9, 5], "b")  # same (forced) hash, different tokens
+    bm.allocate(b, b.num_tokens)
+    assert b.num_computed_tokens == 0 and b.block_table[0] != a.block_table[0]
+
+
+def test_unreferenced_cached_blocks_survive_until_evicted_lru():
+    bm = BlockManager(4, 4)
+    old = seq(list(range(100, 105)), "old")
+    bm.allocate(old, old.num_tokens)
+    computed(bm, old)
+    bm.free_blocks(old)
+    recent = seq(list(range(200, 205)), "recent")
+    bm.allocate(recent, recent.num_tokens)
+    computed(bm, recent)
+    bm.free_blocks(recent)
+    # both prefixes are still cached
+    again = seq(list(range(200, 205)), "again")
+    bm.allocate(again, again.num_tokens)
+    assert again.num_cached_tokens == 4
+    bm.free_blocks(again)
+    # a sequence that needs three fresh blocks evicts the least recently freed ones first
+    filler = seq(list(range(300, 312)), "filler")
+    assert bm.allocate(filler, filler.num_tokens)
+    bm.free_blocks(filler)
+    probe_recent, probe_old = seq(list(range(200, 205)), "p1"), seq(list(range(100, 105)), "p2")
+    bm.allocate(probe_recent, 5)
+    bm.allocate(probe_old, 5)
+    assert probe_recent.num_cached_tokens == 4
+    assert probe_old.num_cached_tokens == 0
+
+
+def test_prefix_caching_off():
+    bm = BlockManager(16, 4, enable_prefix_caching=False)
+    a = seq(list(range(9)), "a")
+    bm.allocate(a, 9)
+    computed(bm, a)
+    b = seq(list(range(9)), "b")
+    bm.allocate(b, 9)
+    assert b.num_computed_tokens == 0 and not set(a.block_table) & set(b.block_table)
+
+
+def test_double_free_is_caught():
+    bm = BlockManager(4, 4)
+    a = seq([1, 2], "a")
+    bm.allocate(a, 2)
+    table = list(a.block_table)
+    bm.free_blocks(a)
+    a.block_table = table
+    with pytest.raises(AssertionError):
+        bm.free_blocks(a)

@@ -1,0 +1,107 @@
+from __future__ import annotations
+
+from common.block_manager import BlockManager
+from common.sampling_params import SamplingParams
+from common.scheduler import Scheduler
+from common.sequence import Sequence, SequenceStatus
+
+EOS = 0
+
+
+def make(num_blocks=64, block_size=4, max_seqs=8, budget=64, max_len=1024, caching=True):
+    bm = BlockManager(num_blocks, block_size, caching)
+    return Scheduler(bm, max_seqs, budget, max_len, [EOS]), bm
+
+
+def add(s: Scheduler, rid: str, n: int, max_tokens: int = 4, **kw) -> Sequence:
+    seq = Sequence(rid, list(range(1, n + 1)), SamplingParams(max_tokens=max_tokens, **kw))
+    s.add(seq)
+    return seq
+
+
+def run_step(s: Scheduler, token: int = 7):
+    batch = s.schedule()
+    if batch is None:
+        return None, []
+    return batch, s.postprocess(batch, [token] * len(batch.seqs))
+
+
+def test_long_prompt_is_chunked_under_the_budget_and_decodes_go_first():
+    s, _ = make(budget=16)
+    short = add(s, "short", 3, max_tokens=10)
+    batch, _ = run_step(s)
+    assert batch.num_new_tokens == [3]
+    long = add(s, "long", 40)
+    chunks = []
+    while long.num_computed_tokens < long.num_prompt_tokens:
+        batch, _ = run_step(s)
+        assert batch.seqs[0] is short and batch.num_new_tokens[0] == 1  # the decode is never starved
+        assert batch.num_tokens <= 16
+        chunks.append(batch.num_new_tokens[1])
+    assert chunks == [15, 15, 10]
+    assert long.num_completion_tokens == 1  # a token only once the whole prompt is in
+
+
+def test_max_num_seqs_limits_the_running_set():
+    s, _ = make(max_seqs=2)
+    for i in range(4):
+        add(s, f"r{i}", 3)
+    batch, _ = run_step(s)
+    assert len(batch.seqs) == 2 and len(s.waiting) == 2
+
+
+def test_finish_by_eos_length_stop_ids_and_max_model_len():
+    s, bm = make(max_len=8)
+    eos = add(s, "eos", 3, max_tokens=10)
+    run_step(s, token=EOS)
+    assert eos.finish_reason == "stop" and eos.completion_token_ids == [EOS]
+    ign = add(s, "ign", 3, max_tokens=2, ignore_eos=True)
+    run_step(s, token=EOS)
+    run_step(s, token=EOS)
+    assert ign.finish_reason == "length" and ign.num_completion_tokens == 2
+    stop = add(s, "stop", 3, max_tokens=10, stop_token_ids=[5])
+    run_step(s, token=5)
+    assert stop.finish_reason == "stop"
+    capped = add(s, "capped", 6, max_tokens=100)
+    while not capped.is_finished:
+        run_step(s)
+    assert capped.finish_reason == "length" and capped.num_tokens == 8
+    assert bm.num_free_blocks == bm.num_blocks
+
+
+def test_preemption_by_recompute_when_blocks_run_out():
+    s, bm = make(num_blocks=6, block_size=4)
+    a = add(s, "a", 7, max_tokens=12)
+    b = add(s, "b", 7, max_tokens=12)
+    run_step(s)  # both prefilled: 2 blocks each, 2 free
+    preempted = False
+    for _ in range(40):
+        run_step(s)
+        if b.status == SequenceStatus.WAITING:
+            preempted = True
+            assert b.block_table == [] and b.num_computed_tokens == 0
+        if not s.has_unfinished():
+            break
+    assert preempted and s.num_preemptions >= 1
+    assert a.num_completion_tokens == 12 and b.num_completion_tokens == 12
+    assert bm.num_free_blocks == bm.num_blocks
+
+
+def test_abort_frees_blocks_of_running_and_waiting():
+    s, bm = make(max_seqs=1)
+    r = add(s, "running", 5, max_tokens=10)
+    w = add(s, "waiting", 5)
+    run_step(s)
+    s.finish(r, "abort")
+    s.finish(w, "abort")
+    assert r.finish_reason == w.finish_reason == "abort"
+    assert bm.num_free_blocks == bm.num_blocks and not s.has_unfinished()
+
+
+def test_aborted_while_in_flight_gets_no_token():
+    s, bm = make()
+    seq = add(s, "x", 3, max_tokens=5)
+    batch = s.schedule()
+    s.finish(seq, "abort")
+    assert s.postprocess(batch, [7]) == []
+    assert seq.num_completion_tokens == 0 and bm.num_free_blocks == bm.num_blocks
