@@ -40,17 +40,17 @@ class BlockManager:
     def blocks_needed(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
 
-    def allocate(self, seq: Sequence, num_tokens: int) -> bool:
+    def allocate(self, seq: Sequence, num_tokens: int, use_cache: bool = True) -> bool:
         """Make seq's block table cover `num_tokens` tokens; on its first allocation, reuse cached prefix blocks.
 
         All or nothing: returns False (and changes nothing) when too few blocks are free.
         """
-        hits = self._match_prefix(seq) if not seq.block_table else []
+        hits = self._match_prefix(seq) if use_cache and not seq.block_table else []
         fresh = self.blocks_needed(num_tokens) - len(seq.block_table) - len(hits)
         revived = sum(1 for b in hits if self.ref_counts[b] == 0)
         if max(fresh, 0) + revived > len(self.free):
             return False
-        if not seq.block_table and self.enable_prefix_caching:
+        if use_cache and not seq.block_table and self.enable_prefix_caching:
             self.cache_query_tokens += seq.num_tokens
             self.cache_hit_tokens += len(hits) * self.block_size
         for b in hits:

@@ -98,6 +98,15 @@ def cmd_prepare_model(args: argparse.Namespace) -> None:
     print(path)
 
 
+def cmd_serve(args: argparse.Namespace) -> None:
+    from router.launcher import ServeConfig, run_cluster
+    from router.router import RouterConfig
+
+    engine = dataclass_from_args(EngineConfig, args)
+    router = dataclass_from_args(RouterConfig, args)
+    run_cluster(dataclass_from_args(ServeConfig, args), router, engine)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="pdcluster", description="Disaggregated prefill/decode LLM serving")
     parser.add_argument("--log-level", default=os.environ.get("PDCLUSTER_LOG_LEVEL", "INFO"))
@@ -108,6 +117,15 @@ def build_parser() -> argparse.ArgumentParser:
     add_sampling_args(gen)
     add_dataclass_args(gen.add_argument_group("engine"), EngineConfig, exclude=("seed",))
     gen.set_defaults(func=cmd_generate)
+
+    from router.launcher import ServeConfig
+    from router.router import RouterConfig
+
+    serve = sub.add_parser("serve", help="run a cluster: router + prefill/decode (or colocated) workers on Ray")
+    add_dataclass_args(serve.add_argument_group("cluster"), ServeConfig)
+    add_dataclass_args(serve.add_argument_group("router"), RouterConfig, exclude=("model",))
+    add_dataclass_args(serve.add_argument_group("engine"), EngineConfig)
+    serve.set_defaults(func=cmd_serve)
 
     prep = sub.add_parser("prepare-model", help="write an HF checkpoint: SmolLM2, or random weights of a real config")
     prep.add_argument("source", choices=["smollm2", "random"])

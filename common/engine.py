@@ -55,19 +55,59 @@ class LLMEngine:
         self.block_manager = BlockManager(self.runner.num_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, config.max_num_batched_tokens,
                                    config.max_model_len, config.model_config.eos_token_ids)
+        # Every live sequence, by request id: queued or running in the scheduler, or (disaggregated) holding
+        # blocks outside it: `reserved` on a decode worker until its KV arrives, `held` on a prefill worker
+        # until the decode worker has its KV.
         self.requests: dict[str, Sequence] = {}
+        self.reserved: dict[str, Sequence] = {}
+        self.held: dict[str, Sequence] = {}
         self.last_step = StepStats()
 
-    def add_request(self, request_id: str, prompt_token_ids: list[int], sampling: SamplingParams) -> Sequence:
-        """Validates and queues a request; raises InvalidRequest (naming the field) and changes nothing on bad input."""
-        if request_id in self.requests:
-            raise InvalidRequest("request_id", f"{request_id!r} is already in use")
-        self.validate_prompt(prompt_token_ids)
-        sampling.validate()
-        seq = Sequence(request_id, prompt_token_ids, sampling)
+    def add_request(self, request_id: str, prompt_token_ids: list[int], sampling: SamplingParams,
+                    prefill_only: bool = False) -> Sequence:
+        """Validates and queues a request; raises InvalidRequest (naming the field) and changes nothing on bad input.
+
+        A `prefill_only` request stops after its first token and keeps its blocks until `release`.
+        """
+        seq = self._new_sequence(request_id, prompt_token_ids, sampling, prefill_only)
         self.requests[request_id] = seq
         self.scheduler.add(seq)
         return seq
+
+    def reserve(self, request_id: str, prompt_token_ids: list[int], sampling: SamplingParams) -> list[int] | None:
+        """Decode side: blocks for a prompt whose KV a prefill worker will write; None if they are not free now."""
+        seq = self._new_sequence(request_id, prompt_token_ids, sampling)
+        if not self.block_manager.allocate(seq, seq.num_tokens, use_cache=False):
+            return None
+        self.requests[request_id] = self.reserved[request_id] = seq
+        return list(seq.block_table)
+
+    def admit_prefilled(self, request_id: str, first_token: int) -> Sequence:
+        """Decode side: the KV of a reserved request has arrived; it joins the batch as a decode."""
+        seq = self.reserved.pop(request_id)
+        seq.num_computed_tokens = seq.num_prompt_tokens
+        self.block_manager.commit(seq, 0)
+        seq.token_ids.append(first_token)
+        self.scheduler.add(seq)
+        if reason := self.scheduler.finish_reason(seq, first_token):
+            self.scheduler.finish(seq, reason)
+            self.requests.pop(request_id)
+        return seq
+
+    def release(self, request_id: str) -> None:
+        """Prefill side: the decode worker has the KV (or will never need it); free the blocks."""
+        seq = self.held.pop(request_id, None)
+        if seq is not None:
+            self.requests.pop(request_id, None)
+            self.block_manager.free_blocks(seq)
+
+    def _new_sequence(self, request_id: str, ids: list[int], sampling: SamplingParams,
+                      prefill_only: bool = False) -> Sequence:
+        if request_id in self.requests:
+            raise InvalidRequest("request_id", f"{request_id!r} is already in use")
+        self.validate_prompt(ids)
+        sampling.validate()
+        return Sequence(request_id, ids, sampling, prefill_only)
 
     def validate_prompt(self, ids: list[int]) -> None:
         vocab = self.config.model_config.vocab_size
@@ -82,6 +122,8 @@ class LLMEngine:
         seq = self.requests.pop(request_id, None)
         if seq is None:
             return False
+        if self.reserved.pop(request_id, None) or self.held.pop(request_id, None):
+            self.block_manager.free_blocks(seq)
         self.scheduler.finish(seq, "abort")
         return True
 
@@ -95,7 +137,9 @@ class LLMEngine:
         tokens = self.runner.run(batch)
         updated = self.scheduler.postprocess(batch, tokens)
         for seq in updated:
-            if seq.is_finished:
+            if seq.finish_reason == "prefilled":
+                self.held[seq.request_id] = seq
+            elif seq.is_finished:
                 self.requests.pop(seq.request_id, None)
         nd = batch.num_decodes
         self.last_step = StepStats(batch.num_tokens - nd, nd, time.perf_counter() - start)
@@ -107,6 +151,18 @@ class LLMEngine:
     @property
     def num_free_blocks(self) -> int:
         return self.block_manager.num_free_blocks
+
+    def load(self) -> dict[str, int]:
+        """What a router needs to balance work: queue depths and KV use."""
+        sched = self.scheduler
+        return dict(
+            queued_requests=len(sched.waiting),
+            queued_tokens=sum(s.num_uncomputed() for s in sched.waiting)
+            + sum(s.num_uncomputed() for s in sched.running if s.num_uncomputed() > 1),
+            running_requests=len(sched.running),
+            kv_blocks_total=self.block_manager.num_blocks,
+            kv_blocks_free=self.block_manager.num_free_blocks,
+        )
 
     def close(self) -> None:
         self.runner.stop_workers()

@@ -570,8 +570,11 @@ class WorkerHello(Message):
     model_fingerprint: str = wire_field(min_len=1, max_len=256)
     num_blocks: int = _count()
     layout: KVLayout
+    max_model_len: int = wire_field(ge=1)
+    vocab_size: int = wire_field(ge=1)
     transports: list[str] = wire_field(min_len=1, max_len=16)
     kv_address: str = wire_field("", max_len=256)
+    kv_descriptor: bytes = wire_field(b"", max_len=4096)
     node_id: str = wire_field("", max_len=MAX_ID_LEN)
     device_index: int = _count(0)
 
@@ -580,7 +583,7 @@ class WorkerHello(Message):
 class Reserve(Message):
     TYPE = "reserve"
     request_id: str = _id()
-    num_prompt_tokens: int = wire_field(ge=1)
+    token_ids: list[int] = _token_ids(min_len=1)
     sampling: Sampling
     prefill_worker_id: str = _id()
 
@@ -601,6 +604,16 @@ class PrefillTask(Message):
     decode_worker_id: str = _id()
     decode_kv_address: str = wire_field(max_len=256)
     dst_block_ids: list[int] = wire_field(ge=0)
+    transport: str = wire_field("host", min_len=1, max_len=32)
+    decode_kv_descriptor: bytes = wire_field(b"", max_len=4096)
+
+
+@dataclass(frozen=True, kw_only=True)
+class GenerateTask(Message):
+    TYPE = "generate_task"
+    request_id: str = _id()
+    token_ids: list[int] = _token_ids(min_len=1)
+    sampling: Sampling
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -613,6 +626,8 @@ class KVHandoff(Message):
     transport: str = wire_field(min_len=1, max_len=32)
     layout: KVLayout
     dst_block_ids: list[int] = wire_field(ge=0)
+    reply_to: str = wire_field(max_len=256)
+    cached_tokens: int = _count(0)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -651,7 +666,7 @@ class Shutdown(Message):
 CLIENT_TO_ROUTER = (Submit, Abort, Ping, Pong, StatsRequest)
 ROUTER_TO_CLIENT = (Delta, Result, Error, Ping, Pong, Stats)
 WORKER_TO_ROUTER = (WorkerHello, Reserved, TokenBatch, Heartbeat, HandoffAck, Error, Ping, Pong)
-ROUTER_TO_WORKER = (Reserve, PrefillTask, AbortRequest, Shutdown, Ping, Pong)
+ROUTER_TO_WORKER = (Reserve, PrefillTask, GenerateTask, AbortRequest, Shutdown, Ping, Pong)
 DATA_PLANE = (KVHandoff, HandoffAck)
 
 
@@ -787,7 +802,7 @@ __all__ = [
     "ProtocolError", "Record", "Message", "REGISTRY", "wire_field", "encode", "decode",
     "Sampling", "Usage", "Timings", "WorkerLoad", "WorkerStats", "KVLayout", "TokenUpdate",
     "Submit", "Abort", "Ping", "Pong", "StatsRequest", "Stats", "Delta", "Result", "Error",
-    "WorkerHello", "Reserve", "Reserved", "PrefillTask", "KVHandoff", "HandoffAck", "TokenBatch",
+    "WorkerHello", "Reserve", "Reserved", "PrefillTask", "GenerateTask", "KVHandoff", "HandoffAck", "TokenBatch",
     "Heartbeat", "AbortRequest", "Shutdown",
     "CLIENT_TO_ROUTER", "ROUTER_TO_CLIENT", "WORKER_TO_ROUTER", "ROUTER_TO_WORKER", "DATA_PLANE",
 ]

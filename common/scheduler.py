@@ -96,24 +96,26 @@ class Scheduler:
             if seq.num_computed_tokens < seq.num_tokens:
                 continue  # a chunk of a longer prompt: no token yet
             seq.token_ids.append(token)
-            reason = self._finish_reason(seq, token)
-            if reason:
+            if seq.prefill_only:
+                self.finish(seq, "prefilled", free=False)  # its blocks wait for the KV handoff
+            elif reason := self.finish_reason(seq, token):
                 self.finish(seq, reason)
             updated.append(seq)
         return updated
 
-    def finish(self, seq: Sequence, reason: str) -> None:
+    def finish(self, seq: Sequence, reason: str, free: bool = True) -> None:
         if seq.status == SequenceStatus.RUNNING:
             self.running.remove(seq)
-        elif seq.status == SequenceStatus.WAITING:
+        elif seq.status == SequenceStatus.WAITING and seq in self.waiting:
             self.waiting.remove(seq)
-        else:
+        elif seq.status == SequenceStatus.FINISHED:
             return
         seq.status = SequenceStatus.FINISHED
         seq.finish_reason = reason
-        self.block_manager.free_blocks(seq)
+        if free:
+            self.block_manager.free_blocks(seq)
 
-    def _finish_reason(self, seq: Sequence, token: int) -> str | None:
+    def finish_reason(self, seq: Sequence, token: int) -> str | None:
         sp = seq.sampling
         if (token in self.eos_token_ids and not sp.ignore_eos) or token in sp.stop_token_ids:
             return "stop"

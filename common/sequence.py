@@ -19,7 +19,8 @@ class SequenceStatus(Enum):
 class Sequence:
     """One request inside an engine: its tokens, its place in the KV cache, and how far it has been computed."""
 
-    def __init__(self, request_id: str, prompt_token_ids: list[int], sampling: SamplingParams):
+    def __init__(self, request_id: str, prompt_token_ids: list[int], sampling: SamplingParams,
+                 prefill_only: bool = False):
         self.request_id = request_id
         self.token_ids = list(prompt_token_ids)
         self.num_prompt_tokens = len(prompt_token_ids)
@@ -32,6 +33,7 @@ class Sequence:
         self.arrival_time = time.monotonic()
         self.num_preemptions = 0
         self.generator: torch.Generator | None = None  # the request's own RNG when it has a seed
+        self.prefill_only = prefill_only  # a prefill worker's: stop after the first token, keep the blocks
 
     def __repr__(self) -> str:
         return (f"Sequence({self.request_id!r}, {self.status.name}, tokens={self.num_tokens}, "

@@ -38,6 +38,7 @@ from common.protocol import (
     Ping,
     Pong,
     PrefillTask,
+    GenerateTask,
     ProtocolError,
     Record,
     Reserve,
@@ -92,17 +93,20 @@ SAMPLES: dict[str, Message] = {
         Error(request_id="req-1", code=P.OVERLOADED, message="queue full", retry_after=1.5),
         WorkerHello(
             worker_id="d0", role="decode", model_fingerprint="qwen3-0.6b:abc123", num_blocks=4096, layout=LAYOUT,
-            transports=["host", "cuda_ipc"], kv_address="tcp://10.0.0.2:6001", node_id="node-a", device_index=1,
+            max_model_len=4096, vocab_size=151936, transports=["host", "cuda_ipc"], kv_address="tcp://10.0.0.2:6001",
+            kv_descriptor=b"\x01\x02", node_id="node-a", device_index=1,
         ),
-        Reserve(request_id="req-1", num_prompt_tokens=100, sampling=SAMPLING, prefill_worker_id="p0"),
+        Reserve(request_id="req-1", token_ids=[1, 2, 3], sampling=SAMPLING, prefill_worker_id="p0"),
         Reserved(request_id="req-1", block_ids=[7, 8, 9]),
         PrefillTask(
             request_id="req-1", token_ids=[1, 2, 3], sampling=Sampling(), decode_worker_id="d0",
-            decode_kv_address="tcp://10.0.0.2:6001", dst_block_ids=[7, 8, 9],
+            decode_kv_address="tcp://10.0.0.2:6001", dst_block_ids=[7, 8, 9], transport="cuda_ipc",
+            decode_kv_descriptor=b"handle",
         ),
+        GenerateTask(request_id="req-2", token_ids=[4, 5], sampling=SAMPLING),
         KVHandoff(
             request_id="req-1", src_worker_id="p0", first_token=99, num_tokens=3, transport="host",
-            layout=LAYOUT, dst_block_ids=[7],
+            layout=LAYOUT, dst_block_ids=[7], reply_to="tcp://10.0.0.1:6002",
         ),
         HandoffAck(request_id="req-1", ok=False, message="layout mismatch"),
         TokenBatch(updates=[
@@ -348,7 +352,7 @@ def test_list_length_limit():
     assert len(decode(wire(type="submit", request_id="rid", token_ids=[1] * MAX_LIST_LEN)).token_ids) == MAX_LIST_LEN
     fails(wire(type="submit", request_id="rid", token_ids=[1] * (MAX_LIST_LEN + 1)), "too_large", "rid")
     fails(wire(type="worker_hello", worker_id="w", role="decode", model_fingerprint="m", num_blocks=1,
-               layout=dataclasses.asdict(LAYOUT), transports=["host"] * 17), "too_large", match="transports: 17 items")
+               layout=dataclasses.asdict(LAYOUT), max_model_len=8, vocab_size=8, transports=["host"] * 17), "too_large", match="transports: 17 items")
 
 
 def test_string_length_limit():

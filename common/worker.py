@@ -1,0 +1,202 @@
+"""A worker: one engine behind a ZMQ connection to the router, plus a KV data channel to its peers.
+
+`Worker` owns the loop (messages in, one engine step, token updates out, heartbeats, leases);
+the roles (`ColocatedWorker` here, `PrefillWorker`, `DecodeWorker`) only add their handlers.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+
+import msgpack
+import zmq
+
+from common import protocol as P
+from common.config import EngineConfig
+from common.engine import LLMEngine
+from common.sampling_params import InvalidRequest
+from common.sequence import Sequence
+from kvtransfer import DataChannel, available_transports, make_transport
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class WorkerConfig:
+    worker_id: str
+    router_address: str  # the router's worker endpoint
+    host: str = "127.0.0.1"  # where this worker's data channel listens
+    node_id: str = ""
+    device_index: int = 0
+    kv_transports: list[str] = field(default_factory=list)  # empty: every transport this device has
+    heartbeat_interval: float = 0.5
+    handoff_timeout: float = 60.0  # how long blocks wait for the other side of a KV handoff
+
+
+class Worker:
+    role = ""
+
+    def __init__(self, config: WorkerConfig, engine_config: EngineConfig):
+        self.config = config
+        self.engine = LLMEngine(engine_config)
+        self.ctx = zmq.Context()
+        self.router = self.ctx.socket(zmq.DEALER)
+        self.router.setsockopt(zmq.IDENTITY, config.worker_id.encode())
+        self.router.setsockopt(zmq.LINGER, 0)
+        self.router.connect(config.router_address)
+        self.channel = DataChannel(self.ctx, config.host)
+        pool = self.engine.runner.kv_pool
+        names = config.kv_transports or available_transports(engine_config.device)
+        self.transports = {name: make_transport(name, pool) for name in names}
+        self.layout = P.KVLayout(block_size=pool.layout.block_size, num_layers=pool.layout.num_layers,
+                                 num_kv_heads=pool.layout.num_kv_heads, head_dim=pool.layout.head_dim,
+                                 dtype=str(pool.layout.dtype).removeprefix("torch."))
+        self._stopped = threading.Event()
+        self.leases: dict[str, float] = {}  # request id -> deadline of its pending handoff
+
+    # ---- the loop -----------------------------------------------------------------------------------
+    def run(self) -> None:
+        self.send(self.hello())
+        poller = zmq.Poller()
+        poller.register(self.router, zmq.POLLIN)
+        poller.register(self.channel.inbox, zmq.POLLIN)
+        next_heartbeat = 0.0
+        try:
+            while not self._stopped.is_set():
+                ready = dict(poller.poll(0 if self.engine.has_unfinished() else 20))
+                if self.router in ready:
+                    self._drain(self.router, self._on_router_frame)
+                if self.channel.inbox in ready:
+                    self._drain(self.channel.inbox, self._on_data_frames)
+                if self.engine.has_unfinished():
+                    self.on_step(self.engine.step())
+                now = time.monotonic()
+                if now >= next_heartbeat:
+                    self.send(P.Heartbeat(worker_id=self.config.worker_id, **self.engine.load()))
+                    next_heartbeat = now + self.config.heartbeat_interval
+                    self._expire_leases(now)
+        finally:
+            self.close()
+
+    def stop(self) -> None:
+        self._stopped.set()
+
+    def close(self) -> None:
+        for transport in self.transports.values():
+            transport.close()
+        self.channel.close()
+        self.router.close()
+        self.ctx.term()
+        self.engine.close()
+
+    def _drain(self, sock: zmq.Socket, handle) -> None:
+        while True:
+            try:
+                frames = sock.recv_multipart(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                return
+            handle(frames)
+
+    def _on_router_frame(self, frames: list[zmq.Frame]) -> None:
+        try:
+            msg = P.decode(frames[0].buffer, expect=P.ROUTER_TO_WORKER)
+        except P.ProtocolError as e:
+            log.warning("bad frame from router: %s", e)
+            self.send(e.to_error())
+            return
+        if isinstance(msg, P.Ping):
+            self.send(P.Pong(nonce=msg.nonce))
+        elif isinstance(msg, P.Shutdown):
+            self.stop()
+        elif isinstance(msg, P.AbortRequest):
+            self.abort(msg.request_id)
+        else:
+            self.on_message(msg)
+
+    def _on_data_frames(self, frames: list[zmq.Frame]) -> None:
+        try:
+            msg = P.decode(frames[0].buffer, expect=P.DATA_PLANE)
+        except P.ProtocolError as e:
+            log.warning("bad frame on the data channel: %s", e)
+            return
+        self.on_data(msg, [f.buffer for f in frames[1:]])
+
+    def _expire_leases(self, now: float) -> None:
+        for request_id in [r for r, deadline in self.leases.items() if deadline < now]:
+            log.warning("request %s: KV handoff timed out", request_id)
+            self.abort(request_id)
+            self.send(P.Error(request_id=request_id, code=P.TIMEOUT, message="KV handoff timed out"))
+
+    # ---- shared by the roles ------------------------------------------------------------------------
+    def send(self, msg: P.Message) -> None:
+        self.router.send(P.encode(msg), copy=False)
+
+    def hello(self) -> P.WorkerHello:
+        cfg, ecfg = self.config, self.engine.config
+        descriptors = {name: t.descriptor() for name, t in self.transports.items()}
+        return P.WorkerHello(
+            worker_id=cfg.worker_id, role=self.role, model_fingerprint=model_fingerprint(ecfg),
+            num_blocks=self.engine.block_manager.num_blocks, layout=self.layout, max_model_len=ecfg.max_model_len,
+            vocab_size=ecfg.model_config.vocab_size, transports=list(self.transports),
+            kv_address=self.channel.address, kv_descriptor=_pack_descriptors(descriptors),
+            node_id=cfg.node_id, device_index=cfg.device_index)
+
+    def add_request(self, request_id: str, token_ids: list[int], sampling, **kw) -> bool:
+        try:
+            self.engine.add_request(request_id, token_ids, sampling, **kw)
+            return True
+        except InvalidRequest as e:
+            self.send(P.Error(request_id=request_id, code=P.BAD_REQUEST, message=str(e)))
+            return False
+
+    def abort(self, request_id: str) -> None:
+        self.leases.pop(request_id, None)
+        self.engine.abort(request_id)
+
+    def report(self, seqs: list[Sequence]) -> None:
+        """One token_batch for the sequences that got a token this step."""
+        updates = [P.TokenUpdate(request_id=s.request_id, token_ids=[s.token_ids[-1]],
+                                 finish_reason=s.finish_reason if s.is_finished else None,
+                                 cached_tokens=s.num_cached_tokens) for s in seqs]
+        if updates:
+            self.send(P.TokenBatch(updates=updates))
+
+    # ---- what the roles implement -------------------------------------------------------------------
+    def on_message(self, msg: P.Message) -> None:
+        self.send(P.Error(request_id=getattr(msg, "request_id", ""), code=P.UNKNOWN_TYPE,
+                          message=f"a {self.role} worker does not take {msg.TYPE}"))
+
+    def on_data(self, msg: P.Message, frames: list[memoryview]) -> None:
+        log.warning("a %s worker got an unexpected %s on its data channel", self.role, msg.TYPE)
+
+    def on_step(self, updated: list[Sequence]) -> None:
+        self.report(updated)
+
+
+class ColocatedWorker(Worker):
+    """Prefill and decode in one engine: the baseline disaggregation is measured against."""
+
+    role = "colocated"
+
+    def on_message(self, msg: P.Message) -> None:
+        if isinstance(msg, P.GenerateTask):
+            self.add_request(msg.request_id, msg.token_ids, msg.sampling)
+        else:
+            super().on_message(msg)
+
+
+def model_fingerprint(config: EngineConfig) -> str:
+    """Workers may exchange KV only when this matches: same architecture, shapes and KV dtype."""
+    mc = config.model_config
+    return (f"{mc.architecture}:L{mc.num_layers}:H{mc.hidden_size}:kv{mc.num_kv_heads}x{mc.head_dim}"
+            f":V{mc.vocab_size}:{str(config.torch_dtype).removeprefix('torch.')}")
+
+
+def _pack_descriptors(descriptors: dict[str, bytes]) -> bytes:
+    return msgpack.packb({k: v for k, v in descriptors.items() if v}, use_bin_type=True)
+
+
+def unpack_descriptors(blob: bytes) -> dict[str, bytes]:
+    return msgpack.unpackb(blob, raw=False) if blob else {}

@@ -1,0 +1,67 @@
+from __future__ import annotations
+
+import logging
+import time
+
+from common import protocol as P
+from common.sampling_params import InvalidRequest
+from common.worker import Worker
+
+log = logging.getLogger(__name__)
+
+
+class DecodeWorker(Worker):
+    """Reserves blocks for a prompt before any KV is sent (a transfer never writes blocks this worker
+    does not own), admits the request into continuous batching when its KV lands, and streams tokens."""
+
+    role = "decode"
+
+    def on_message(self, msg: P.Message) -> None:
+        if not isinstance(msg, P.Reserve):
+            return super().on_message(msg)
+        try:
+            blocks = self.engine.reserve(msg.request_id, msg.token_ids, msg.sampling)
+        except InvalidRequest as e:
+            self.send(P.Error(request_id=msg.request_id, code=P.BAD_REQUEST, message=str(e)))
+            return
+        if blocks is None:
+            self.send(P.Error(request_id=msg.request_id, code=P.OVERLOADED, retry_after=0.05,
+                              message=f"decode worker {self.config.worker_id} has no free KV blocks"))
+            return
+        self.leases[msg.request_id] = time.monotonic() + self.config.handoff_timeout
+        self.send(P.Reserved(request_id=msg.request_id, block_ids=blocks))
+
+    def on_data(self, msg: P.Message, frames: list[memoryview]) -> None:
+        if isinstance(msg, P.KVHandoff):
+            self.receive(msg, frames)
+        else:
+            super().on_data(msg, frames)
+
+    def receive(self, h: P.KVHandoff, frames: list[memoryview]) -> None:
+        """transfer -> decode batch: land the KV in the reserved blocks, admit the request, report its first token."""
+        reserved = self.engine.reserved.get(h.request_id)
+        problem = None
+        if reserved is None:
+            problem = "no reservation (aborted or timed out)"
+        elif h.layout != self.layout:
+            problem = f"KV layout mismatch: sender {h.layout}, receiver {self.layout}"
+        elif h.dst_block_ids != reserved.block_table or h.num_tokens != reserved.num_prompt_tokens:
+            problem = "handoff does not match the reservation"
+        elif h.transport not in self.transports:
+            problem = f"no {h.transport!r} transport here"
+        if problem is None:
+            try:
+                self.transports[h.transport].receive(h.src_worker_id, h.dst_block_ids, frames)
+            except Exception as e:
+                log.exception("request %s: receiving KV failed", h.request_id)
+                problem = f"receiving KV failed: {e}"
+        self.channel.send(h.reply_to, P.HandoffAck(request_id=h.request_id, ok=problem is None, message=problem or ""))
+        if problem is not None:
+            if reserved is not None:
+                self.abort(h.request_id)
+                self.send(P.Error(request_id=h.request_id, code=P.INTERNAL, message=problem))
+            return
+        self.leases.pop(h.request_id, None)
+        seq = self.engine.admit_prefilled(h.request_id, h.first_token)
+        seq.num_cached_tokens = h.cached_tokens
+        self.report([seq])

@@ -1,0 +1,38 @@
+from __future__ import annotations
+
+import zmq
+
+from common import protocol as P
+
+
+class DataChannel:
+    """The KV data plane of one worker: a PULL socket others push handoffs and acks to, and PUSH
+    sockets to peers, opened on first use. Records travel as the first frame of a multipart message;
+    KV payload frames, if any, follow."""
+
+    def __init__(self, ctx: zmq.Context, host: str = "127.0.0.1"):
+        self.ctx = ctx
+        self.inbox = ctx.socket(zmq.PULL)
+        self.inbox.setsockopt(zmq.LINGER, 0)
+        port = self.inbox.bind_to_random_port(f"tcp://{host}")
+        self.address = f"tcp://{host}:{port}"
+        self.peers: dict[str, zmq.Socket] = {}
+
+    def send(self, address: str, msg: P.Message, payload: list | None = None) -> None:
+        sock = self.peers.get(address)
+        if sock is None:
+            sock = self.peers[address] = self.ctx.socket(zmq.PUSH)
+            sock.setsockopt(zmq.LINGER, 1000)
+            sock.connect(address)
+        sock.send_multipart([P.encode(msg), *(payload or [])], copy=False)
+
+    def recv(self) -> tuple[P.Message, list[memoryview]]:
+        """One pending message (call when the inbox is readable); raises ProtocolError for a bad record."""
+        frames = self.inbox.recv_multipart(copy=False)
+        msg = P.decode(frames[0].buffer, expect=P.DATA_PLANE)
+        return msg, [f.buffer for f in frames[1:]]
+
+    def close(self) -> None:
+        for sock in self.peers.values():
+            sock.close()
+        self.inbox.close()

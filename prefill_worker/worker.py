@@ -1,0 +1,72 @@
+from __future__ import annotations
+
+import logging
+import time
+
+from common import protocol as P
+from common.sequence import Sequence
+from common.worker import Worker, unpack_descriptors
+
+log = logging.getLogger(__name__)
+
+
+class PrefillWorker(Worker):
+    """Prefills prompts in varlen batches, samples each first token, and hands the KV blocks to the decode
+    worker that reserved room for them. Its blocks stay held (and stay in its prefix cache) until the
+    decode worker acknowledges the handoff, or the lease runs out."""
+
+    role = "prefill"
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.tasks: dict[str, P.PrefillTask] = {}
+
+    def on_message(self, msg: P.Message) -> None:
+        if not isinstance(msg, P.PrefillTask):
+            return super().on_message(msg)
+        expected = self.engine.block_manager.blocks_needed(len(msg.token_ids))
+        if len(msg.dst_block_ids) != expected:
+            self.send(P.Error(request_id=msg.request_id, code=P.BAD_REQUEST,
+                              message=f"{len(msg.dst_block_ids)} destination blocks for a prompt needing {expected}"))
+        elif msg.transport not in self.transports:
+            self.send(P.Error(request_id=msg.request_id, code=P.UNAVAILABLE,
+                              message=f"this prefill worker has no {msg.transport!r} transport"))
+        elif self.add_request(msg.request_id, msg.token_ids, msg.sampling, prefill_only=True):
+            self.tasks[msg.request_id] = msg
+
+    def on_step(self, updated: list[Sequence]) -> None:
+        for seq in updated:
+            if seq.finish_reason == "prefilled":
+                self.hand_off(seq)
+
+    def hand_off(self, seq: Sequence) -> None:
+        """prefill batch -> KV blocks -> transfer: move the prompt's blocks into the decode worker's."""
+        task = self.tasks[seq.request_id]
+        n = len(task.dst_block_ids)
+        try:
+            descriptor = unpack_descriptors(task.decode_kv_descriptor).get(task.transport, b"")
+            payload = self.transports[task.transport].send(task.decode_worker_id, descriptor, seq.block_table[:n],
+                                                           task.dst_block_ids)
+            handoff = P.KVHandoff(request_id=seq.request_id, src_worker_id=self.config.worker_id,
+                                  first_token=seq.token_ids[-1], num_tokens=seq.num_prompt_tokens,
+                                  transport=task.transport, layout=self.layout, dst_block_ids=task.dst_block_ids,
+                                  reply_to=self.channel.address, cached_tokens=seq.num_cached_tokens)
+            self.channel.send(task.decode_kv_address, handoff, payload)
+        except Exception as e:  # the request fails; the worker goes on
+            log.exception("request %s: KV transfer to %s failed", seq.request_id, task.decode_worker_id)
+            self.abort(seq.request_id)
+            self.send(P.Error(request_id=seq.request_id, code=P.INTERNAL, message=f"KV transfer failed: {e}"))
+            return
+        self.leases[seq.request_id] = time.monotonic() + self.config.handoff_timeout
+
+    def on_data(self, msg: P.Message, frames: list[memoryview]) -> None:
+        if isinstance(msg, P.HandoffAck):
+            if not msg.ok:
+                log.warning("request %s: decode worker refused the KV: %s", msg.request_id, msg.message)
+            self.abort(msg.request_id)  # frees the held blocks either way
+        else:
+            super().on_data(msg, frames)
+
+    def abort(self, request_id: str) -> None:
+        self.tasks.pop(request_id, None)
+        super().abort(request_id)

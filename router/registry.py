@@ -1,0 +1,111 @@
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from common import protocol as P
+
+
+@dataclass
+class WorkerInfo:
+    hello: P.WorkerHello
+    identity: bytes  # ZMQ routing id
+    load: P.WorkerLoad
+    last_seen: float = field(default_factory=time.monotonic)
+    alive: bool = True
+    draining: bool = False  # takes no new requests
+    # Router-side estimates between heartbeats.
+    blocks_promised: int = 0  # reserved since the last heartbeat
+    prefill_tokens: int = 0  # tokens sent to prefill and not yet reported done
+
+    @property
+    def worker_id(self) -> str:
+        return self.hello.worker_id
+
+    @property
+    def role(self) -> str:
+        return self.hello.role
+
+    @property
+    def free_blocks(self) -> int:
+        return self.load.kv_blocks_free - self.blocks_promised
+
+    @property
+    def accepting(self) -> bool:
+        return self.alive and not self.draining
+
+    def stats(self) -> P.WorkerStats:
+        return P.WorkerStats(worker_id=self.worker_id, role=self.role, alive=self.alive,
+                             **{k: getattr(self.load, k) for k in ("queued_requests", "queued_tokens",
+                                                                   "running_requests", "kv_blocks_total",
+                                                                   "kv_blocks_free")})
+
+
+class WorkerRegistry:
+    """The workers the router knows, and which one gets the next request."""
+
+    def __init__(self):
+        self.workers: dict[str, WorkerInfo] = {}
+
+    def register(self, hello: P.WorkerHello, identity: bytes) -> WorkerInfo:
+        """Adds (or re-adds) a worker; raises ValueError when it cannot work with the others."""
+        for other in self.workers.values():
+            if other.worker_id == hello.worker_id or not other.alive:
+                continue
+            if other.hello.model_fingerprint != hello.model_fingerprint:
+                raise ValueError(f"model mismatch: {hello.worker_id} serves {hello.model_fingerprint}, "
+                                 f"{other.worker_id} serves {other.hello.model_fingerprint}")
+            if other.hello.layout != hello.layout:
+                raise ValueError(f"KV layout mismatch: {hello.worker_id} has {hello.layout}, "
+                                 f"{other.worker_id} has {other.hello.layout}")
+        load = P.WorkerLoad(queued_requests=0, queued_tokens=0, running_requests=0,
+                            kv_blocks_total=hello.num_blocks, kv_blocks_free=hello.num_blocks)
+        info = WorkerInfo(hello, identity, load)
+        self.workers[hello.worker_id] = info
+        return info
+
+    def heartbeat(self, hb: P.Heartbeat) -> WorkerInfo | None:
+        info = self.workers.get(hb.worker_id)
+        if info is not None:
+            info.load = P.WorkerLoad(queued_requests=hb.queued_requests, queued_tokens=hb.queued_tokens,
+                                     running_requests=hb.running_requests, kv_blocks_total=hb.kv_blocks_total,
+                                     kv_blocks_free=hb.kv_blocks_free)
+            info.last_seen = time.monotonic()
+            info.blocks_promised = 0
+        return info
+
+    def expire(self, timeout: float) -> list[WorkerInfo]:
+        """Marks workers not heard from within `timeout` seconds dead; returns the newly dead."""
+        now = time.monotonic()
+        dead = [w for w in self.workers.values() if w.alive and now - w.last_seen > timeout]
+        for w in dead:
+            w.alive = False
+        return dead
+
+    def of_role(self, *roles: str) -> list[WorkerInfo]:
+        return [w for w in self.workers.values() if w.accepting and w.role in roles]
+
+    def pick_prefill(self) -> WorkerInfo | None:
+        """Least queued prefill tokens."""
+        return min(self.of_role("prefill"), key=lambda w: w.load.queued_tokens + w.prefill_tokens, default=None)
+
+    def pick_decode(self, blocks_needed: int) -> WorkerInfo | None:
+        """Most free KV blocks, among those that can hold the request now."""
+        fits = [w for w in self.of_role("decode") if w.free_blocks >= blocks_needed]
+        return max(fits, key=lambda w: w.free_blocks, default=None)
+
+    def pick_colocated(self) -> WorkerInfo | None:
+        return min(self.of_role("colocated"),
+                   key=lambda w: (w.load.queued_tokens + w.prefill_tokens, w.load.running_requests), default=None)
+
+    def limits(self) -> tuple[int, int] | None:
+        """(max_model_len, vocab_size) every accepting worker supports; None without workers."""
+        live = [w for w in self.workers.values() if w.accepting]
+        if not live:
+            return None
+        return min(w.hello.max_model_len for w in live), min(w.hello.vocab_size for w in live)
+
+    def can_serve(self, mode: str) -> bool:
+        if mode == "colocated":
+            return bool(self.of_role("colocated"))
+        return bool(self.of_role("prefill")) and bool(self.of_role("decode"))
