@@ -410,6 +410,14 @@ def test_async_errors_timeouts_and_abort(router):
             router.stats = stats_of(worker("p0", "prefill"))
             with pytest.raises(TimeoutError, match="no alive decode worker"):
                 await c.wait_ready(0.3)
+            cancelled = asyncio.ensure_future(c.generate("hang", request_id="cancel-me"))
+            await asyncio.sleep(0.05)
+            cancelled.cancel()
+            for _ in range(200):
+                if router.aborts[-1] == "cancel-me":
+                    break
+                await asyncio.sleep(0.01)
+            assert router.aborts[-1] == "cancel-me"
             pending = asyncio.ensure_future(c.generate("hang"))
             await asyncio.sleep(0.05)
         with pytest.raises(ClientError, match="closed"):
@@ -458,11 +466,11 @@ def test_cli_ping(router, capsys):
     assert run_cli(["client", "--address", router.address, "--ping", "--timeout", "2"], capsys) == (0, [], [])
     router.stats = stats_of(worker("d0", "decode"))
     code, out, err = run_cli(["client", "--address", router.address, "--ping", "--timeout", "0.3"], capsys)
-    assert code != 0 and out == []
+    assert code == 2 and out == []
     assert err == [f"pdcluster: error: cluster at {router.address} not ready after 0.3 s: "
                    "no alive prefill worker (1 of 1 known workers alive)"]
     code, out, err = run_cli(["client", "--address", free_address(), "--ping", "--timeout", "0.3"], capsys)
-    assert code != 0 and out == [] and len(err) == 1 and "the router did not answer" in err[0]
+    assert code == 2 and out == [] and len(err) == 1 and "the router did not answer" in err[0]
 
 
 def test_cli_stats(router, capsys):
