@@ -134,6 +134,9 @@ def build_parser() -> argparse.ArgumentParser:
     prep.add_argument("--seed", type=int, default=0)
     prep.add_argument("--dtype", default=None, help="weights dtype (default: bfloat16 for real sizes, float32 for tiny)")
     prep.set_defaults(func=cmd_prepare_model)
+
+    from router.client import add_client_parser  # lazy: keeps the client free of engine imports
+    add_client_parser(sub)
     return parser
 
 
