@@ -1,0 +1,70 @@
+"""Starts `pdcluster serve` as a real subprocess (own process group) and stops it like a user would."""
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from router.client import Client
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class RunningCluster:
+    def __init__(self, model: Path, mode: str, log_path: Path, *extra: str):
+        self.address = f"tcp://127.0.0.1:{free_port()}"
+        args = [sys.executable, "-m", "common.cli", "serve", "--model", str(model), "--mode", mode, "--device", "cpu",
+                "--bind", self.address, "--kv-cache-memory", "64MiB", "--max-num-seqs", "64",
+                "--max-num-batched-tokens", "1024", *extra]
+        env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"}
+        self.log_path = log_path
+        self.proc = subprocess.Popen(args, cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
+                                     stderr=open(log_path, "wb"), start_new_session=True)
+        try:
+            with Client(self.address) as client:
+                client.wait_ready(timeout=300)
+        except BaseException:
+            self.stop()
+            raise RuntimeError(f"cluster did not start; log:\n{self.log()}")
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")[-4000:]
+
+    def client(self, **kw) -> Client:
+        return Client(self.address, **kw)
+
+    def wait_all_blocks_free(self, timeout: float = 10.0) -> list:
+        """Polls stats until every worker reports all KV blocks free; returns the last worker stats."""
+        deadline = time.monotonic() + timeout
+        with self.client() as c:
+            while True:
+                workers = c.stats().workers
+                if all(w.kv_blocks_free == w.kv_blocks_total for w in workers) or time.monotonic() > deadline:
+                    return workers
+                time.sleep(0.2)
+
+    def stop(self) -> int:
+        """SIGTERM, as a service manager would; returns the exit status. Anything left in the process
+        group afterwards (a Ray worker, an actor) is an orphan: kill it and fail loudly."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=90)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        return self.proc.returncode
+
+    def orphans(self) -> list[int]:
+        out = subprocess.run(["pgrep", "-g", str(self.proc.pid)], capture_output=True, text=True).stdout
+        return [int(p) for p in out.split()]

@@ -1,0 +1,163 @@
+"""A whole cluster (router + Ray workers, host KV transport) against the offline engine."""
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+
+import msgpack
+import pytest
+import zmq
+
+from common import protocol as P
+from common.cli import main as cli_main
+from common.llm import LLM
+from common.sampling_params import SamplingParams
+from router.client import AsyncClient, ServerError
+from tests.cluster_harness import RunningCluster
+
+PROMPTS = [
+    "The capital of France is",
+    "def fibonacci(n):",
+    "Once upon a time, in a land far away,",
+    "1, 2, 3, 4, 5,",
+    "Hello, my name is",
+    "The quick brown fox jumps over",
+]
+MAX_TOKENS = 16
+GREEDY = dict(max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True)
+
+CASES = [("tiny_qwen3", "disagg"), ("tiny_qwen3", "colocated"), ("smollm2", "disagg")]
+
+
+@pytest.fixture(scope="module", params=CASES, ids=[f"{m}-{mode}" for m, mode in CASES])
+def case(request):
+    model_name, mode = request.param
+    return request.getfixturevalue(f"{model_name}_dir"), mode
+
+
+@pytest.fixture(scope="module")
+def expected(case):
+    """What the offline engine (`pdcluster generate`) answers."""
+    model, _ = case
+    llm = LLM(str(model), device="cpu", kv_cache_memory=64 << 20)
+    try:
+        return [(o.token_ids, o.text) for o in llm.generate(PROMPTS, SamplingParams(**GREEDY), use_tqdm=False)]
+    finally:
+        llm.close()
+
+
+@pytest.fixture(scope="module")
+def cluster(case, tmp_path_factory):
+    model, mode = case
+    running = RunningCluster(model, mode, tmp_path_factory.mktemp("cluster") / "serve.log")
+    yield running
+    status = running.stop()
+    orphans = running.orphans()
+    if orphans:
+        for pid in orphans:
+            os.kill(pid, signal.SIGKILL)
+    assert status == 0, running.log()
+    assert not orphans, f"processes left behind: {orphans}"
+
+
+def test_greedy_output_equals_offline_generate(cluster, expected):
+    with cluster.client(timeout=120) as c:
+        got = [c.generate(p, **GREEDY) for p in PROMPTS]
+    assert [(g.token_ids, g.text) for g in got] == expected
+    for g in got:
+        assert g.finish_reason == "length" and g.usage.completion_tokens == MAX_TOKENS
+        assert g.timings.ttft is not None and len(g.timings.itl) == MAX_TOKENS - 1
+
+
+def test_streamed_deltas_arrive_in_order_and_join_to_the_result(cluster, expected):
+    with cluster.client(timeout=120) as c:
+        stream = c.stream(PROMPTS[2], **GREEDY)
+        deltas = list(stream)
+    assert [d.index for d in deltas if d.token_ids] == list(range(MAX_TOKENS))
+    assert [t for d in deltas for t in d.token_ids] == stream.result.token_ids == expected[2][0]
+    assert "".join(d.text for d in deltas) == stream.result.text == expected[2][1]
+
+
+def test_32_concurrent_clients_are_all_served(cluster, expected):
+    async def one(i: int):
+        async with AsyncClient(cluster.address, timeout=300) as c:
+            return await c.generate(PROMPTS[i % len(PROMPTS)], **GREEDY)
+
+    async def all_of_them():
+        return await asyncio.gather(*(one(i) for i in range(32)))
+
+    results = asyncio.run(all_of_them())
+    assert [r.token_ids for r in results] == [expected[i % len(PROMPTS)][0] for i in range(32)]
+
+
+def test_client_cli_json_equals_generate_json(cluster, case, capsys):
+    model, _ = case
+    flags = ["--max-tokens", str(MAX_TOKENS), "--ignore-eos", "--json"] + [a for p in PROMPTS[:2] for a in ("--prompt", p)]
+    assert cli_main(["client", "--address", cluster.address, *flags]) == 0
+    served = capsys.readouterr().out
+    assert cli_main(["generate", "--model", str(model), "--device", "cpu", "--kv-cache-memory", "64MiB", *flags]) == 0
+    offline = capsys.readouterr().out
+    assert served == offline and len(served.splitlines()) == 2
+    assert json.loads(served.splitlines()[0])["index"] == 0
+
+
+def test_abort_frees_blocks_on_every_worker(cluster):
+    with cluster.client(timeout=120) as c:
+        stream = c.stream(PROMPTS[0], max_tokens=400, temperature=0.0, ignore_eos=True)
+        first = [next(stream) for _ in range(3)]
+        assert [d.index for d in first] == [0, 1, 2]
+        stream.close()  # sends the abort
+    workers = cluster.wait_all_blocks_free()
+    assert all(w.kv_blocks_free == w.kv_blocks_total for w in workers), workers
+    with cluster.client() as c:
+        assert c.stats().requests_in_flight == 0
+
+
+def test_malformed_frames_get_errors_and_the_cluster_keeps_serving(cluster, expected):
+    ctx = zmq.Context.instance()
+    sock = ctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.RCVTIMEO, 10_000)
+    sock.connect(cluster.address)
+    bad_frames = [
+        b"\xc1 not msgpack",
+        msgpack.packb([1, 2, 3]),
+        msgpack.packb({"v": 99, "type": "submit", "request_id": "x"}),
+        msgpack.packb({"v": 1, "type": "no_such_type"}),
+        msgpack.packb({"v": 1, "type": "submit", "request_id": "x", "prompt": "hi", "surprise": 1}),
+        msgpack.packb({"v": 1, "type": "submit", "request_id": "x", "prompt": "hi", "sampling": {"top_p": 7}}),
+        msgpack.packb({"v": 1, "type": "submit", "request_id": "x", "token_ids": [1, 2**31 - 1]}),
+        b"\x00" * (P.MAX_FRAME_BYTES + 1),
+    ]
+    try:
+        for frame in bad_frames:
+            sock.send(frame)
+            reply = P.decode(sock.recv())
+            assert isinstance(reply, P.Error), reply
+            assert reply.code in (P.BAD_REQUEST, P.UNSUPPORTED_VERSION, P.UNKNOWN_TYPE, P.TOO_LARGE)
+        sock.send_multipart([P.encode(P.Ping(nonce=7)), b"extra frame"])
+        assert isinstance(P.decode(sock.recv()), P.Error)
+    finally:
+        sock.close()
+    with cluster.client(timeout=120) as c:
+        assert c.generate(PROMPTS[0], **GREEDY).token_ids == expected[0][0]
+
+
+def test_invalid_requests_are_refused_with_the_field_named(cluster):
+    with cluster.client(timeout=60) as c:
+        with pytest.raises(ServerError) as e:
+            c.generate("", max_tokens=4)
+        assert e.value.code == P.BAD_REQUEST and "prompt" in e.value.message
+        with pytest.raises(ServerError) as e:
+            c.generate([1, 2, 10**8], max_tokens=4)
+        assert e.value.code == P.BAD_REQUEST and "token_ids" in e.value.message
+        with pytest.raises(ServerError) as e:
+            c.generate("word " * 20000, max_tokens=4)
+        assert e.value.code == P.BAD_REQUEST and "max_model_len" in e.value.message
+
+
+def test_every_block_is_free_at_the_end(cluster):
+    workers = cluster.wait_all_blocks_free()
+    assert workers and all(w.kv_blocks_free == w.kv_blocks_total and w.alive for w in workers)
