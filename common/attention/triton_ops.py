@@ -1,0 +1,340 @@
+"""Triton attention kernels with the signatures of torch_ops (see docs/design.md, "Kernel contracts").
+
+All kernels gather K/V through block tables from caches shaped [num_blocks, block_size, Hkv, D] whose
+block stride is arbitrary (views into the block-major pool), accumulate in fp32 and work in base 2
+(the softmax scale is pre-multiplied by log2(e)). One program serves every query head of one KV head,
+so each K/V tile is loaded once per GQA group.
+"""
+from __future__ import annotations
+
+import functools
+
+import torch
+import triton
+import triton.language as tl
+
+_LOG2E = 1.4426950408889634
+
+# Decode: a split covers a whole number of BLOCK_N-token tiles and, where splitting, at least this many.
+_DECODE_MIN_SPLIT_TOKENS = 128
+# Decode: aim for this many programs per SM before splitting the context further.
+_DECODE_PROGRAMS_PER_SM = 4
+DEFAULT_MAX_NUM_SPLITS = 64
+
+
+@triton.jit
+def _store_kvcache_kernel(key_ptr, value_ptr, k_cache_ptr, v_cache_ptr, slot_ptr,
+                          stride_kt, stride_kh, stride_vt, stride_vh,
+                          stride_ckb, stride_ckt, stride_ckh, stride_cvb, stride_cvt, stride_cvh,
+                          NUM_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_H: tl.constexpr,
+                          PAGE: tl.constexpr):
+    token = tl.program_id(0).to(tl.int64)
+    slot = tl.load(slot_ptr + token).to(tl.int64)
+    if slot < 0:
+        return
+    page, offset = slot // PAGE, slot % PAGE
+    heads = tl.arange(0, BLOCK_H)[:, None]
+    dims = tl.arange(0, HEAD_DIM)[None, :]
+    mask = heads < NUM_HEADS
+    k = tl.load(key_ptr + token * stride_kt + heads * stride_kh + dims, mask=mask)
+    v = tl.load(value_ptr + token * stride_vt + heads * stride_vh + dims, mask=mask)
+    tl.store(k_cache_ptr + page * stride_ckb + offset * stride_ckt + heads * stride_ckh + dims, k, mask=mask)
+    tl.store(v_cache_ptr + page * stride_cvb + offset * stride_cvt + heads * stride_cvh + dims, v, mask=mask)
+
+
+@triton.jit
+def _attend_tile(q, acc, m_i, l_i, k_ptr, v_ptr, block_table_ptr, pos, load_mask, score_mask,
+                 stride_kb, stride_kt, stride_vb, stride_vt, qk_scale,
+                 HEAD_DIM: tl.constexpr, PAGE: tl.constexpr, MASKED: tl.constexpr, PRECISION: tl.constexpr):
+    """One online-softmax step of q [M, D] over the keys at context positions `pos` [N]."""
+    dims = tl.arange(0, HEAD_DIM)[None, :]
+    if MASKED:
+        page = tl.load(block_table_ptr + pos // PAGE, mask=load_mask, other=0).to(tl.int64)
+    else:
+        page = tl.load(block_table_ptr + pos // PAGE).to(tl.int64)
+    offset = (pos % PAGE)[:, None]
+    k_ptrs = k_ptr + page[:, None] * stride_kb + offset * stride_kt + dims
+    v_ptrs = v_ptr + page[:, None] * stride_vb + offset * stride_vt + dims
+    if MASKED:
+        k = tl.load(k_ptrs, mask=load_mask[:, None], other=0.0)
+    else:
+        k = tl.load(k_ptrs)
+    s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale
+    if MASKED:
+        s = tl.where(score_mask, s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    alpha = tl.exp2(m_i - m_new)
+    p = tl.exp2(s - m_new[:, None])
+    l_i = l_i * alpha + tl.sum(p, 1)
+    if MASKED:
+        v = tl.load(v_ptrs, mask=load_mask[:, None], other=0.0)
+    else:
+        v = tl.load(v_ptrs)
+    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
+    return acc, m_new, l_i
+
+
+@triton.jit
+def _split_tokens(seq_len, num_splits, BLOCK_N: tl.constexpr):
+    """Tokens per split of one sequence (a multiple of BLOCK_N); the decode and reduce kernels must agree."""
+    per_split = (seq_len + num_splits - 1) // num_splits
+    return (per_split + BLOCK_N - 1) // BLOCK_N * BLOCK_N
+
+
+@triton.jit
+def _decode_kernel(q_ptr, k_ptr, v_ptr, block_tables_ptr, seq_lens_ptr, out_ptr, part_o_ptr, part_lse_ptr,
+                   qk_scale, num_splits,
+                   stride_qb, stride_qh, stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh,
+                   stride_btb, stride_ob, stride_oh, stride_pb, stride_ph, stride_ps, stride_lb, stride_lh,
+                   GROUP: tl.constexpr, BLOCK_G: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE: tl.constexpr,
+                   BLOCK_N: tl.constexpr, DIRECT: tl.constexpr, PRECISION: tl.constexpr):
+    """Grid (batch, kv_heads, splits). DIRECT (one split): write the final output, else a partial + its lse."""
+    seq = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    split = tl.program_id(2)
+    seq_len = tl.load(seq_lens_ptr + seq)
+    split_tokens = _split_tokens(seq_len, num_splits, BLOCK_N)
+    start = split * split_tokens
+    if (split > 0) & (start >= seq_len):
+        return
+    end = tl.minimum(start + split_tokens, seq_len)
+
+    g = tl.arange(0, BLOCK_G)
+    head_mask = g < GROUP
+    heads = kv_head * GROUP + g
+    dims = tl.arange(0, HEAD_DIM)
+    q = tl.load(q_ptr + seq * stride_qb + heads[:, None] * stride_qh + dims[None, :],
+                mask=head_mask[:, None], other=0.0)
+    k_ptr += kv_head * stride_kh
+    v_ptr += kv_head * stride_vh
+    block_table_ptr = block_tables_ptr + seq.to(tl.int64) * stride_btb
+
+    acc = tl.zeros([BLOCK_G, HEAD_DIM], dtype=tl.float32)
+    m_i = tl.full([BLOCK_G], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_G], dtype=tl.float32)
+    offs_n = tl.arange(0, BLOCK_N)
+    full_end = start + (end - start) // BLOCK_N * BLOCK_N
+    for n0 in range(start, full_end, BLOCK_N):
+        acc, m_i, l_i = _attend_tile(q, acc, m_i, l_i, k_ptr, v_ptr, block_table_ptr, n0 + offs_n, None, None,
+                                     stride_kb, stride_kt, stride_vb, stride_vt, qk_scale,
+                                     HEAD_DIM, PAGE, False, PRECISION)
+    if full_end < end:
+        pos = full_end + offs_n
+        valid = pos < end
+        acc, m_i, l_i = _attend_tile(q, acc, m_i, l_i, k_ptr, v_ptr, block_table_ptr, pos, valid, valid[None, :],
+                                     stride_kb, stride_kt, stride_vb, stride_vt, qk_scale,
+                                     HEAD_DIM, PAGE, True, PRECISION)
+
+    # l_i is 0 only for an empty sequence (a padded batch entry), whose output is then 0.
+    o = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+    if DIRECT:
+        tl.store(out_ptr + seq * stride_ob + heads[:, None] * stride_oh + dims[None, :],
+                 o.to(out_ptr.dtype.element_ty), mask=head_mask[:, None])
+    else:
+        part = part_o_ptr + seq * stride_pb + heads[:, None] * stride_ph + split * stride_ps + dims[None, :]
+        tl.store(part, o, mask=head_mask[:, None])
+        tl.store(part_lse_ptr + seq * stride_lb + heads * stride_lh + split, m_i + tl.log2(l_i), mask=head_mask)
+
+
+@triton.jit
+def _decode_reduce_kernel(part_o_ptr, part_lse_ptr, seq_lens_ptr, out_ptr, num_splits,
+                          stride_pb, stride_ph, stride_ps, stride_lb, stride_lh, stride_ob, stride_oh,
+                          HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Grid (batch, q_heads): combine the splits' partial outputs weighted by their log-sum-exp."""
+    seq = tl.program_id(0)
+    head = tl.program_id(1)
+    seq_len = tl.load(seq_lens_ptr + seq)
+    split_tokens = tl.maximum(_split_tokens(seq_len, num_splits, BLOCK_N), 1)
+    num_active = (seq_len + split_tokens - 1) // split_tokens
+    splits = tl.arange(0, BLOCK_S)
+    active = splits < num_active
+    lse = tl.load(part_lse_ptr + seq * stride_lb + head * stride_lh + splits, mask=active, other=float("-inf"))
+    weight = tl.where(active, tl.exp2(lse - tl.max(lse, 0)), 0.0)
+    dims = tl.arange(0, HEAD_DIM)
+    part = tl.load(part_o_ptr + seq * stride_pb + head * stride_ph + splits[:, None] * stride_ps + dims[None, :],
+                   mask=active[:, None], other=0.0)
+    total = tl.sum(weight, 0)
+    o = tl.sum(weight[:, None] * part, 0) / tl.where(total > 0, total, 1.0)
+    tl.store(out_ptr + seq * stride_ob + head * stride_oh + dims, o.to(out_ptr.dtype.element_ty))
+
+
+@triton.jit
+def _prefill_kernel(q_ptr, k_ptr, v_ptr, block_tables_ptr, query_start_loc_ptr, seq_lens_ptr, out_ptr, qk_scale,
+                    stride_qt, stride_qh, stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh,
+                    stride_btb, stride_ot, stride_oh,
+                    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE: tl.constexpr,
+                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr):
+    """Grid (query tiles, batch, kv_heads). A tile's BLOCK_M rows are (token, head-in-group) pairs."""
+    BLOCK_Q: tl.constexpr = BLOCK_M // GROUP
+    # Later query tiles attend to more keys: start them first.
+    tile = tl.num_programs(0) - 1 - tl.program_id(0)
+    seq = tl.program_id(1)
+    kv_head = tl.program_id(2)
+    q_start = tl.load(query_start_loc_ptr + seq)
+    q_len = tl.load(query_start_loc_ptr + seq + 1) - q_start
+    t0 = tile * BLOCK_Q
+    if t0 >= q_len:
+        return
+    context = tl.load(seq_lens_ptr + seq) - q_len
+
+    rows = tl.arange(0, BLOCK_M)
+    token = t0 + rows // GROUP
+    heads = kv_head * GROUP + rows % GROUP
+    row_mask = (rows < BLOCK_Q * GROUP) & (token < q_len)
+    dims = tl.arange(0, HEAD_DIM)
+    q_rows = (q_start + token).to(tl.int64)
+    q = tl.load(q_ptr + q_rows[:, None] * stride_qt + heads[:, None] * stride_qh + dims[None, :],
+                mask=row_mask[:, None], other=0.0)
+    k_ptr += kv_head * stride_kh
+    v_ptr += kv_head * stride_vh
+    block_table_ptr = block_tables_ptr + seq.to(tl.int64) * stride_btb
+
+    acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    offs_n = tl.arange(0, BLOCK_N)
+    q_pos = context + token
+    # Keys before full_end are visible to every row of the tile; end is one past the last row's own key.
+    full_end = (context + t0 + 1) // BLOCK_N * BLOCK_N
+    end = context + tl.minimum(t0 + BLOCK_Q, q_len)
+    for n0 in range(0, full_end, BLOCK_N):
+        acc, m_i, l_i = _attend_tile(q, acc, m_i, l_i, k_ptr, v_ptr, block_table_ptr, n0 + offs_n, None, None,
+                                     stride_kb, stride_kt, stride_vb, stride_vt, qk_scale,
+                                     HEAD_DIM, PAGE, False, PRECISION)
+    for n0 in range(full_end, end, BLOCK_N):
+        pos = n0 + offs_n
+        valid = pos < end
+        causal = (pos[None, :] <= q_pos[:, None]) & valid[None, :]
+        acc, m_i, l_i = _attend_tile(q, acc, m_i, l_i, k_ptr, v_ptr, block_table_ptr, pos, valid, causal,
+                                     stride_kb, stride_kt, stride_vb, stride_vt, qk_scale,
+                                     HEAD_DIM, PAGE, True, PRECISION)
+
+    o = acc / l_i[:, None]
+    tl.store(out_ptr + q_rows[:, None] * stride_ot + heads[:, None] * stride_oh + dims[None, :],
+             o.to(out_ptr.dtype.element_ty), mask=row_mask[:, None])
+
+
+def _check_cache(k_cache: torch.Tensor, v_cache: torch.Tensor) -> None:
+    assert k_cache.shape == v_cache.shape and k_cache.dim() == 4, (k_cache.shape, v_cache.shape)
+    for cache in (k_cache, v_cache):
+        assert cache.stride(-1) == 1 and cache.stride(-2) == cache.shape[-1], cache.stride()
+    head_dim = k_cache.shape[-1]
+    assert head_dim >= 16 and head_dim & (head_dim - 1) == 0, f"head_dim {head_dim} must be a power of 2 >= 16"
+
+
+def _precision(dtype: torch.dtype) -> str:
+    # TF32 would cost fp32 inputs ~3 decimal digits; 16-bit inputs ignore the setting.
+    return "ieee" if dtype == torch.float32 else "tf32"
+
+
+@functools.cache
+def _num_sms(device: torch.device) -> int:
+    if device.type != "cuda":
+        return 16  # Triton's interpreter runs programs one by one: a few splits keep CPU tests fast.
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def store_kvcache(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                  slot_mapping: torch.Tensor) -> None:
+    _check_cache(k_cache, v_cache)
+    num_tokens, num_heads, head_dim = key.shape
+    assert value.shape == key.shape and key.stride(-1) == 1 and value.stride(-1) == 1
+    assert k_cache.shape[2:] == (num_heads, head_dim) and slot_mapping.shape == (num_tokens,)
+    if num_tokens == 0:
+        return
+    _store_kvcache_kernel[(num_tokens,)](
+        key, value, k_cache, v_cache, slot_mapping,
+        key.stride(0), key.stride(1), value.stride(0), value.stride(1),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
+        NUM_HEADS=num_heads, HEAD_DIM=head_dim, BLOCK_H=triton.next_power_of_2(num_heads), PAGE=k_cache.shape[1],
+        num_warps=4)
+
+
+def decode_num_splits(batch: int, num_kv_heads: int, max_context: int, device: torch.device,
+                      max_num_splits: int = DEFAULT_MAX_NUM_SPLITS) -> int:
+    """Context splits per sequence: enough programs to fill the GPU, from shapes only (graph-safe)."""
+    programs = batch * num_kv_heads
+    wanted = triton.cdiv(_DECODE_PROGRAMS_PER_SM * _num_sms(device), programs)
+    return max(1, min(wanted, max_num_splits, triton.cdiv(max_context, _DECODE_MIN_SPLIT_TOKENS)))
+
+
+def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                           block_tables: torch.Tensor, seq_lens: torch.Tensor, scale: float, *,
+                           out: torch.Tensor | None = None,
+                           max_num_splits: int = DEFAULT_MAX_NUM_SPLITS) -> torch.Tensor:
+    """Attention of one query per sequence over its `seq_lens[i]` cached keys; seq_len 0 gives 0.
+
+    The split count depends on shapes and `max_num_splits` only, so a CUDA graph captured for a
+    block_tables width stays valid for any values of seq_lens/block_tables."""
+    _check_cache(k_cache, v_cache)
+    batch, num_heads, head_dim = q.shape
+    num_kv_heads, page = k_cache.shape[2], k_cache.shape[1]
+    assert q.stride(-1) == 1 and head_dim == k_cache.shape[-1] and num_heads % num_kv_heads == 0
+    group = num_heads // num_kv_heads
+    if out is None:
+        out = torch.empty_like(q)
+    assert out.shape == q.shape and out.stride(-1) == 1
+    if batch == 0:
+        return out
+    block_n = 32 if q.dtype == torch.float32 else 64
+    num_splits = decode_num_splits(batch, num_kv_heads, block_tables.shape[1] * page, q.device, max_num_splits)
+    direct = num_splits == 1
+    if direct:
+        part_o = part_lse = out  # unused
+        part_strides = (0, 0, 0, 0, 0)
+    else:
+        part_o = torch.empty(batch, num_heads, num_splits, head_dim, dtype=torch.float32, device=q.device)
+        part_lse = torch.empty(batch, num_heads, num_splits, dtype=torch.float32, device=q.device)
+        part_strides = (*part_o.stride()[:3], *part_lse.stride()[:2])
+    _decode_kernel[(batch, num_kv_heads, num_splits)](
+        q, k_cache, v_cache, block_tables, seq_lens, out, part_o, part_lse, scale * _LOG2E, num_splits,
+        q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), block_tables.stride(0),
+        out.stride(0), out.stride(1), *part_strides,
+        GROUP=group, BLOCK_G=max(16, triton.next_power_of_2(group)), HEAD_DIM=head_dim, PAGE=page,
+        BLOCK_N=block_n, DIRECT=direct, PRECISION=_precision(q.dtype), num_warps=4, num_stages=2)
+    if not direct:
+        _decode_reduce_kernel[(batch, num_heads)](
+            part_o, part_lse, seq_lens, out, num_splits, *part_strides, out.stride(0), out.stride(1),
+            HEAD_DIM=head_dim, BLOCK_S=triton.next_power_of_2(num_splits), BLOCK_N=block_n, num_warps=4)
+    return out
+
+
+def _prefill_config(head_dim: int, dtype: torch.dtype, device: torch.device) -> tuple[int, int, int, int]:
+    """(BLOCK_M, BLOCK_N, num_warps, num_stages), sized to fit shared memory."""
+    if device.type != "cuda":
+        return 32, 64, 1, 1  # Triton's interpreter: less numpy work on padding rows
+    if dtype == torch.float32:
+        return 64, 32, 4, 2
+    if head_dim <= 64:
+        return 128, 64, 4, 3
+    return 128, 64, 8, 2
+
+
+def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                            query_start_loc: torch.Tensor, seq_lens: torch.Tensor, block_tables: torch.Tensor,
+                            max_query_len: int, scale: float, *, out: torch.Tensor | None = None) -> torch.Tensor:
+    """Causal attention of each sequence's new queries over its whole (cached prefix + new) context."""
+    _check_cache(k_cache, v_cache)
+    num_tokens, num_heads, head_dim = q.shape
+    num_kv_heads, page = k_cache.shape[2], k_cache.shape[1]
+    assert q.stride(-1) == 1 and head_dim == k_cache.shape[-1] and num_heads % num_kv_heads == 0
+    group = num_heads // num_kv_heads
+    if out is None:
+        out = torch.empty_like(q)
+    assert out.shape == q.shape and out.stride(-1) == 1
+    batch = seq_lens.shape[0]
+    if num_tokens == 0 or batch == 0:
+        return out
+    block_m, block_n, num_warps, num_stages = _prefill_config(head_dim, q.dtype, q.device)
+    assert group <= block_m, f"GQA group {group} exceeds BLOCK_M {block_m}"
+    grid = (triton.cdiv(max_query_len, block_m // group), batch, num_kv_heads)
+    _prefill_kernel[grid](
+        q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, out, scale * _LOG2E,
+        q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), block_tables.stride(0),
+        out.stride(0), out.stride(1),
+        GROUP=group, HEAD_DIM=head_dim, PAGE=page, BLOCK_M=block_m, BLOCK_N=block_n,
+        PRECISION=_precision(q.dtype), num_warps=num_warps, num_stages=num_stages)
+    return out

@@ -1,0 +1,158 @@
+"""Benchmark the Triton attention kernels on one GPU (about 1-2 minutes on an H100).
+
+    python -m scripts.bench_attention
+
+Every case first checks the kernel against torch_ops (max abs err), then times it with
+triton.testing.do_bench (median, L2 flushed between runs). K/V live in one shared pool laid out
+[num_blocks, num_layers=1, 2, block_size, Hkv, D] with shuffled block ids.
+"""
+from __future__ import annotations
+
+import torch
+from triton.testing import do_bench
+
+from common.attention import torch_ops, triton_ops
+
+DTYPE = torch.bfloat16
+MODELS = {"qwen3-0.6b": (16, 8, 128), "qwen3-8b": (32, 8, 128)}  # (Hq, Hkv, D)
+NUM_KV_HEADS, HEAD_DIM = 8, 128
+BLOCK_SIZES = (16, 256)
+DECODE_BATCHES = (1, 64, 256)
+DECODE_CONTEXTS = (512, 4096, 32768)
+PREFILL_TOKENS = (1024, 4096, 16384)
+STORE_TOKENS = (256, 4096, 16384)
+CHECK_SEQS = 4  # decode: sequences checked against torch_ops
+CHECK_QUERIES = 256  # prefill: trailing queries checked against torch_ops
+
+
+def log(line: str) -> None:
+    print(line, flush=True)
+
+
+def bench_ms(fn) -> float:
+    return do_bench(fn, return_mode="median")
+
+
+def copy_bandwidth() -> float:
+    """Device-to-device copy, bytes read + written per second (GB/s)."""
+    src = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    ms = bench_ms(lambda: dst.copy_(src))
+    return 2 * src.numel() / ms / 1e6
+
+
+class Pool:
+    """One K/V allocation viewed with any block size; hands out shuffled blocks."""
+
+    def __init__(self, batch: int, context: int) -> None:
+        """Room for `batch` sequences of `context` tokens at any of BLOCK_SIZES."""
+        num_tokens = batch * -(-context // max(BLOCK_SIZES)) * max(BLOCK_SIZES)
+        self.storage = torch.empty(num_tokens * 2 * NUM_KV_HEADS * HEAD_DIM, dtype=DTYPE, device="cuda").normal_()
+
+    def caches(self, block_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+        kv = self.storage.view(-1, 1, 2, block_size, NUM_KV_HEADS, HEAD_DIM)
+        return kv[:, 0, 0], kv[:, 0, 1]
+
+    def block_tables(self, batch: int, context: int, block_size: int) -> torch.Tensor:
+        per_seq = -(-context // block_size)
+        num_blocks = self.storage.numel() // (2 * block_size * NUM_KV_HEADS * HEAD_DIM)
+        ids = torch.randperm(num_blocks, device="cuda")[:batch * per_seq]
+        return ids.view(batch, per_seq).to(torch.int32)
+
+
+def bench_decode(pool: Pool, copy_gbs: float) -> None:
+    log(f"\n== paged_decode_attention ({DTYPE}), KV read GB/s vs copy {copy_gbs:.0f} GB/s")
+    log(f"{'model':<11} {'block':>5} {'batch':>5} {'context':>7} {'splits':>6} {'max_err':>8} "
+        f"{'us':>9} {'GB/s':>7} {'%copy':>6}")
+    for model, (num_heads, _, _) in MODELS.items():
+        for block_size in BLOCK_SIZES:
+            k_cache, v_cache = pool.caches(block_size)
+            for batch in DECODE_BATCHES:
+                for context in DECODE_CONTEXTS:
+                    tables = pool.block_tables(batch, context, block_size)
+                    lens = torch.full((batch,), context, dtype=torch.int32, device="cuda")
+                    q = torch.randn(batch, num_heads, HEAD_DIM, dtype=DTYPE, device="cuda")
+                    out = torch.empty_like(q)
+                    scale = HEAD_DIM ** -0.5
+
+                    def run() -> torch.Tensor:
+                        return triton_ops.paged_decode_attention(q, k_cache, v_cache, tables, lens, scale, out=out)
+
+                    n = min(batch, CHECK_SEQS)
+                    expected = torch_ops.paged_decode_attention(q[:n], k_cache, v_cache, tables[:n], lens[:n], scale)
+                    err = (run()[:n].float() - expected.float()).abs().max().item()
+                    ms = bench_ms(run)
+                    gbs = batch * context * 2 * NUM_KV_HEADS * HEAD_DIM * q.element_size() / ms / 1e6
+                    splits = triton_ops.decode_num_splits(batch, NUM_KV_HEADS, tables.shape[1] * block_size, q.device)
+                    log(f"{model:<11} {block_size:>5} {batch:>5} {context:>7} {splits:>6} {err:>8.1e} "
+                        f"{ms * 1e3:>9.1f} {gbs:>7.0f} {100 * gbs / copy_gbs:>5.0f}%")
+
+
+def bench_prefill(pool: Pool) -> None:
+    log(f"\n== paged_prefill_attention ({DTYPE}): N new tokens over an N-token cached prefix, batch 1")
+    log(f"{'model':<11} {'block':>5} {'N':>6} {'max_err':>8} {'ms':>8} {'TFLOP/s':>8}")
+    for model, (num_heads, _, _) in MODELS.items():
+        for block_size in BLOCK_SIZES:
+            k_cache, v_cache = pool.caches(block_size)
+            for tokens in PREFILL_TOKENS:
+                tables = pool.block_tables(1, 2 * tokens, block_size)
+                lens = torch.tensor([2 * tokens], dtype=torch.int32, device="cuda")
+                q = torch.randn(tokens, num_heads, HEAD_DIM, dtype=DTYPE, device="cuda")
+                starts = torch.tensor([0, tokens], dtype=torch.int32, device="cuda")
+                out = torch.empty_like(q)
+                scale = HEAD_DIM ** -0.5
+
+                def run() -> torch.Tensor:
+                    return triton_ops.paged_prefill_attention(q, k_cache, v_cache, starts, lens, tables, tokens,
+                                                              scale, out=out)
+
+                n = min(tokens, CHECK_QUERIES)  # the last n queries, as a q_len-n chunk over the same context
+                tail = torch.tensor([0, n], dtype=torch.int32, device="cuda")
+                expected = torch_ops.paged_prefill_attention(q[-n:], k_cache, v_cache, tail, lens, tables, n, scale)
+                err = (run()[-n:].float() - expected.float()).abs().max().item()
+                ms = bench_ms(run)
+                keys_seen = tokens * tokens + tokens * (tokens + 1) // 2
+                tflops = 4 * num_heads * HEAD_DIM * keys_seen / ms / 1e9
+                log(f"{model:<11} {block_size:>5} {tokens:>6} {err:>8.1e} {ms:>8.3f} {tflops:>8.1f}")
+
+
+def bench_store(copy_gbs: float) -> None:
+    log(f"\n== store_kvcache ({DTYPE}), Hkv={NUM_KV_HEADS} D={HEAD_DIM}; GB/s = bytes read + written")
+    log(f"{'block':>5} {'tokens':>6} {'max_err':>8} {'us':>8} {'GB/s':>7} {'%copy':>6}")
+    for block_size in BLOCK_SIZES:
+        for tokens in STORE_TOKENS:
+            num_blocks = 2 * (-(-tokens // block_size)) + 1
+            kv = torch.zeros(num_blocks, 2, 2, block_size, NUM_KV_HEADS, HEAD_DIM, dtype=DTYPE, device="cuda")
+            expected = kv.clone()
+            key, value = torch.randn(2, tokens, NUM_KV_HEADS, HEAD_DIM, dtype=DTYPE, device="cuda")
+            blocks = torch.randperm(num_blocks, device="cuda")
+            pos = torch.arange(tokens, device="cuda")
+            slots = blocks[pos // block_size] * block_size + pos % block_size
+            slots[::97] = -1
+            torch_ops.store_kvcache(key, value, expected[:, 1, 0], expected[:, 1, 1], slots)
+
+            def run() -> None:
+                triton_ops.store_kvcache(key, value, kv[:, 1, 0], kv[:, 1, 1], slots)
+
+            run()
+            err = (kv.float() - expected.float()).abs().max().item()
+            ms = bench_ms(run)
+            gbs = 2 * 2 * key.numel() * key.element_size() / ms / 1e6
+            log(f"{block_size:>5} {tokens:>6} {err:>8.1e} {ms * 1e3:>8.1f} {gbs:>7.0f} {100 * gbs / copy_gbs:>5.0f}%")
+
+
+def main() -> None:
+    assert torch.cuda.is_available(), "needs a CUDA GPU"
+    log(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, "
+        f"{torch.cuda.get_device_properties(0).multi_processor_count} SMs")
+    copy_gbs = copy_bandwidth()
+    log(f"device-to-device copy: {copy_gbs:.0f} GB/s (read + write)")
+    pool = Pool(max(DECODE_BATCHES), max(DECODE_CONTEXTS))
+    bench_decode(pool, copy_gbs)
+    bench_prefill(pool)
+    del pool
+    bench_store(copy_gbs)
+
+
+if __name__ == "__main__":
+    main()

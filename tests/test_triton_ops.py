@@ -1,0 +1,247 @@
+"""Triton attention kernels vs torch_ops and vs a float64 reference on random paged layouts.
+
+Tests taking the `device` fixture run on CUDA when there is a GPU. Without one they still run, on CPU in
+Triton's interpreter: test_interpreter_suite re-runs this file in a subprocess with TRITON_INTERPRET=1
+(it must be set before triton is imported). bf16 runs on GPU only: the interpreter's tl.dot gives
+garbage for bf16 operands.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import torch
+
+from common.attention import torch_ops
+
+triton_ops = pytest.importorskip("common.attention.triton_ops")
+
+INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
+ROOT = Path(__file__).resolve().parents[1]
+GPU = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+DTYPES = [torch.float16, torch.float32] + ([] if INTERPRETED else [torch.bfloat16])
+TOL = {torch.float32: 1e-4, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
+# (Hq, Hkv, D): GQA ratios 1, 2, 3 (SmolLM2) and 4.
+HEADS = [(4, 4, 64), (4, 2, 128), (9, 3, 64), (16, 4, 128)]
+
+
+def heads_id(heads: tuple[int, int, int]) -> str:
+    return "hq{}-hkv{}-d{}".format(*heads)
+
+
+STORE_CASES = [(HEADS[0], 16), (HEADS[1], 256), (HEADS[2], 16), (HEADS[3], 256)]
+
+
+@pytest.fixture(params=[pytest.param("cpu", id="interp") if INTERPRETED else pytest.param("cuda", marks=GPU)])
+def device(request: pytest.FixtureRequest) -> str:
+    return request.param
+
+
+@pytest.mark.skipif(INTERPRETED, reason="this is the interpreter run")
+def test_interpreter_suite() -> None:
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT)}
+    cmd = [sys.executable, "-m", "pytest", __file__, "-q", "-m", "not gpu", "-p", "no:cacheprovider"]
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-10000:] + proc.stderr[-3000:]
+
+
+@dataclass
+class PagedKV:
+    kv: torch.Tensor  # the whole pool [num_blocks, num_layers, 2, block_size, Hkv, D]
+    k_cache: torch.Tensor
+    v_cache: torch.Tensor
+    block_tables: torch.Tensor
+    seq_lens: torch.Tensor
+    keys: list[torch.Tensor]  # per sequence, dense [seq_len, Hkv, D]
+    values: list[torch.Tensor]
+
+
+def make_paged_kv(seq_lens: list[int], num_kv_heads: int, head_dim: int, block_size: int, dtype: torch.dtype,
+                  device: str, num_layers: int = 2, layer: int = 1) -> PagedKV:
+    """A NaN-filled pool holding each sequence in shuffled blocks. Block 0 is never used: the tables'
+    padding points there, so reading past a sequence's end or a padding entry produces NaN."""
+    blocks = [-(-n // block_size) for n in seq_lens]
+    num_blocks = sum(blocks) + 4
+    kv = torch.full((num_blocks, num_layers, 2, block_size, num_kv_heads, head_dim), float("nan"),
+                    dtype=dtype, device=device)
+    k_cache, v_cache = kv[:, layer, 0], kv[:, layer, 1]
+    ids = (torch.randperm(num_blocks - 1) + 1).to(device)
+    tables = torch.zeros(len(seq_lens), max(blocks, default=0) + 3, dtype=torch.int32, device=device)
+    keys, values, used = [], [], 0
+    for i, (n, nb) in enumerate(zip(seq_lens, blocks)):
+        tables[i, :nb] = ids[used:used + nb]
+        used += nb
+        k = torch.randn(n, num_kv_heads, head_dim, device=device).to(dtype)
+        v = torch.randn(n, num_kv_heads, head_dim, device=device).to(dtype)
+        pos = torch.arange(n, device=device)
+        block = tables[i].long()[pos // block_size]
+        k_cache[block, pos % block_size] = k
+        v_cache[block, pos % block_size] = v
+        keys.append(k)
+        values.append(v)
+    lens = torch.tensor(seq_lens, dtype=torch.int32, device=device)
+    return PagedKV(kv, k_cache, v_cache, tables, lens, keys, values)
+
+
+def reference(q: torch.Tensor, q_lens: list[int], keys: list[torch.Tensor], values: list[torch.Tensor],
+              scale: float, chunk: int = 512) -> torch.Tensor:
+    """float64 attention from dense per-sequence K/V; query j of a sequence sees keys 0 .. L - q_len + j."""
+    out = torch.empty(q.shape, dtype=torch.float64, device=q.device)
+    start = 0
+    for q_len, k, v in zip(q_lens, keys, values):
+        group = q.shape[1] // k.shape[1]
+        k = k.double().repeat_interleave(group, dim=1)
+        v = v.double().repeat_interleave(group, dim=1)
+        context = k.shape[0] - q_len
+        for j0 in range(0, q_len, chunk):
+            j1 = min(j0 + chunk, q_len)
+            s = torch.einsum("qhd,khd->hqk", q[start + j0:start + j1].double(), k) * scale
+            visible = torch.arange(k.shape[0], device=q.device)[None, :] <= \
+                context + torch.arange(j0, j1, device=q.device)[:, None]
+            p = s.masked_fill(~visible, float("-inf")).softmax(-1)
+            out[start + j0:start + j1] = torch.einsum("hqk,khd->qhd", p, v)
+        start += q_len
+    return out
+
+
+def random_q(num_tokens: int, num_heads: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype,
+             device: str) -> torch.Tensor:
+    """q as the model makes it: a strided view into a packed qkv projection."""
+    qkv = torch.randn(num_tokens, num_heads + 2 * num_kv_heads, head_dim, device=device).to(dtype)
+    return qkv[:, :num_heads]
+
+
+def check(out: torch.Tensor, expected64: torch.Tensor, expected_torch: torch.Tensor) -> None:
+    assert not out.isnan().any(), f"{int(out.isnan().sum())} output elements not written (or NaN)"
+    tol = TOL[out.dtype]
+    torch.testing.assert_close(out.double(), expected64, atol=tol, rtol=tol)
+    torch.testing.assert_close(out.float(), expected_torch.float(), atol=2 * tol, rtol=2 * tol)
+
+
+def run_decode(seq_lens: list[int], heads: tuple[int, int, int], block_size: int, dtype: torch.dtype, device: str,
+               **kwargs: int) -> None:
+    num_heads, num_kv_heads, head_dim = heads
+    paged = make_paged_kv(seq_lens, num_kv_heads, head_dim, block_size, dtype, device)
+    q = random_q(len(seq_lens), num_heads, num_kv_heads, head_dim, dtype, device)
+    scale = head_dim ** -0.5
+    out = torch.full_like(q, float("nan"))
+    result = triton_ops.paged_decode_attention(q, paged.k_cache, paged.v_cache, paged.block_tables,
+                                               paged.seq_lens, scale, out=out, **kwargs)
+    assert result is out
+    expected = torch_ops.paged_decode_attention(q, paged.k_cache, paged.v_cache, paged.block_tables,
+                                                paged.seq_lens, scale)
+    check(out, reference(q, [1] * len(seq_lens), paged.keys, paged.values, scale), expected)
+
+
+def run_prefill(q_lens: list[int], seq_lens: list[int], heads: tuple[int, int, int], block_size: int,
+                dtype: torch.dtype, device: str) -> None:
+    num_heads, num_kv_heads, head_dim = heads
+    paged = make_paged_kv(seq_lens, num_kv_heads, head_dim, block_size, dtype, device)
+    q = random_q(sum(q_lens), num_heads, num_kv_heads, head_dim, dtype, device)
+    query_start_loc = torch.tensor([0, *q_lens], device=device).cumsum(0).to(torch.int32)
+    scale = head_dim ** -0.5
+    args = (q, paged.k_cache, paged.v_cache, query_start_loc, paged.seq_lens, paged.block_tables, max(q_lens), scale)
+    out = torch.full_like(q, float("nan"))
+    assert triton_ops.paged_prefill_attention(*args, out=out) is out
+    check(out, reference(q, q_lens, paged.keys, paged.values, scale), torch_ops.paged_prefill_attention(*args))
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32], ids=str)
+@pytest.mark.parametrize("heads, block_size", STORE_CASES, ids=[f"{heads_id(h)}-bs{b}" for h, b in STORE_CASES])
+def test_store_kvcache(device: str, heads: tuple[int, int, int], block_size: int, dtype: torch.dtype) -> None:
+    torch.manual_seed(0)
+    num_heads, num_kv_heads, head_dim = heads
+    num_blocks, num_tokens = 6, 40
+    kv = torch.full((num_blocks, 3, 2, block_size, num_kv_heads, head_dim), float("nan"), dtype=dtype, device=device)
+    qkv = torch.randn(num_tokens, num_heads + 2 * num_kv_heads, head_dim, device=device).to(dtype)
+    key, value = qkv[:, num_heads:num_heads + num_kv_heads], qkv[:, num_heads + num_kv_heads:]
+    slots = torch.randperm(num_blocks * block_size, device=device)[:num_tokens]
+    slots[::7] = -1
+    expected = kv.clone()
+    torch_ops.store_kvcache(key, value, expected[:, 2, 0], expected[:, 2, 1], slots)
+    triton_ops.store_kvcache(key, value, kv[:, 2, 0], kv[:, 2, 1], slots)
+    torch.testing.assert_close(kv, expected, atol=0, rtol=0, equal_nan=True)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("block_size", [16, 256])
+@pytest.mark.parametrize("heads", HEADS, ids=heads_id)
+def test_decode(device: str, heads: tuple[int, int, int], block_size: int, dtype: torch.dtype) -> None:
+    torch.manual_seed(1)
+    # Lengths around tile (32/64) and block (16/256) boundaries, and long enough to be split several ways.
+    run_decode([1, 17, 63, 65, 300], heads, block_size, dtype, device)
+
+
+@pytest.mark.parametrize("max_num_splits", [1, 3, 1000], ids=lambda n: f"splits{n}")
+def test_decode_split_counts(device: str, max_num_splits: int) -> None:
+    torch.manual_seed(2)
+    run_decode([5, 300, 129], HEADS[2], 16, torch.float16, device, max_num_splits=max_num_splits)
+
+
+@pytest.mark.parametrize("max_num_splits", [1, 8], ids=lambda n: f"splits{n}")
+def test_decode_empty_sequence_gives_zero(device: str, max_num_splits: int) -> None:
+    """A padded batch entry (seq_len 0, as in a CUDA-graph batch) must give 0, not NaN."""
+    paged = make_paged_kv([40, 1], 2, 64, 16, torch.float16, device)
+    seq_lens = torch.tensor([40, 0], dtype=torch.int32, device=device)
+    q = random_q(2, 4, 2, 64, torch.float16, device)
+    out = triton_ops.paged_decode_attention(q, paged.k_cache, paged.v_cache, paged.block_tables, seq_lens, 0.125,
+                                            max_num_splits=max_num_splits)
+    assert (out[1] == 0).all()
+    torch.testing.assert_close(out[:1].double(), reference(q[:1], [1], paged.keys[:1], paged.values[:1], 0.125),
+                               atol=2e-3, rtol=2e-3)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("block_size", [16, 256])
+@pytest.mark.parametrize("heads", HEADS, ids=heads_id)
+def test_prefill(device: str, heads: tuple[int, int, int], block_size: int, dtype: torch.dtype) -> None:
+    torch.manual_seed(3)
+    # q_len 1 alone and over a prefix, no prefix, a prefix ending just before a tile boundary (62),
+    # one ending on a block boundary (256).
+    q_lens = [1, 40, 1, 33, 20]
+    seq_lens = [1, 40, 130, 95, 276]
+    run_prefill(q_lens, seq_lens, heads, block_size, dtype, device)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("block_size", [16, 256])
+@pytest.mark.parametrize("heads", [(16, 8, 128), (32, 8, 128), (9, 3, 64)], ids=["qwen3-0.6b", "qwen3-8b", "smollm2"])
+@pytest.mark.gpu
+@pytest.mark.slow
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_long_context(heads: tuple[int, int, int], block_size: int, dtype: torch.dtype) -> None:
+    torch.manual_seed(4)
+    run_decode([32768, 1, 4097, 20000, 31999, 512], heads, block_size, dtype, "cuda")
+    run_prefill([1024, 1, 1, 2048, 300], [32768, 17000, 5, 2048, 9000], heads, block_size, dtype, "cuda")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_decode_cuda_graph() -> None:
+    """Capture once; replays must follow new seq_lens and block_tables written in place."""
+    torch.manual_seed(5)
+    (num_heads, num_kv_heads, head_dim), dtype, scale = (32, 8, 128), torch.bfloat16, 128 ** -0.5
+    paged = make_paged_kv([4096, 1, 700, 2000, 3, 4000, 4096, 1], num_kv_heads, head_dim, 16, dtype, "cuda")
+    q = random_q(4, num_heads, num_kv_heads, head_dim, dtype, "cuda").contiguous()
+    block_tables, seq_lens = paged.block_tables[:4].clone(), paged.seq_lens[:4].clone()
+    out = torch.empty_like(q)
+    args = (q, paged.k_cache, paged.v_cache, block_tables, seq_lens, scale)
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):  # compile outside the capture
+        triton_ops.paged_decode_attention(*args, out=out)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        triton_ops.paged_decode_attention(*args, out=out)
+    for rows in (slice(4, 8), slice(0, 4)):
+        block_tables.copy_(paged.block_tables[rows])
+        seq_lens.copy_(paged.seq_lens[rows])
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        check(out, reference(q, [1] * 4, paged.keys[rows], paged.values[rows], scale),
+              torch_ops.paged_decode_attention(*args))
