@@ -11,6 +11,7 @@ from common.attention.backend import select_backend
 from common.attention.metadata import AttentionMetadata
 from common.config import EngineConfig
 from common.context import forward_context
+from common.cuda_graph import DecodeGraphs
 from common.kv_pool import KVLayout, KVPool
 from common.layers.sampler import SamplingBatch, sample
 from common.loader import init_dummy_weights, load_weights
@@ -74,6 +75,12 @@ class ModelRunner:
         self.kv_pool = KVPool(self.layout, self._num_kv_blocks(), self.device)
         for i, layer in enumerate(attn_layers):
             layer.k_cache, layer.v_cache = self.kv_pool.k_cache(i), self.kv_pool.v_cache(i)
+        self.graphs: DecodeGraphs | None = None
+        if config.device == "cuda" and not config.enforce_eager and self.backend.name != "torch":
+            max_len = min(config.max_model_len, self.num_blocks * config.block_size)
+            self.graphs = DecodeGraphs(self.model, config.max_num_seqs, max_len, config.block_size,
+                                       mc.hidden_size, self.dtype, self.device)
+            self.graphs.capture()
 
     @property
     def num_blocks(self) -> int:
@@ -136,7 +143,10 @@ class ModelRunner:
         return tokens.tolist()
 
     def execute(self, inputs: StepInputs) -> torch.Tensor:
-        with forward_context(inputs.attn):
+        md = inputs.attn
+        if self.graphs is not None and md.num_prefills == 0 and md.num_decodes <= self.graphs.max_batch_size:
+            return self.model.compute_logits(self.graphs.replay(inputs.input_ids, inputs.positions, md))
+        with forward_context(md):
             hidden = self.model(inputs.input_ids, inputs.positions)
         return self.model.compute_logits(hidden[inputs.logits_indices])
 
