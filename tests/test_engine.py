@@ -91,7 +91,7 @@ def test_sampled_generation_with_seed_is_reproducible(llm):
 
 @pytest.mark.parametrize("prompt,sampling,field", [
     ("", GREEDY, "prompt"),
-    ("hello " * 5000, GREEDY, "prompt"),
+    ("hello " * 20000, GREEDY, "prompt"),
     ("hi", dict(max_tokens=0), "max_tokens"),
     ("hi", dict(temperature=-1.0), "temperature"),
     ("hi", dict(top_p=0.0), "top_p"),
