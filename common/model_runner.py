@@ -71,11 +71,11 @@ class ModelRunner:
         attn_layers = self.model.attention_layers()
         for layer in attn_layers:
             layer.backend = self.backend
+        self.graphs: DecodeGraphs | None = None
         self.layout = KVLayout(mc.num_layers, config.block_size, attn_layers[0].num_kv_heads, mc.head_dim, self.dtype)
         self.kv_pool = KVPool(self.layout, self._num_kv_blocks(), self.device)
         for i, layer in enumerate(attn_layers):
             layer.k_cache, layer.v_cache = self.kv_pool.k_cache(i), self.kv_pool.v_cache(i)
-        self.graphs: DecodeGraphs | None = None
         if config.device == "cuda" and not config.enforce_eager and self.backend.name != "torch":
             max_len = min(config.max_model_len, self.num_blocks * config.block_size)
             self.graphs = DecodeGraphs(self.model, config.max_num_seqs, max_len, config.block_size,

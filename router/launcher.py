@@ -118,11 +118,12 @@ class Cluster:
 
     async def serve(self, stop: asyncio.Event) -> None:
         loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, stop.set)
         self.router = Router(self.router_config)
         try:
             self.start_ray()
+            # After ray.init, which installs a SIGTERM handler of its own that aborts the process.
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                loop.add_signal_handler(sig, stop.set)
             await loop.run_in_executor(None, self.start_workers)
             log.info("serving on %s (%s mode)", self.router_config.bind, self.router_config.mode)
             await self.router.serve(stop)

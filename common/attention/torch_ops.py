@@ -64,5 +64,8 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     k = k_cache[tables].flatten(1, 2)[:, :max_len].transpose(1, 2)  # [B, Hkv, L, D]
     v = v_cache[tables].flatten(1, 2)[:, :max_len].transpose(1, 2)
     mask = (torch.arange(max_len, device=q.device) < seq_lens.unsqueeze(1)).view(b, 1, 1, max_len)
+    # Padding rows hold whatever the pool has there (NaN included): 0 * NaN would leak through p @ V.
+    pad = ~mask.view(b, 1, max_len, 1)
+    k, v = k.masked_fill(pad, 0), v.masked_fill(pad, 0)
     out = F.scaled_dot_product_attention(q.unsqueeze(2), k, v, attn_mask=mask, scale=scale, enable_gqa=True)
     return out.squeeze(2)
