@@ -165,7 +165,7 @@ class LLMEngine:
         )
 
     def close(self) -> None:
-        self.runner.stop_workers()
+        self.runner.close()
         for p in self._procs:
             p.join(timeout=30)
             if p.is_alive():

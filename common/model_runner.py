@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import gc
 import logging
 from dataclasses import dataclass
 
@@ -49,6 +50,7 @@ class ModelRunner:
         if config.device == "cuda":
             self.device = torch.device("cuda", rank)
             torch.cuda.set_device(self.device)
+            self._memory_at_start = torch.cuda.memory_allocated(self.device)
         else:
             self.device = torch.device("cpu")
         if self.world > 1:
@@ -119,7 +121,8 @@ class ModelRunner:
         torch.cuda.synchronize()
         free, total = torch.cuda.mem_get_info()
         peak = torch.cuda.max_memory_allocated()
-        budget = min(total * cfg.gpu_memory_utilization - peak, free * 0.98)
+        # Only this runner's own use counts against its share: other engines may live in this process.
+        budget = min(total * cfg.gpu_memory_utilization - (peak - self._memory_at_start), free * 0.98)
         return int(budget // self.layout.block_bytes)
 
     def _warmup_inputs(self, lens: list[int]) -> StepInputs:
@@ -170,6 +173,14 @@ class ModelRunner:
             header = torch.zeros(_HEADER, dtype=torch.int64)
             dist.broadcast(header.to(self.device), 0)
             dist.destroy_process_group()
+
+    def close(self) -> None:
+        """Stop TP workers and give this runner's GPU memory back (weights, KV pool, graph pool)."""
+        self.stop_workers()
+        self.graphs = self.model = self.kv_pool = None
+        gc.collect()
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
 
     # ---- inputs -------------------------------------------------------------------------------------
     def _pack(self, batch: ScheduledBatch) -> tuple[torch.Tensor, torch.Tensor]:

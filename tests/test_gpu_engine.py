@@ -103,22 +103,23 @@ def test_cuda_graphs_equal_eager_and_triton_equals_torch(qwen3_06b_dir):
 
 
 def test_prefix_cache_and_preemption_on_gpu(qwen3_06b_dir):
+    # float32: random weights leave tiny logit gaps, and in bf16 a different batching flips some argmaxes.
     shared = "You are a helpful assistant. Answer briefly and precisely. " * 8
     prompts = [shared + p for p in PROMPTS]
-    base = LLM(str(qwen3_06b_dir), device="cuda", gpu_memory_utilization=0.3, enable_prefix_caching=False)
+    base = LLM(str(qwen3_06b_dir), device="cuda", dtype="float32", gpu_memory_utilization=0.3,
+               enable_prefix_caching=False)
     try:
         expected = [o.token_ids for o in base.generate(prompts, GREEDY, use_tqdm=False)]
     finally:
         base.close()
-    tight = LLM(str(qwen3_06b_dir), device="cuda", num_kv_blocks=40, max_num_batched_tokens=256, max_num_seqs=8)
+    tight = LLM(str(qwen3_06b_dir), device="cuda", dtype="float32", num_kv_blocks=40, max_num_batched_tokens=256, max_num_seqs=8)
     try:
         got = [o.token_ids for o in tight.generate(prompts, GREEDY, use_tqdm=False)]
         assert tight.engine.block_manager.cache_hit_tokens > 0
         assert tight.engine.scheduler.num_preemptions > 0
     finally:
         tight.close()
-    agree = sum(a == b for a, b in zip(expected, got))
-    assert agree >= 0.75 * len(prompts)
+    assert got == expected
 
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs")

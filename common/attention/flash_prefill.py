@@ -6,11 +6,15 @@ import inspect
 import torch
 from torch.nn.attention.varlen import varlen_attn
 
+from common.attention import torch_ops
+
 _HAS_GQA = "enable_gqa" in inspect.signature(varlen_attn).parameters
 
 
 def varlen_prefill(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor, max_len: int,
                    scale: float) -> torch.Tensor:
+    if q.dtype not in (torch.float16, torch.bfloat16):  # FlashAttention has no float32 kernel
+        return torch_ops.varlen_attention(q, k, v, cu_seqlens, scale)
     if _HAS_GQA:
         extra = {"enable_gqa": k.shape[1] != q.shape[1]}
     else:  # older torch: expand the KV heads ourselves

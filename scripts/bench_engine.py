@@ -1,0 +1,285 @@
+"""Engine benchmarks on one GPU, with random weights of real shapes (speed depends on shapes, not values).
+
+    python -m scripts.bench_engine throughput [--num-seqs 256] [--hf-seqs 32]   # nano-vllm workload, Qwen3-0.6B
+    python -m scripts.bench_engine decode [--config qwen3-0.6b] [--context 1024]  # step time vs HBM roofline
+    python -m scripts.bench_engine prefill [--config qwen3-8b]                  # tok/s and MFU at 1k/4k/16k
+    python -m scripts.bench_engine all
+
+Each figure is printed with what it measures; nothing is asserted. The model directory holds only a
+config and a tokenizer (`prepare_tokenizer`); the engine fills the weights with `--load-format dummy`.
+"""
+from __future__ import annotations
+
+import argparse
+import random
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from common.config import EngineConfig
+from common.llm import LLM
+from common.model_prep import prepare_tokenizer
+from common.sampling_params import SamplingParams
+
+# Dense bf16 tensor-core peak (TFLOP/s) of the cards we run on; MFU is measured against it.
+PEAK_TFLOPS = {"H100": 989.0, "H200": 989.0, "A100": 312.0}
+
+
+def log(line: str = "") -> None:
+    print(line, flush=True)
+
+
+def model_dir(config: str, root: Path) -> Path:
+    return prepare_tokenizer(config, root / config)
+
+
+def make_llm(path: Path, **kw) -> LLM:
+    args = dict(device="cuda", dtype="bfloat16", load_format="dummy", gpu_memory_utilization=0.85)
+    args.update(kw)
+    return LLM.from_config(EngineConfig(model=str(path), **args))
+
+
+def sync_time() -> float:
+    torch.cuda.synchronize()
+    return time.perf_counter()
+
+
+def peak_tflops() -> float:
+    name = torch.cuda.get_device_name()
+    return next((v for k, v in PEAK_TFLOPS.items() if k in name), float("nan"))
+
+
+def copy_bandwidth_gbs() -> float:
+    """Device-to-device copy of 1 GiB, bytes read + written per second: the practical HBM roofline."""
+    src = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    dst.copy_(src)
+    t0 = sync_time()
+    for _ in range(10):
+        dst.copy_(src)
+    dt = (sync_time() - t0) / 10
+    return 2 * src.numel() / dt / 1e9
+
+
+# ---- offline throughput -------------------------------------------------------------------------
+def workload(n: int, seed: int = 0, lo: int = 100, hi: int = 1024, vocab: int = 10001) -> list[tuple[list[int], int]]:
+    """nano-vllm's bench: random prompts and output lengths, both uniform in [lo, hi]."""
+    rng = random.Random(seed)
+    top = min(10000, vocab - 1)
+    return [([rng.randint(0, top) for _ in range(rng.randint(lo, hi))], rng.randint(lo, hi)) for _ in range(n)]
+
+
+def run_engine(llm: LLM, work: list[tuple[list[int], int]]) -> float:
+    params = [SamplingParams(max_tokens=m, temperature=0.6, ignore_eos=True) for _, m in work]
+    llm.generate([[1, 2, 3]], SamplingParams(max_tokens=4), use_tqdm=False)  # warm-up
+    t0 = sync_time()
+    outs = llm.generate([p for p, _ in work], params, use_tqdm=False)
+    dt = sync_time() - t0
+    assert all(len(o.token_ids) == m for o, (_, m) in zip(outs, work))
+    return dt
+
+
+@torch.inference_mode()
+def run_hf(path: Path, work: list[tuple[list[int], int]], batch: int) -> float:
+    """HF transformers `generate`, left-padded batches, each run to its longest output."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.from_pretrained(path)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16).cuda().eval()
+    pad = 0
+    t0 = sync_time()
+    for i in range(0, len(work), batch):
+        chunk = work[i:i + batch]
+        width = max(len(p) for p, _ in chunk)
+        ids = torch.tensor([[pad] * (width - len(p)) + p for p, _ in chunk], device="cuda")
+        mask = (torch.arange(width, device="cuda")[None] >= torch.tensor([width - len(p) for p, _ in chunk],
+                                                                        device="cuda")[:, None]).long()
+        new = max(m for _, m in chunk)
+        model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=new, min_new_tokens=new,
+                       do_sample=True, temperature=0.6, pad_token_id=pad)
+    dt = sync_time() - t0
+    del model
+    torch.cuda.empty_cache()
+    return dt
+
+
+def bench_throughput(root: Path, num_seqs: int, hf_seqs: int) -> None:
+    path = model_dir("qwen3-0.6b", root)
+    work = workload(num_seqs)
+    out_tokens = sum(m for _, m in work)
+    in_tokens = sum(len(p) for p, _ in work)
+    log(f"== offline throughput: {num_seqs} seqs, input/output uniform in 100..1024, ignore_eos, Qwen3-0.6B bf16")
+    log(f"   {in_tokens} prompt + {out_tokens} output tokens")
+    log(f"{'mode':<28}{'seqs':>6}{'seconds':>10}{'output tok/s':>14}{'total tok/s':>13}")
+    small = work[:hf_seqs]
+    small_out = sum(m for _, m in small)
+    small_total = small_out + sum(len(p) for p, _ in small)
+    for name, kw in (("pdcluster, CUDA graphs", {}), ("pdcluster, eager", {"enforce_eager": True})):
+        llm = make_llm(path, **kw)
+        try:
+            dt = run_engine(llm, work)
+            log(f"{name:<28}{num_seqs:>6}{dt:>10.2f}{out_tokens / dt:>14.0f}{(in_tokens + out_tokens) / dt:>13.0f}")
+            if not kw:
+                dt = run_engine(llm, small)
+                log(f"{name:<28}{hf_seqs:>6}{dt:>10.2f}{small_out / dt:>14.0f}{small_total / dt:>13.0f}")
+        finally:
+            llm.close()
+    dt = run_hf(path, small, batch=hf_seqs)
+    log(f"{'HF transformers generate':<28}{hf_seqs:>6}{dt:>10.2f}{small_out / dt:>14.0f}{small_total / dt:>13.0f}")
+    log("   (HF: one left-padded batch run to its longest output; tok/s counts only the tokens asked for)")
+
+
+DECODE_TOKENS = 100  # per sequence: enough for warm-up and timed steps while others still prefill
+
+# ---- decode step vs roofline ---------------------------------------------------------------------
+def weight_bytes(llm: LLM) -> int:
+    return sum(p.numel() * p.element_size() for p in llm.engine.runner.model.parameters())
+
+
+def start_decodes(llm: LLM, batch: int, context: int, max_tokens: int) -> list[str]:
+    """`batch` sequences of `context` prompt tokens, all past their prefill."""
+    rng = random.Random(batch)
+    engine, rids = llm.engine, [f"d{i}" for i in range(batch)]
+    for rid in rids:
+        engine.add_request(rid, [rng.randint(0, 500) for _ in range(context)],
+                           SamplingParams(max_tokens=max_tokens, ignore_eos=True))
+    sched = engine.scheduler
+    while sched.waiting or any(s.num_uncomputed() > 1 for s in sched.running):
+        engine.step()
+    for _ in range(3):
+        engine.step()
+    return rids
+
+
+def decode_step_ms(llm: LLM, batch: int, context: int, steps: int = 30) -> float:
+    engine = llm.engine
+    rids = start_decodes(llm, batch, context, DECODE_TOKENS)
+    t0 = sync_time()
+    for _ in range(steps):
+        engine.step()
+        assert engine.last_step.num_prefill_tokens == 0 and engine.last_step.num_decode_tokens == batch
+    dt = (sync_time() - t0) / steps
+    for rid in rids:
+        engine.abort(rid)
+    return dt * 1e3
+
+
+def decode_step_phases(llm: LLM, batch: int, context: int, steps: int = 20) -> dict[str, float]:
+    """Where a decode step's time goes (ms, synchronised after each phase)."""
+    from common.layers.sampler import sample
+
+    engine, runner = llm.engine, llm.engine.runner
+    rids = start_decodes(llm, batch, context, DECODE_TOKENS)
+    phases = dict.fromkeys(["schedule", "pack+h2d", "unpack", "forward", "sample", "postprocess"], 0.0)
+    with torch.inference_mode():
+        for _ in range(steps):
+            t = [sync_time()]
+            b = engine.scheduler.schedule()
+            t.append(sync_time())
+            header, payload = runner._pack(b)
+            payload = payload.to(runner.device, non_blocking=True)
+            t.append(sync_time())
+            inputs = runner._unpack(header, payload)
+            t.append(sync_time())
+            logits = runner.execute(inputs)
+            t.append(sync_time())
+            tokens = sample(logits, runner._sampling_batch(b.seqs)).tolist()
+            t.append(sync_time())
+            engine.scheduler.postprocess(b, tokens)
+            t.append(sync_time())
+            for name, a, z in zip(phases, t, t[1:]):
+                phases[name] += (z - a) * 1e3 / steps
+    for rid in rids:
+        engine.abort(rid)
+    return phases
+
+
+def bench_decode(root: Path, config: str, context: int) -> None:
+    path = model_dir(config, root)
+    bw = copy_bandwidth_gbs()
+    log(f"== decode step, {config} bf16, context {context} tokens/seq; device copy bandwidth {bw:.0f} GB/s")
+    log("   roofline = (weight bytes + KV bytes read) / copy bandwidth")
+    log(f"{'mode':<8}{'batch':>6}{'step ms':>10}{'roofline ms':>13}{'x roofline':>12}{'tok/s':>10}")
+    for name, kw in (("graphs", {}), ("eager", {"enforce_eager": True})):
+        llm = make_llm(path, max_num_seqs=256, max_model_len=context + DECODE_TOKENS + 16, **kw)
+        try:
+            layout = llm.engine.runner.layout
+            kv_per_token = layout.block_bytes // layout.block_size
+            wb = weight_bytes(llm)
+            for batch in (1, 64, 256):
+                ms = decode_step_ms(llm, batch, context)
+                roof = (wb + batch * (context + 20) * kv_per_token) / (bw * 1e9) * 1e3
+                log(f"{name:<8}{batch:>6}{ms:>10.3f}{roof:>13.3f}{ms / roof:>12.2f}{batch / ms * 1e3:>10.0f}")
+                assert llm.engine.num_free_blocks == llm.engine.block_manager.num_blocks
+            for batch in (1, 256):
+                phases = decode_step_phases(llm, batch, context)
+                log(f"   {name} batch {batch} phases (ms, synchronised): "
+                    + ", ".join(f"{k} {v:.3f}" for k, v in phases.items()))
+        finally:
+            llm.close()
+
+
+# ---- prefill tok/s and MFU -----------------------------------------------------------------------
+def prefill_flops(llm: LLM, n: int) -> float:
+    """2 * matmul params * tokens, plus causal attention (QK^T and PV over half the square). The embedding is
+    a lookup and the LM head runs on the last token only: neither counts."""
+    mc = llm.engine.config.model_config
+    model = llm.engine.runner.model
+    heads = {id(model.model.embed_tokens.weight), id(model.lm_head.weight)}
+    matmul_params = sum(p.numel() for p in model.parameters() if p.dim() == 2 and id(p) not in heads)
+    attn = 2 * 2 * mc.num_layers * mc.num_heads * mc.head_dim * n * n / 2
+    return 2 * matmul_params * n + attn
+
+
+def bench_prefill(root: Path, config: str) -> None:
+    path = model_dir(config, root)
+    peak = peak_tflops()
+    log(f"== prefill, {config} bf16, one prompt per step; MFU against {peak:.0f} TFLOP/s dense bf16 "
+        f"({torch.cuda.get_device_name()})")
+    log(f"{'tokens':>7}{'ms':>10}{'tok/s':>11}{'TFLOP/s':>10}{'MFU':>7}")
+    llm = make_llm(path, max_num_batched_tokens=16384, max_model_len=16384 + 16, max_num_seqs=16,
+                   enforce_eager=True, enable_prefix_caching=False)
+    try:
+        engine = llm.engine
+        for n in (1024, 4096, 16384):
+            rng = random.Random(n)
+            times = []
+            for rep in range(4):
+                engine.add_request(f"p{rep}", [rng.randint(0, 500) for _ in range(n)],
+                                   SamplingParams(max_tokens=1, ignore_eos=True))
+                t0 = sync_time()
+                engine.step()
+                times.append(sync_time() - t0)
+                assert engine.last_step.num_prefill_tokens == n
+            dt = sorted(times[1:])[len(times[1:]) // 2]  # median after warm-up
+            tflops = prefill_flops(llm, n) / dt / 1e12
+            log(f"{n:>7}{dt * 1e3:>10.2f}{n / dt:>11.0f}{tflops:>10.1f}{tflops / peak:>7.0%}")
+    finally:
+        llm.close()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("what", choices=["throughput", "decode", "prefill", "all"])
+    ap.add_argument("--num-seqs", type=int, default=256)
+    ap.add_argument("--hf-seqs", type=int, default=32)
+    ap.add_argument("--config", default=None, help="model config (default: qwen3-0.6b decode, qwen3-8b prefill)")
+    ap.add_argument("--context", type=int, default=1024)
+    args = ap.parse_args()
+    if not torch.cuda.is_available():
+        raise SystemExit("bench_engine: needs a CUDA GPU")
+    log(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}")
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        if args.what in ("decode", "all"):
+            bench_decode(root, args.config or "qwen3-0.6b", args.context)
+        if args.what in ("prefill", "all"):
+            bench_prefill(root, args.config or "qwen3-8b")
+        if args.what in ("throughput", "all"):
+            bench_throughput(root, args.num_seqs, args.hf_seqs)
+
+
+if __name__ == "__main__":
+    main()
