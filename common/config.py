@@ -116,6 +116,7 @@ class EngineConfig:
     num_kv_blocks: int | None = _opt(None, "fix the KV pool's block count instead of sizing it from memory")
     enable_prefix_caching: bool = _opt(True, "reuse KV blocks of shared prompt prefixes")
     enforce_eager: bool = _opt(False, "never use CUDA graphs")
+    overlap_scheduling: bool = _opt(True, "schedule step N+1 while the device runs step N")
     tensor_parallel_size: int = _opt(1, "GPUs one model is split across")
     attention_backend: str = _opt("auto", "auto, torch, triton or flash_attn")
     load_format: str = _opt("auto", "auto, or dummy for random weights (benchmarks)")

@@ -8,9 +8,9 @@ from dataclasses import dataclass
 
 from common.block_manager import BlockManager
 from common.config import EngineConfig
-from common.model_runner import ModelRunner
+from common.model_runner import InFlight, ModelRunner
 from common.sampling_params import InvalidRequest, SamplingParams
-from common.scheduler import Scheduler
+from common.scheduler import ScheduledBatch, Scheduler
 from common.sequence import Sequence
 
 log = logging.getLogger(__name__)
@@ -62,6 +62,8 @@ class LLMEngine:
         self.reserved: dict[str, Sequence] = {}
         self.held: dict[str, Sequence] = {}
         self.last_step = StepStats()
+        # With overlap: the batch whose tokens are still on their way (batch, tokens, computed counts before).
+        self._in_flight: tuple[ScheduledBatch, InFlight, list[int]] | None = None
 
     def add_request(self, request_id: str, prompt_token_ids: list[int], sampling: SamplingParams,
                     prefill_only: bool = False) -> Sequence:
@@ -89,7 +91,7 @@ class LLMEngine:
         self.block_manager.commit(seq, 0)
         seq.token_ids.append(first_token)
         self.scheduler.add(seq)
-        if reason := self.scheduler.finish_reason(seq, first_token):
+        if reason := self.scheduler.finish_reason(seq, first_token, seq.num_tokens):
             self.scheduler.finish(seq, reason)
             self.requests.pop(request_id)
         return seq
@@ -128,25 +130,33 @@ class LLMEngine:
         return True
 
     def step(self) -> list[Sequence]:
-        """One forward over the next scheduled batch; returns the sequences that got a token."""
+        """Launches the next scheduled batch, then collects the tokens of the batch launched before it (with
+        overlap) or of this one (without). Returns the sequences that got a token."""
         start = time.perf_counter()
         batch = self.scheduler.schedule()
-        if batch is None:
-            self.last_step = StepStats()
-            return []
-        tokens = self.runner.run(batch)
-        updated = self.scheduler.postprocess(batch, tokens)
+        launched = None
+        if batch is not None:
+            launched = (batch, self.runner.launch(batch), self.scheduler.advance(batch))
+        if self.config.overlap_scheduling:
+            done, self._in_flight = self._in_flight, launched
+        else:
+            done = launched
+        updated = self._collect(*done) if done else []
+        nd = batch.num_decodes if batch else 0
+        self.last_step = StepStats(batch.num_tokens - nd if batch else 0, nd, time.perf_counter() - start)
+        return updated
+
+    def _collect(self, batch: ScheduledBatch, in_flight: InFlight, olds: list[int]) -> list[Sequence]:
+        updated = self.scheduler.resolve(batch, olds, in_flight.tokens())
         for seq in updated:
             if seq.finish_reason == "prefilled":
                 self.held[seq.request_id] = seq
             elif seq.is_finished:
                 self.requests.pop(seq.request_id, None)
-        nd = batch.num_decodes
-        self.last_step = StepStats(batch.num_tokens - nd, nd, time.perf_counter() - start)
         return updated
 
     def has_unfinished(self) -> bool:
-        return self.scheduler.has_unfinished()
+        return self.scheduler.has_unfinished() or self._in_flight is not None
 
     @property
     def num_free_blocks(self) -> int:

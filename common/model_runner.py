@@ -18,12 +18,35 @@ from common.layers.sampler import SamplingBatch, sample
 from common.loader import init_dummy_weights, load_weights
 from common.models.llama import CausalLM
 from common.scheduler import ScheduledBatch
-from common.sequence import Sequence
+from common.sequence import PENDING, Sequence
 
 log = logging.getLogger(__name__)
 
 _HEADER = 9  # cmd, T, B, block-table width, num_decodes, max_query_len, max_seq_len, prefix_cached, max_prefill_q
 _RUN, _STOP = 1, 0
+
+
+@dataclass
+class InFlight:
+    """A launched step's sampled tokens, on their way to the CPU."""
+
+    host: torch.Tensor
+    event: torch.cuda.Event | None
+
+    @classmethod
+    def start(cls, tokens: torch.Tensor) -> InFlight:
+        if not tokens.is_cuda:
+            return cls(tokens, None)
+        host = torch.empty(tokens.shape, dtype=tokens.dtype, pin_memory=True)
+        host.copy_(tokens, non_blocking=True)
+        event = torch.cuda.Event()
+        event.record()
+        return cls(host, event)
+
+    def tokens(self) -> list[int]:
+        if self.event is not None:
+            self.event.synchronize()
+        return self.host.tolist()
 
 
 @dataclass
@@ -74,6 +97,9 @@ class ModelRunner:
         for layer in attn_layers:
             layer.backend = self.backend
         self.graphs: DecodeGraphs | None = None
+        self._launches = 0
+        self._last_tokens: torch.Tensor | None = None
+        self._copy_stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
         self.layout = KVLayout(mc.num_layers, config.block_size, attn_layers[0].num_kv_heads, mc.head_dim, self.dtype)
         self.kv_pool = KVPool(self.layout, self._num_kv_blocks(), self.device)
         for i, layer in enumerate(attn_layers):
@@ -135,15 +161,42 @@ class ModelRunner:
 
     # ---- one step -----------------------------------------------------------------------------------
     @torch.inference_mode()
-    def run(self, batch: ScheduledBatch) -> list[int]:
-        header, payload = self._pack(batch)
-        payload = payload.to(self.device, non_blocking=True)
+    def launch(self, batch: ScheduledBatch) -> InFlight:
+        """Queues the step's forward and sampling on the GPU and returns without waiting for them.
+
+        Inputs go up on a copy stream; a PENDING input token (sampled by the previous launch, not yet seen
+        by the CPU) is gathered from that launch's tokens on the device. The sampled tokens come back
+        through pinned memory and an event: no device-wide sync.
+        """
+        header, payload, pending = self._pack(batch)
+        payload = self._upload(payload)
+        if pending is not None:
+            dst, src = self._upload(pending).unbind(0)
+            payload[dst] = self._last_tokens[src]
         if self.world > 1:
             dist.broadcast(header.to(self.device), 0)
             dist.broadcast(payload, 0)
         logits = self.execute(self._unpack(header, payload))
         tokens = sample(logits, self._sampling_batch(batch.seqs))
-        return tokens.tolist()
+        self._launches += 1
+        self._last_tokens = tokens
+        for row, seq in enumerate(batch.seqs):
+            seq.sample_ref = (self._launches, row)
+        return InFlight.start(tokens)
+
+    def run(self, batch: ScheduledBatch) -> list[int]:
+        """One step, waiting for its tokens."""
+        return self.launch(batch).tokens()
+
+    def _upload(self, host: torch.Tensor) -> torch.Tensor:
+        if self.device.type != "cuda":
+            return host
+        compute = torch.cuda.current_stream(self.device)
+        with torch.cuda.stream(self._copy_stream):
+            dev = host.to(self.device, non_blocking=True)
+        compute.wait_stream(self._copy_stream)
+        dev.record_stream(compute)
+        return dev
 
     def execute(self, inputs: StepInputs) -> torch.Tensor:
         md = inputs.attn
@@ -183,12 +236,19 @@ class ModelRunner:
             torch.cuda.empty_cache()
 
     # ---- inputs -------------------------------------------------------------------------------------
-    def _pack(self, batch: ScheduledBatch) -> tuple[torch.Tensor, torch.Tensor]:
+    def _pack(self, batch: ScheduledBatch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """Host tensors: the header, one int64 payload, and (dst, src) rows of PENDING input tokens."""
         bs = self.config.block_size
         ids, positions, slots = [], [], []
         seq_lens, qsl = [], [0]
+        dst, src = [], []
         for seq, n in zip(batch.seqs, batch.num_new_tokens):
             start, end = seq.num_computed_tokens, seq.num_computed_tokens + n
+            if seq.token_ids[end - 1] == PENDING:  # only ever a decode's one input token
+                launch, row = seq.sample_ref
+                assert n == 1 and launch == self._launches, f"{seq}: its pending token is not from the last step"
+                dst.append(len(ids))
+                src.append(row)
             ids.extend(seq.token_ids[start:end])
             pos = np.arange(start, end)
             positions.append(pos)
@@ -208,9 +268,11 @@ class ModelRunner:
         payload = np.concatenate([np.asarray(ids, np.int64), np.concatenate(positions), np.concatenate(slots), qsl_arr,
                                   np.asarray(seq_lens), tables.ravel(), qsl_arr[1:] - 1])
         payload = torch.from_numpy(payload)
+        pending = torch.tensor([dst, src], dtype=torch.int64) if dst else None
         if self.device.type == "cuda":
             payload = payload.pin_memory()
-        return header, payload
+            pending = pending.pin_memory() if pending is not None else None
+        return header, payload, pending
 
     def _unpack(self, header: torch.Tensor, payload: torch.Tensor) -> StepInputs:
         _, t, b, width, nd, max_q, max_k, prefix_cached, max_prefill_q = (int(x) for x in header.tolist())

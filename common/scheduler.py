@@ -4,7 +4,7 @@ from collections import deque
 from dataclasses import dataclass
 
 from common.block_manager import BlockManager
-from common.sequence import Sequence, SequenceStatus
+from common.sequence import PENDING, Sequence, SequenceStatus
 
 
 @dataclass
@@ -52,7 +52,8 @@ class Scheduler:
     def schedule(self) -> ScheduledBatch | None:
         budget = self.max_num_batched_tokens
         scheduled: list[tuple[Sequence, int]] = []
-        queue = deque(sorted(self.running, key=lambda s: s.num_uncomputed() > 1))
+        ready = [s for s in self.running if not self._awaits_last_token(s)]
+        queue = deque(sorted(ready, key=lambda s: s.num_uncomputed() > 1))
         preempted = False
         while queue and budget > 0:
             seq = queue.popleft()
@@ -81,27 +82,44 @@ class Scheduler:
         scheduled.sort(key=lambda item: item[1] != 1)
         return ScheduledBatch([s for s, _ in scheduled], [n for _, n in scheduled])
 
-    def postprocess(self, batch: ScheduledBatch, sampled: list[int]) -> list[Sequence]:
-        """Advance each sequence by what it computed; append sampled tokens where a prompt or decode completed.
-
-        Returns the sequences that got a new token (finished ones included).
-        """
-        updated = []
-        for seq, n, token in zip(batch.seqs, batch.num_new_tokens, sampled):
-            if seq.status != SequenceStatus.RUNNING:
-                continue  # aborted while its step was in flight
-            old = seq.num_computed_tokens
+    def advance(self, batch: ScheduledBatch) -> list[int]:
+        """Once a batch is launched: count its tokens as computed and give each sequence that completes a
+        PENDING token, so the next step can be scheduled before this one's tokens are known. Returns the
+        computed counts before the step, for `resolve`."""
+        olds = []
+        for seq, n in zip(batch.seqs, batch.num_new_tokens):
+            olds.append(seq.num_computed_tokens)
             seq.num_computed_tokens += n
-            self.block_manager.commit(seq, old)
-            if seq.num_computed_tokens < seq.num_tokens:
+            if seq.num_computed_tokens == seq.num_tokens:
+                seq.token_ids.append(PENDING)
+        return olds
+
+    def resolve(self, batch: ScheduledBatch, olds: list[int], sampled: list[int]) -> list[Sequence]:
+        """The batch's tokens are known: fill in its PENDING tokens, register full blocks in the prefix
+        cache, finish what is done. Returns the sequences that got a token (finished ones included)."""
+        updated = []
+        for seq, n, old, token in zip(batch.seqs, batch.num_new_tokens, olds, sampled):
+            if seq.status != SequenceStatus.RUNNING:
+                continue  # aborted, preempted or finished (one step late) while this step was in flight
+            pos = old + n
+            if seq.token_ids[pos] != PENDING:
+                self.block_manager.commit(seq, old)
                 continue  # a chunk of a longer prompt: no token yet
-            seq.token_ids.append(token)
+            seq.token_ids[pos] = token
+            self.block_manager.commit(seq, old)
             if seq.prefill_only:
                 self.finish(seq, "prefilled", free=False)  # its blocks wait for the KV handoff
-            elif reason := self.finish_reason(seq, token):
+            elif reason := self.finish_reason(seq, token, pos + 1):
                 self.finish(seq, reason)
             updated.append(seq)
         return updated
+
+    def _awaits_last_token(self, seq: Sequence) -> bool:
+        """Its PENDING token will be its last: nothing more to compute."""
+        if not seq.token_ids or seq.token_ids[-1] != PENDING:
+            return False
+        return (seq.prefill_only or seq.num_completion_tokens >= seq.sampling.max_tokens
+                or seq.num_tokens >= self.max_model_len)
 
     def finish(self, seq: Sequence, reason: str, free: bool = True) -> None:
         if seq.status == SequenceStatus.RUNNING:
@@ -112,14 +130,16 @@ class Scheduler:
             return
         seq.status = SequenceStatus.FINISHED
         seq.finish_reason = reason
+        seq.drop_pending()  # a token sampled after the last one counts for nothing
         if free:
             self.block_manager.free_blocks(seq)
 
-    def finish_reason(self, seq: Sequence, token: int) -> str | None:
+    def finish_reason(self, seq: Sequence, token: int, num_tokens: int) -> str | None:
+        """Why `seq` ends with `token` as its `num_tokens`-th token, if it does."""
         sp = seq.sampling
         if (token in self.eos_token_ids and not sp.ignore_eos) or token in sp.stop_token_ids:
             return "stop"
-        if seq.num_completion_tokens >= sp.max_tokens or seq.num_tokens >= self.max_model_len:
+        if num_tokens - seq.num_prompt_tokens >= sp.max_tokens or num_tokens >= self.max_model_len:
             return "length"
         return None
 
@@ -127,6 +147,7 @@ class Scheduler:
         self.running.remove(seq)
         self.block_manager.free_blocks(seq)
         seq.status = SequenceStatus.WAITING
+        seq.drop_pending()  # recomputed on its return
         seq.num_computed_tokens = 0
         seq.num_preemptions += 1
         self.num_preemptions += 1

@@ -10,6 +10,11 @@ if TYPE_CHECKING:
     import torch
 
 
+# Stands in for a token the GPU has sampled but the CPU has not seen yet (overlapped scheduling): the
+# next step's input for that row is taken from the previous step's sampled tokens on the device.
+PENDING = -1
+
+
 class SequenceStatus(Enum):
     WAITING = auto()
     RUNNING = auto()
@@ -34,6 +39,7 @@ class Sequence:
         self.num_preemptions = 0
         self.generator: torch.Generator | None = None  # the request's own RNG when it has a seed
         self.prefill_only = prefill_only  # a prefill worker's: stop after the first token, keep the blocks
+        self.sample_ref: tuple[int, int] = (-1, -1)  # (launch id, row) that samples its PENDING token
 
     def __repr__(self) -> str:
         return (f"Sequence({self.request_id!r}, {self.status.name}, tokens={self.num_tokens}, "
@@ -50,6 +56,22 @@ class Sequence:
     @property
     def completion_token_ids(self) -> list[int]:
         return self.token_ids[self.num_prompt_tokens:]
+
+    @property
+    def num_known_tokens(self) -> int:
+        """Tokens whose values are known on the CPU: all but the trailing PENDING ones (at most two)."""
+        n = len(self.token_ids)
+        while n and self.token_ids[n - 1] == PENDING:
+            n -= 1
+        return n
+
+    @property
+    def last_token(self) -> int:
+        return self.token_ids[self.num_known_tokens - 1]
+
+    def drop_pending(self) -> None:
+        while self.token_ids and self.token_ids[-1] == PENDING:
+            self.token_ids.pop()
 
     @property
     def is_finished(self) -> bool:

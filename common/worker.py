@@ -157,7 +157,7 @@ class Worker:
 
     def report(self, seqs: list[Sequence]) -> None:
         """One token_batch for the sequences that got a token this step."""
-        updates = [P.TokenUpdate(request_id=s.request_id, token_ids=[s.token_ids[-1]],
+        updates = [P.TokenUpdate(request_id=s.request_id, token_ids=[s.last_token],
                                  finish_reason=s.finish_reason if s.is_finished else None,
                                  cached_tokens=s.num_cached_tokens) for s in seqs]
         if updates:

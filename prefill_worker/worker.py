@@ -48,7 +48,7 @@ class PrefillWorker(Worker):
             payload = self.transports[task.transport].send(task.decode_worker_id, descriptor, seq.block_table[:n],
                                                            task.dst_block_ids)
             handoff = P.KVHandoff(request_id=seq.request_id, src_worker_id=self.config.worker_id,
-                                  first_token=seq.token_ids[-1], num_tokens=seq.num_prompt_tokens,
+                                  first_token=seq.last_token, num_tokens=seq.num_prompt_tokens,
                                   transport=task.transport, layout=self.layout, dst_block_ids=task.dst_block_ids,
                                   reply_to=self.channel.address, cached_tokens=seq.num_cached_tokens)
             self.channel.send(task.decode_kv_address, handoff, payload)

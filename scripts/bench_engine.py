@@ -178,7 +178,7 @@ def decode_step_phases(llm: LLM, batch: int, context: int, steps: int = 20) -> d
             t = [sync_time()]
             b = engine.scheduler.schedule()
             t.append(sync_time())
-            header, payload = runner._pack(b)
+            header, payload, _ = runner._pack(b)
             payload = payload.to(runner.device, non_blocking=True)
             t.append(sync_time())
             inputs = runner._unpack(header, payload)
@@ -187,7 +187,7 @@ def decode_step_phases(llm: LLM, batch: int, context: int, steps: int = 20) -> d
             t.append(sync_time())
             tokens = sample(logits, runner._sampling_batch(b.seqs)).tolist()
             t.append(sync_time())
-            engine.scheduler.postprocess(b, tokens)
+            engine.scheduler.resolve(b, engine.scheduler.advance(b), tokens)
             t.append(sync_time())
             for name, a, z in zip(phases, t, t[1:]):
                 phases[name] += (z - a) * 1e3 / steps
@@ -196,13 +196,41 @@ def decode_step_phases(llm: LLM, batch: int, context: int, steps: int = 20) -> d
     return phases
 
 
+def profile_decode(root: Path, config: str, context: int, batch: int, overlap: bool, steps: int = 10) -> None:
+    """GPU kernels of `steps` decode steps (CUDA graphs on), by total time: where a step's GPU time goes."""
+    from torch.profiler import ProfilerActivity, profile
+
+    path = model_dir(config, root)
+    llm = make_llm(path, max_num_seqs=max(batch, 8), max_model_len=context + DECODE_TOKENS + 16,
+                   overlap_scheduling=overlap)
+    try:
+        rids = start_decodes(llm, batch, context, DECODE_TOKENS)
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            t0 = sync_time()
+            for _ in range(steps):
+                llm.engine.step()
+            wall = (sync_time() - t0) / steps
+        events = [e for e in prof.key_averages() if e.device_type == torch.autograd.DeviceType.CUDA]
+        gpu_us = sum(e.self_device_time_total for e in events) / steps
+        log(f"== profile: {config}, batch {batch}, context {context}, overlap {overlap}: wall {wall * 1e3:.3f} ms/step, "
+            f"GPU busy {gpu_us / 1e3:.3f} ms/step ({gpu_us / 1e3 / (wall * 1e3):.0%})")
+        log(f"{'kernel':<90}{'calls/step':>11}{'us/step':>10}")
+        for e in sorted(events, key=lambda e: -e.self_device_time_total)[:25]:
+            log(f"{e.key[:88]:<90}{e.count / steps:>11.1f}{e.self_device_time_total / steps:>10.1f}")
+        for rid in rids:
+            llm.engine.abort(rid)
+    finally:
+        llm.close()
+
+
 def bench_decode(root: Path, config: str, context: int) -> None:
     path = model_dir(config, root)
     bw = copy_bandwidth_gbs()
     log(f"== decode step, {config} bf16, context {context} tokens/seq; device copy bandwidth {bw:.0f} GB/s")
     log("   roofline = (weight bytes + KV bytes read) / copy bandwidth")
-    log(f"{'mode':<8}{'batch':>6}{'step ms':>10}{'roofline ms':>13}{'x roofline':>12}{'tok/s':>10}")
-    for name, kw in (("graphs", {}), ("eager", {"enforce_eager": True})):
+    log(f"{'mode':<20}{'batch':>6}{'step ms':>10}{'roofline ms':>13}{'x roofline':>12}{'tok/s':>10}")
+    modes = (("graphs", {}), ("graphs, no overlap", {"overlap_scheduling": False}), ("eager", {"enforce_eager": True}))
+    for name, kw in modes:
         llm = make_llm(path, max_num_seqs=256, max_model_len=context + DECODE_TOKENS + 16, **kw)
         try:
             layout = llm.engine.runner.layout
@@ -211,9 +239,9 @@ def bench_decode(root: Path, config: str, context: int) -> None:
             for batch in (1, 64, 256):
                 ms = decode_step_ms(llm, batch, context)
                 roof = (wb + batch * (context + 20) * kv_per_token) / (bw * 1e9) * 1e3
-                log(f"{name:<8}{batch:>6}{ms:>10.3f}{roof:>13.3f}{ms / roof:>12.2f}{batch / ms * 1e3:>10.0f}")
+                log(f"{name:<20}{batch:>6}{ms:>10.3f}{roof:>13.3f}{ms / roof:>12.2f}{batch / ms * 1e3:>10.0f}")
                 assert llm.engine.num_free_blocks == llm.engine.block_manager.num_blocks
-            for batch in (1, 256):
+            for batch in (1, 256) if name == "graphs, no overlap" else ():
                 phases = decode_step_phases(llm, batch, context)
                 log(f"   {name} batch {batch} phases (ms, synchronised): "
                     + ", ".join(f"{k} {v:.3f}" for k, v in phases.items()))
@@ -262,7 +290,9 @@ def bench_prefill(root: Path, config: str) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("what", choices=["throughput", "decode", "prefill", "all"])
+    ap.add_argument("what", choices=["throughput", "decode", "prefill", "profile", "all"])
+    ap.add_argument("--batch", type=int, default=64, help="profile: decode batch size")
+    ap.add_argument("--no-overlap", action="store_true", help="profile: without overlapped scheduling")
     ap.add_argument("--num-seqs", type=int, default=256)
     ap.add_argument("--hf-seqs", type=int, default=32)
     ap.add_argument("--config", default=None, help="model config (default: qwen3-0.6b decode, qwen3-8b prefill)")
@@ -273,6 +303,8 @@ def main() -> None:
     log(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}")
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
+        if args.what == "profile":
+            profile_decode(root, args.config or "qwen3-0.6b", args.context, args.batch, not args.no_overlap)
         if args.what in ("decode", "all"):
             bench_decode(root, args.config or "qwen3-0.6b", args.context)
         if args.what in ("prefill", "all"):

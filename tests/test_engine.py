@@ -71,10 +71,12 @@ def test_shared_prefix_hits_the_cache_and_matches_no_cache(llm, model_dir):
         fresh.close()
 
 
-def test_preemption_and_chunked_prefill_give_the_same_tokens(llm, model_dir):
+@pytest.mark.parametrize("overlap", [True, False], ids=["overlap", "no-overlap"])
+def test_preemption_and_chunked_prefill_give_the_same_tokens(llm, model_dir, overlap):
     expected = generate(llm, PROMPTS)
     # 12 blocks of 16 tokens cannot hold 8 sequences of ~40 tokens: the scheduler must preempt.
-    tight = LLM(str(model_dir), device="cpu", num_kv_blocks=12, max_num_batched_tokens=16, max_num_seqs=8)
+    tight = LLM(str(model_dir), device="cpu", num_kv_blocks=12, max_num_batched_tokens=16, max_num_seqs=8,
+                overlap_scheduling=overlap)
     try:
         assert generate(tight, PROMPTS) == expected
         assert tight.engine.scheduler.num_preemptions > 0

@@ -42,7 +42,7 @@ def model_dir(request):
 def first_step_logits(engine: LLMEngine, ids: list[int]) -> torch.Tensor:
     engine.add_request("probe", ids, SamplingParams(max_tokens=1))
     batch = engine.scheduler.schedule()
-    header, payload = engine.runner._pack(batch)
+    header, payload, _ = engine.runner._pack(batch)
     logits = engine.runner.execute(engine.runner._unpack(header, payload.to(engine.runner.device)))
     engine.abort("probe")
     return logits[0].float()

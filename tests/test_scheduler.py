@@ -3,7 +3,7 @@ from __future__ import annotations
 from common.block_manager import BlockManager
 from common.sampling_params import SamplingParams
 from common.scheduler import Scheduler
-from common.sequence import Sequence, SequenceStatus
+from common.sequence import PENDING, Sequence, SequenceStatus
 
 EOS = 0
 
@@ -23,7 +23,7 @@ def run_step(s: Scheduler, token: int = 7):
     batch = s.schedule()
     if batch is None:
         return None, []
-    return batch, s.postprocess(batch, [token] * len(batch.seqs))
+    return batch, s.resolve(batch, s.advance(batch), [token] * len(batch.seqs))
 
 
 def test_long_prompt_is_chunked_under_the_budget_and_decodes_go_first():
@@ -102,6 +102,60 @@ def test_aborted_while_in_flight_gets_no_token():
     s, bm = make()
     seq = add(s, "x", 3, max_tokens=5)
     batch = s.schedule()
+    olds = s.advance(batch)
     s.finish(seq, "abort")
-    assert s.postprocess(batch, [7]) == []
+    assert s.resolve(batch, olds, [7]) == []
     assert seq.num_completion_tokens == 0 and bm.num_free_blocks == bm.num_blocks
+
+
+# ---- overlapped scheduling: step N+1 is scheduled before step N's tokens are known ----------------------
+def run_overlapped(s: Scheduler, tokens_for, steps: int = 100) -> int:
+    """Drives the scheduler one step behind, like LLMEngine with overlap; tokens_for(seq, step) picks the
+    token each row samples. Returns the steps taken."""
+    in_flight = None
+    for step in range(steps):
+        batch = s.schedule()
+        launched = (batch, s.advance(batch), [tokens_for(q, step) for q in batch.seqs]) if batch else None
+        if in_flight:
+            s.resolve(*in_flight)
+        in_flight = launched
+        if in_flight is None and not s.has_unfinished():
+            return step
+    raise AssertionError("did not finish")
+
+
+def test_overlap_lagged_eos_finishes_once_and_emits_nothing_after_it():
+    s, bm = make()
+    a = add(s, "a", 5, max_tokens=50)
+    b = add(s, "b", 6, max_tokens=50)
+    # a samples EOS on its 3rd token; by then its 4th step is already scheduled.
+    run_overlapped(s, lambda q, step: EOS if (q is a and q.num_completion_tokens == 3) else 7)
+    assert a.finish_reason == "stop" and a.completion_token_ids[-1] == EOS
+    assert a.num_completion_tokens == 3 and PENDING not in a.token_ids
+    assert b.finish_reason == "length" and b.num_completion_tokens == 50
+    assert bm.num_free_blocks == bm.num_blocks  # freed exactly once: a double free would overcount
+
+
+def test_overlap_never_passes_max_tokens_or_schedules_a_finished_prefill():
+    s, bm = make()
+    seqs = [add(s, f"r{i}", 3 + i, max_tokens=1 + i) for i in range(5)]
+    scheduled = {q.request_id: 0 for q in seqs}
+
+    def tokens_for(q, step):
+        scheduled[q.request_id] += 1
+        return 7
+    run_overlapped(s, tokens_for)
+    for i, q in enumerate(seqs):
+        assert q.finish_reason == "length" and q.completion_token_ids == [7] * (1 + i)
+        assert scheduled[q.request_id] == 1 + i  # one prefill, then one decode per further token: no wasted row
+    assert bm.num_free_blocks == bm.num_blocks
+
+
+def test_overlap_preemption_drops_the_pending_token_and_recomputes():
+    s, bm = make(num_blocks=6, block_size=4, budget=64)
+    seqs = [add(s, f"r{i}", 7, max_tokens=12) for i in range(3)]
+    run_overlapped(s, lambda q, step: 7, steps=400)
+    assert s.num_preemptions > 0
+    for q in seqs:
+        assert q.finish_reason == "length" and q.completion_token_ids == [7] * 12
+    assert bm.num_free_blocks == bm.num_blocks

@@ -3,6 +3,11 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+try:
+    from common.layers import fused
+except ImportError:  # no triton (the CPU build of torch): the torch path below serves
+    fused = None
+
 
 class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float):
@@ -16,7 +21,10 @@ class RMSNorm(nn.Module):
         return self.weight * xf.to(x.dtype)
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
-        """With `residual`, adds it first and returns (normed, new residual): the pre-norm block's fused step."""
+        """With `residual`, adds it first and returns (normed, new residual): the pre-norm block's fused step.
+        On CUDA one kernel, which updates `residual` in place."""
+        if x.is_cuda and fused is not None and x.stride(-1) == 1:
+            return fused.rms_norm(x, self.weight, self.eps, residual)
         if residual is None:
             return self._norm(x)
         x = x + residual

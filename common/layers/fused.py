@@ -1,0 +1,110 @@
+"""Triton fusions of the decoder's elementwise work, one launch each where torch needs five to ten.
+
+At decode batch sizes a layer's GEMMs take microseconds, so kernel count sets the step time: unfused,
+RMSNorm, q/k-norm, RoPE and SiLU-and-mul are ~35 of a Qwen3 layer's ~45 kernels. Each function here
+matches its torch counterpart's rounding (fp32 math, casts where torch casts), so CPU and GPU agree.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, stride_x, stride_r, stride_o, eps,
+                     N: tl.constexpr, BLOCK: tl.constexpr, HAS_RESIDUAL: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK)
+    mask = cols < N
+    x = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0)
+    if HAS_RESIDUAL:  # the pre-norm block's residual add, rounded to the model dtype as torch does
+        x = (x.to(tl.float32) + tl.load(res_ptr + row * stride_r + cols, mask=mask, other=0.0).to(tl.float32))
+        x = x.to(res_ptr.dtype.element_ty)
+        tl.store(res_ptr + row * stride_r + cols, x, mask=mask)
+    xf = x.to(tl.float32)
+    rstd = 1.0 / tl.sqrt(tl.sum(xf * xf, axis=0) / N + eps)
+    y = (xf * rstd).to(out_ptr.dtype.element_ty).to(tl.float32)
+    w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    tl.store(out_ptr + row * stride_o + cols, (w * y).to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
+             residual: torch.Tensor | None = None) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """RMSNorm of [T, N] rows; with `residual`, first `residual += x` in place and norm the sum."""
+    n = x.shape[-1]
+    x2 = x.view(-1, n)
+    assert x2.stride(-1) == 1
+    out = torch.empty(x2.shape, dtype=x.dtype, device=x.device)
+    res2 = residual.view(-1, n) if residual is not None else x2
+    if x2.shape[0]:
+        _rms_norm_kernel[(x2.shape[0],)](x2, res2, weight, out, x2.stride(0), res2.stride(0), out.stride(0), eps,
+                                         N=n, BLOCK=triton.next_power_of_2(n), HAS_RESIDUAL=residual is not None)
+    out = out.view(x.shape)
+    return out if residual is None else (out, residual)
+
+
+@triton.jit
+def _qk_norm_rope_kernel(q_ptr, k_ptr, pos_ptr, cos_sin_ptr, qw_ptr, kw_ptr, stride_qt, stride_qh,
+                         stride_kt, stride_kh, eps, NUM_Q_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
+                         HAS_NORM: tl.constexpr):
+    token = tl.program_id(0).to(tl.int64)
+    head = tl.program_id(1)
+    half = tl.arange(0, HEAD_DIM // 2)
+    if head < NUM_Q_HEADS:
+        base = q_ptr + token * stride_qt + head * stride_qh
+        w_ptr = qw_ptr
+    else:
+        base = k_ptr + token * stride_kt + (head - NUM_Q_HEADS) * stride_kh
+        w_ptr = kw_ptr
+    x1 = tl.load(base + half)
+    x2 = tl.load(base + HEAD_DIM // 2 + half)
+    if HAS_NORM:  # Qwen3's per-head RMSNorm of q and k, before the rotation
+        f1, f2 = x1.to(tl.float32), x2.to(tl.float32)
+        rstd = 1.0 / tl.sqrt((tl.sum(f1 * f1, axis=0) + tl.sum(f2 * f2, axis=0)) / HEAD_DIM + eps)
+        w1 = tl.load(w_ptr + half).to(tl.float32)
+        w2 = tl.load(w_ptr + HEAD_DIM // 2 + half).to(tl.float32)
+        x1 = (w1 * (f1 * rstd).to(x1.dtype).to(tl.float32)).to(x1.dtype)
+        x2 = (w2 * (f2 * rstd).to(x2.dtype).to(tl.float32)).to(x2.dtype)
+    pos = tl.load(pos_ptr + token)
+    cos = tl.load(cos_sin_ptr + pos * HEAD_DIM + half)
+    sin = tl.load(cos_sin_ptr + pos * HEAD_DIM + HEAD_DIM // 2 + half)
+    f1, f2 = x1.to(tl.float32), x2.to(tl.float32)
+    tl.store(base + half, (f1 * cos - f2 * sin).to(x1.dtype))
+    tl.store(base + HEAD_DIM // 2 + half, (f2 * cos + f1 * sin).to(x1.dtype))
+
+
+def qk_norm_rope_(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor,
+                  q_weight: torch.Tensor | None, k_weight: torch.Tensor | None, eps: float) -> None:
+    """In place on q [T, Hq, D] and k [T, Hkv, D] (views into the qkv projection): optional per-head
+    RMSNorm, then the rotate-half RoPE with angles cos_sin[position] ([max_pos, D]: cos | sin halves)."""
+    t, hq, d = q.shape
+    assert q.stride(-1) == 1 and k.stride(-1) == 1 and cos_sin.is_contiguous() and cos_sin.shape[-1] == d
+    has_norm = q_weight is not None
+    if t:
+        _qk_norm_rope_kernel[(t, hq + k.shape[1])](
+            q, k, positions, cos_sin, q_weight if has_norm else cos_sin, k_weight if has_norm else cos_sin,
+            q.stride(0), q.stride(1), k.stride(0), k.stride(1), eps, NUM_Q_HEADS=hq, HEAD_DIM=d, HAS_NORM=has_norm)
+
+
+@triton.jit
+def _silu_and_mul_kernel(x_ptr, out_ptr, stride_x, stride_o, N: tl.constexpr, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = cols < N
+    gate = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
+    up = tl.load(x_ptr + row * stride_x + N + cols, mask=mask, other=0.0).to(tl.float32)
+    act = (gate / (1.0 + tl.exp(-gate))).to(out_ptr.dtype.element_ty).to(tl.float32)
+    tl.store(out_ptr + row * stride_o + cols, (act * up).to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
+    """silu(gate) * up for x = [gate | up] along the last dim."""
+    n = x.shape[-1] // 2
+    x2 = x.view(-1, 2 * n)
+    out = torch.empty((x2.shape[0], n), dtype=x.dtype, device=x.device)
+    block = min(1024, triton.next_power_of_2(n))
+    if x2.shape[0]:
+        _silu_and_mul_kernel[(x2.shape[0], triton.cdiv(n, block))](x2, out, x2.stride(0), out.stride(0), N=n,
+                                                                    BLOCK=block)
+    return out.view(*x.shape[:-1], n)

@@ -1,0 +1,120 @@
+"""Triton fusions (common/layers/fused.py) against the torch layers they replace.
+
+Without a GPU they run in Triton's interpreter on CPU (a subprocess with TRITON_INTERPRET=1, as in
+test_triton_ops.py); bf16 runs on GPU only.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+fused = pytest.importorskip("common.layers.fused")
+
+from common.layers.activation import SiluAndMul  # noqa: E402
+from common.layers.norm import RMSNorm  # noqa: E402
+from common.layers.rotary import RotaryEmbedding  # noqa: E402
+
+INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
+ROOT = Path(__file__).resolve().parents[1]
+GPU = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+DTYPES = [torch.float32, torch.float16] + ([] if INTERPRETED else [torch.bfloat16])
+# One rounding step of the dtype: fused and torch may round an intermediate differently.
+TOL = {torch.float32: 1e-5, torch.float16: 1e-3, torch.bfloat16: 8e-3}
+
+
+@pytest.fixture(params=[pytest.param("cpu", id="interp") if INTERPRETED else pytest.param("cuda", marks=GPU)])
+def device(request: pytest.FixtureRequest) -> str:
+    return request.param
+
+
+@pytest.mark.skipif(INTERPRETED, reason="this is the interpreter run")
+def test_interpreter_suite() -> None:
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT)}
+    cmd = [sys.executable, "-m", "pytest", __file__, "-q", "-m", "not gpu", "-p", "no:cacheprovider"]
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-10000:] + proc.stderr[-3000:]
+
+
+def close(got: torch.Tensor, want: torch.Tensor) -> None:
+    tol = TOL[got.dtype]
+    torch.testing.assert_close(got.float().cpu(), want.float().cpu(), atol=tol * 4, rtol=tol)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("n", [64, 1024, 576])  # 576: SmolLM2's hidden size, not a power of two
+@pytest.mark.parametrize("with_residual", [False, True])
+def test_rms_norm(device: str, dtype: torch.dtype, n: int, with_residual: bool) -> None:
+    torch.manual_seed(0)
+    norm = RMSNorm(n, 1e-6)
+    norm.weight.data = torch.randn(n).to(dtype)
+    x = torch.randn(37, n).to(dtype)
+    residual = torch.randn(37, n).to(dtype) if with_residual else None
+    want = norm(x, residual.clone()) if with_residual else norm(x)
+    res_dev = residual.to(device) if with_residual else None
+    got = fused.rms_norm(x.to(device), norm.weight.to(device), 1e-6, res_dev)
+    if with_residual:
+        close(got[0], want[0])
+        assert got[1] is res_dev
+        close(res_dev, want[1])  # the residual was updated in place to x + residual
+    else:
+        close(got, want)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("heads", [(16, 8, 128), (9, 3, 64)], ids=["qwen3", "smollm2"])
+@pytest.mark.parametrize("with_norm", [True, False])
+def test_qk_norm_rope(device: str, dtype: torch.dtype, heads: tuple[int, int, int], with_norm: bool) -> None:
+    torch.manual_seed(0)
+    hq, hkv, d = heads
+    rope = RotaryEmbedding(d, 4096, 1e6, None)
+    q_norm, k_norm = RMSNorm(d, 1e-6), RMSNorm(d, 1e-6)
+    q_norm.weight.data, k_norm.weight.data = torch.randn(d).to(dtype), torch.randn(d).to(dtype)
+    norms = (q_norm, k_norm) if with_norm else (None, None)
+    qkv = torch.randn(23, (hq + 2 * hkv) * d).to(dtype)
+    positions = torch.randint(0, 4096, (23,))
+    q, k, _ = qkv.split([hq * d, hkv * d, hkv * d], dim=-1)
+    want_q, want_k = rope(positions, q.view(-1, hq, d), k.view(-1, hkv, d), *norms)
+    qkv_dev = qkv.to(device)
+    v_before = qkv_dev[:, (hq + hkv) * d:].clone()
+    q, k, v = qkv_dev.split([hq * d, hkv * d, hkv * d], dim=-1)
+    q, k = q.view(-1, hq, d), k.view(-1, hkv, d)
+    fused.qk_norm_rope_(q, k, positions.to(device), rope.cos_sin.to(device),
+                        q_norm.weight.to(device) if with_norm else None, k_norm.weight.to(device) if with_norm else None,
+                        1e-6)
+    close(q, want_q)
+    close(k, want_k)
+    assert torch.equal(v, v_before)  # v shares the buffer and is left alone
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("n", [96, 3072, 1536])
+def test_silu_and_mul(device: str, dtype: torch.dtype, n: int) -> None:
+    torch.manual_seed(0)
+    x = (3 * torch.randn(19, 2 * n)).to(dtype)
+    close(fused.silu_and_mul(x.to(device)), SiluAndMul()(x))
+
+
+def test_empty_batch(device: str) -> None:
+    x = torch.empty(0, 64, device=device)
+    assert fused.rms_norm(x, torch.ones(64, device=device), 1e-6).shape == (0, 64)
+    assert fused.silu_and_mul(torch.empty(0, 128, device=device)).shape == (0, 64)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16], ids=str)
+def test_layers_dispatch_to_fused_on_cuda(device: str, dtype: torch.dtype) -> None:
+    """The modules pick the fused path for CUDA tensors and still match their own CPU results."""
+    if device != "cuda":
+        pytest.skip("dispatch happens for CUDA tensors only")
+    torch.manual_seed(0)
+    norm = RMSNorm(1024, 1e-6)
+    norm.weight.data = torch.randn(1024).to(dtype)
+    x, r = torch.randn(8, 1024).to(dtype), torch.randn(8, 1024).to(dtype)
+    want = norm(x, r.clone())
+    got = norm.cuda()(x.cuda(), r.cuda())
+    close(got[0], want[0])
+    close(got[1], want[1])
