@@ -242,31 +242,36 @@ class ModelRunner:
         ids, positions, slots = [], [], []
         seq_lens, qsl = [], [0]
         dst, src = [], []
-        for seq, n in zip(batch.seqs, batch.num_new_tokens):
-            start, end = seq.num_computed_tokens, seq.num_computed_tokens + n
-            if seq.token_ids[end - 1] == PENDING:  # only ever a decode's one input token
-                launch, row = seq.sample_ref
-                assert n == 1 and launch == self._launches, f"{seq}: its pending token is not from the last step"
-                dst.append(len(ids))
-                src.append(row)
-            ids.extend(seq.token_ids[start:end])
-            pos = np.arange(start, end)
-            positions.append(pos)
-            slots.append(np.asarray(seq.block_table)[pos // bs] * bs + pos % bs)
-            seq_lens.append(end)
-            qsl.append(qsl[-1] + n)
         width = max(len(seq.block_table) for seq in batch.seqs)
         tables = np.zeros((len(batch.seqs), width), np.int64)
-        for i, seq in enumerate(batch.seqs):
-            tables[i, :len(seq.block_table)] = seq.block_table
+        for i, (seq, n) in enumerate(zip(batch.seqs, batch.num_new_tokens)):
+            start, end = seq.num_computed_tokens, seq.num_computed_tokens + n
+            table = seq.block_table
+            tables[i, :len(table)] = table
+            if n == 1:  # a decode: plain ints beat numpy for one token
+                if seq.token_ids[start] == PENDING:
+                    launch, row = seq.sample_ref
+                    assert launch == self._launches, f"{seq}: its pending token is not from the last step"
+                    dst.append(len(ids))
+                    src.append(row)
+                ids.append(seq.token_ids[start])
+                positions.append(start)
+                slots.append(table[start // bs] * bs + start % bs)
+            else:
+                ids.extend(seq.token_ids[start:end])
+                pos = np.arange(start, end)
+                positions.extend(pos.tolist())
+                slots.extend((tables[i, pos // bs] * bs + pos % bs).tolist())
+            seq_lens.append(end)
+            qsl.append(qsl[-1] + n)
         nd = batch.num_decodes
         prefill_q = [n for n in batch.num_new_tokens[nd:]]
         prefix_cached = any(l > n for l, n in zip(seq_lens[nd:], prefill_q))
         header = torch.tensor([_RUN, qsl[-1], len(seq_lens), width, nd, max(batch.num_new_tokens), max(seq_lens),
                                int(prefix_cached), max(prefill_q, default=0)])
         qsl_arr = np.asarray(qsl)
-        payload = np.concatenate([np.asarray(ids, np.int64), np.concatenate(positions), np.concatenate(slots), qsl_arr,
-                                  np.asarray(seq_lens), tables.ravel(), qsl_arr[1:] - 1])
+        payload = np.concatenate([np.asarray(ids + positions + slots, np.int64), qsl_arr, np.asarray(seq_lens),
+                                  tables.ravel(), qsl_arr[1:] - 1])
         payload = torch.from_numpy(payload)
         pending = torch.tensor([dst, src], dtype=torch.int64) if dst else None
         if self.device.type == "cuda":

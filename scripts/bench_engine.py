@@ -121,11 +121,13 @@ def bench_throughput(root: Path, num_seqs: int, hf_seqs: int) -> None:
         try:
             dt = run_engine(llm, work)
             log(f"{name:<28}{num_seqs:>6}{dt:>10.2f}{out_tokens / dt:>14.0f}{(in_tokens + out_tokens) / dt:>13.0f}")
-            if not kw:
+            if not kw and hf_seqs:
                 dt = run_engine(llm, small)
                 log(f"{name:<28}{hf_seqs:>6}{dt:>10.2f}{small_out / dt:>14.0f}{small_total / dt:>13.0f}")
         finally:
             llm.close()
+    if not hf_seqs:
+        return
     dt = run_hf(path, small, batch=hf_seqs)
     log(f"{'HF transformers generate':<28}{hf_seqs:>6}{dt:>10.2f}{small_out / dt:>14.0f}{small_total / dt:>13.0f}")
     log("   (HF: one left-padded batch run to its longest output; tok/s counts only the tokens asked for)")

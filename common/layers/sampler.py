@@ -23,11 +23,16 @@ class SamplingBatch:
         temps = [p.temperature for p in params]
         use_k = any(0 < p.top_k < vocab_size for p in params)
         use_p = any(p.top_p < 1.0 for p in params)
+
+        def upload(values: list, dtype: torch.dtype) -> torch.Tensor:
+            # Through pinned memory: a pageable copy would wait for all queued GPU work (no overlap).
+            host = torch.tensor(values, dtype=dtype)
+            return host.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else host
         return cls(
-            temperatures=torch.tensor(temps, dtype=torch.float32, device=device),
-            top_ks=torch.tensor([p.top_k if 0 < p.top_k < vocab_size else vocab_size for p in params],
-                                device=device) if use_k else None,
-            top_ps=torch.tensor([p.top_p for p in params], dtype=torch.float32, device=device) if use_p else None,
+            temperatures=upload(temps, torch.float32),
+            top_ks=upload([p.top_k if 0 < p.top_k < vocab_size else vocab_size for p in params], torch.int64)
+            if use_k else None,
+            top_ps=upload([p.top_p for p in params], torch.float32) if use_p else None,
             generators=generators,
             all_greedy=all(t == 0.0 for t in temps),
         )
