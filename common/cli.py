@@ -137,6 +137,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     from router.client import add_client_parser  # lazy: keeps the client free of engine imports
     add_client_parser(sub)
+    from scripts.benchmark import add_bench_parser  # the client and matplotlib load only when it runs
+    add_bench_parser(sub)
     return parser
 
 

@@ -1,0 +1,168 @@
+"""Benchmark workloads: what each request asks for (random prompt token ids, output length) and when it arrives.
+
+Everything draws from a `random.Random` it is given, so a seed makes a run repeatable.
+"""
+from __future__ import annotations
+
+import json
+import math
+import random
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class BenchRequest:
+    prompt_ids: list[int]
+    output_len: int
+    arrival: float | None = None  # seconds after the start, from a trace; None: the load point decides
+
+
+@dataclass(frozen=True)
+class LengthRange:
+    """A token count: fixed (`lo == hi`) or uniform in [lo, hi]."""
+
+    lo: int
+    hi: int
+
+    @classmethod
+    def parse(cls, text: str) -> LengthRange:
+        """`N` or `LO:HI`, with 1 <= LO <= HI."""
+        lo, sep, hi = str(text).strip().partition(":")
+        try:
+            span = cls(int(lo), int(hi) if sep else int(lo))
+        except ValueError:
+            raise ValueError(f"expected N or LO:HI (token counts), got {text!r}") from None
+        if not 1 <= span.lo <= span.hi:
+            raise ValueError(f"expected 1 <= LO <= HI, got {text!r}")
+        return span
+
+    def sample(self, rng: random.Random) -> int:
+        return rng.randint(self.lo, self.hi)
+
+    def __str__(self) -> str:
+        return str(self.lo) if self.lo == self.hi else f"{self.lo}:{self.hi}"
+
+
+def random_prompt(rng: random.Random, length: int, vocab_size: int) -> list[int]:
+    return [rng.randrange(vocab_size) for _ in range(length)]
+
+
+# ---- synthetic mixes ----------------------------------------------------------------------------
+def random_requests(rng: random.Random, n: int, vocab_size: int, input_len: LengthRange,
+                    output_len: LengthRange) -> list[BenchRequest]:
+    """Fixed or uniform prompt and output lengths."""
+    return [BenchRequest(random_prompt(rng, input_len.sample(rng), vocab_size), output_len.sample(rng))
+            for _ in range(n)]
+
+
+def long_short_mix(rng: random.Random, n: int, vocab_size: int, input_len: LengthRange, output_len: LengthRange,
+                   long_input_len: LengthRange, long_output_len: LengthRange,
+                   long_fraction: float) -> list[BenchRequest]:
+    """`round(n * long_fraction)` long-prompt/short-answer requests at random positions among ordinary ones.
+
+    Long prefills stall a colocated engine's decodes; this is the mix where disaggregation should pay.
+    """
+    longs = set(rng.sample(range(n), round(n * long_fraction)))
+    requests = []
+    for i in range(n):
+        ins, outs = (long_input_len, long_output_len) if i in longs else (input_len, output_len)
+        requests.append(BenchRequest(random_prompt(rng, ins.sample(rng), vocab_size), outs.sample(rng)))
+    return requests
+
+
+def shared_prefix_mix(rng: random.Random, n: int, vocab_size: int, prefix_len: int, num_prefixes: int,
+                      input_len: LengthRange, output_len: LengthRange) -> list[BenchRequest]:
+    """Each prompt is one of `num_prefixes` system prompts of `prefix_len` tokens plus its own `input_len` tokens."""
+    prefixes = [random_prompt(rng, prefix_len, vocab_size) for _ in range(num_prefixes)]
+    return [BenchRequest(rng.choice(prefixes) + random_prompt(rng, input_len.sample(rng), vocab_size),
+                         output_len.sample(rng))
+            for _ in range(n)]
+
+
+# ---- traces -------------------------------------------------------------------------------------
+TRACE_FIELDS = ("arrival", "input_len", "output_len")
+
+
+class TraceError(ValueError):
+    """A trace file that cannot be replayed; the message names the file and line."""
+
+
+@dataclass(frozen=True)
+class TraceEntry:
+    arrival: float  # seconds, any origin
+    input_len: int
+    output_len: int
+
+
+def parse_trace(lines: Iterable[str], source: str = "trace") -> list[TraceEntry]:
+    """JSON lines `{"arrival": s, "input_len": n, "output_len": n}` (other keys ignored), sorted by arrival."""
+    entries = []
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        where = f"{source} line {n}"
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise TraceError(f"{where}: not JSON: {e.msg}") from None
+        if not isinstance(record, dict):
+            raise TraceError(f"{where}: expected an object with {', '.join(TRACE_FIELDS)}")
+        missing = [k for k in TRACE_FIELDS if k not in record]
+        if missing:
+            raise TraceError(f"{where}: missing {', '.join(missing)}")
+        arrival = record["arrival"]
+        if isinstance(arrival, bool) or not isinstance(arrival, (int, float)) or not (math.isfinite(arrival)
+                                                                                      and arrival >= 0):
+            raise TraceError(f"{where}: arrival must be a number of seconds >= 0, got {arrival!r}")
+        for key in ("input_len", "output_len"):
+            value = record[key]
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise TraceError(f"{where}: {key} must be an integer >= 1, got {value!r}")
+        entries.append(TraceEntry(float(arrival), record["input_len"], record["output_len"]))
+    if not entries:
+        raise TraceError(f"{source}: no requests")
+    return sorted(entries, key=lambda e: e.arrival)
+
+
+def read_trace(path: str | Path) -> list[TraceEntry]:
+    try:
+        text = Path(path).read_text()
+    except OSError as e:
+        raise TraceError(f"trace {str(path)!r}: cannot read: {e.strerror}") from None
+    return parse_trace(text.splitlines(), source=str(path))
+
+
+def trace_requests(rng: random.Random, entries: list[TraceEntry], vocab_size: int) -> list[BenchRequest]:
+    """The trace's requests with random prompts; arrivals start at 0."""
+    t0 = entries[0].arrival
+    return [BenchRequest(random_prompt(rng, e.input_len, vocab_size), e.output_len, e.arrival - t0)
+            for e in entries]
+
+
+def trace_rate(arrivals: list[float]) -> float:
+    """The mean arrival rate of a trace (requests/s); inf when every request arrives at once."""
+    span = max(arrivals) - min(arrivals)
+    return (len(arrivals) - 1) / span if span > 0 else math.inf
+
+
+def scale_arrivals(arrivals: list[float], rate: float) -> list[float]:
+    """The same arrival pattern, stretched or squeezed to a mean of `rate` requests/s."""
+    current = trace_rate(arrivals)
+    if math.isinf(rate) or math.isinf(current):
+        return [0.0] * len(arrivals)
+    t0 = min(arrivals)
+    return [(a - t0) * current / rate for a in arrivals]
+
+
+# ---- arrivals -----------------------------------------------------------------------------------
+def poisson_arrivals(rng: random.Random, n: int, rate: float) -> list[float]:
+    """Arrival times of a Poisson process of `rate` requests/s (exponential gaps); inf: all at 0."""
+    if math.isinf(rate):
+        return [0.0] * n
+    t, times = 0.0, []
+    for _ in range(n):
+        t += rng.expovariate(rate)
+        times.append(t)
+    return times

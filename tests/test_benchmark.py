@@ -1,0 +1,359 @@
+"""scripts/benchmark.py: metrics, workloads, traces and the report without a cluster, then a CPU smoke run."""
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import os
+import random
+import subprocess
+import sys
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from common.cli import main as cli_main
+from scripts import bench_workloads as W
+from scripts.bench_metrics import SLO, Dist, RequestRecord, percentile, summarize
+from scripts.bench_report import PLOTS, markdown, write_report
+from scripts.benchmark import BenchConfig, LoadPoint, arrivals, build_requests, load_points, run_point
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def record(i: int, start: float, ttft: float, e2e: float, tokens: int = 4, asked: int = 4, **kw) -> RequestRecord:
+    gap = (e2e - ttft) / max(1, tokens - 1)
+    return RequestRecord(index=i, prompt_len=10, output_len=asked, start=start, end=start + e2e, ttft=ttft,
+                         itl=[gap] * (tokens - 1), output_tokens=tokens, finish_reason="length", **kw)
+
+
+def failed(i: int, start: float, end: float, code: str = "overloaded") -> RequestRecord:
+    return RequestRecord(index=i, prompt_len=10, output_len=4, start=start, end=end, error_code=code,
+                         error=f"{code}: no room")
+
+
+# ---- metrics ------------------------------------------------------------------------------------
+@given(st.lists(st.floats(0, 1e4, allow_nan=False), min_size=1, max_size=200))
+def test_percentiles_match_numpy_and_are_ordered(values):
+    got = [percentile(values, q) for q in (50, 90, 99)]
+    assert got == pytest.approx([np.percentile(values, q) for q in (50, 90, 99)], rel=1e-9, abs=1e-9)
+    assert min(values) <= got[0] <= got[1] <= got[2] <= max(values)
+
+
+def test_percentile_and_dist_of_nothing_are_none():
+    assert percentile([], 50) is None
+    assert Dist.of([]) == Dist(None, None, None, None)
+    assert Dist.of([2.0]) == Dist(2.0, 2.0, 2.0, 2.0)
+
+
+def test_tpot_excludes_the_first_token():
+    r = record(0, start=1.0, ttft=0.5, e2e=2.0, tokens=4)
+    assert r.e2e == pytest.approx(2.0) and r.tpot == pytest.approx(0.5)
+    assert record(1, 0.0, 0.1, 0.1, tokens=1, asked=1).tpot is None
+    assert failed(2, 0.0, 1.0).tpot is None
+
+
+def test_summary_counts_failures_and_goodput_needs_both_slos():
+    slo = SLO(ttft=1.0, tpot=0.1)
+    records = [
+        record(0, 0.0, ttft=0.2, e2e=0.5),            # meets both
+        record(1, 1.0, ttft=1.5, e2e=1.8),            # TTFT too slow
+        record(2, 2.0, ttft=0.2, e2e=1.4),            # TPOT 0.4 s: too slow
+        record(3, 3.0, ttft=0.1, e2e=0.1, tokens=1, asked=1),  # one token: no TPOT to miss
+        record(4, 4.0, ttft=0.2, e2e=0.3, tokens=3),  # finished short of what was asked
+        failed(5, 5.0, 10.0),
+        failed(6, 6.0, 6.5, code="client_timeout"),
+    ]
+    s = summarize(records, slo)
+    assert (s.requests, s.completed, s.failed, s.wrong_length) == (7, 5, 2, 1)
+    assert s.errors == {"overloaded": 1, "client_timeout": 1}
+    assert s.duration == pytest.approx(10.0)  # the failed request's end counts too
+    assert s.request_throughput == pytest.approx(0.5)
+    assert s.output_throughput == pytest.approx((4 + 4 + 4 + 1 + 3) / 10)
+    assert s.input_throughput == pytest.approx(5 * 10 / 10)
+    assert s.goodput == pytest.approx(3 / 10) and s.slo_attainment == pytest.approx(3 / 7)
+    assert s.ttft.p50 == pytest.approx(0.2) and s.ttft.mean == pytest.approx((0.2 + 1.5 + 0.2 + 0.1 + 0.2) / 5)
+    assert s.tpot.p99 == pytest.approx(percentile([0.1, 0.1, 0.4, 0.1], 99))
+    assert len(records[0].itl) == 3 and s.itl.p50 is not None
+    assert s.e2e.p50 == pytest.approx(0.5)
+
+
+def test_summary_of_only_failures_has_no_latencies():
+    s = summarize([failed(0, 0.0, 1.0)], SLO(1.0, 0.1))
+    assert (s.completed, s.failed, s.goodput, s.slo_attainment) == (0, 1, 0.0, 0.0)
+    assert s.ttft == s.tpot == s.itl == s.e2e == Dist(None, None, None, None)
+
+
+# ---- workloads ----------------------------------------------------------------------------------
+@pytest.mark.parametrize("text,span", [("64", (64, 64)), ("100:1024", (100, 1024)), (" 7:7 ", (7, 7))])
+def test_length_range_parses(text, span):
+    r = W.LengthRange.parse(text)
+    assert (r.lo, r.hi) == span and W.LengthRange.parse(str(r)) == r
+
+
+@pytest.mark.parametrize("text", ["0", "5:3", "abc", "1:2:3", "", "-4", "3:"])
+def test_length_range_refuses(text):
+    with pytest.raises(ValueError, match="LO"):
+        W.LengthRange.parse(text)
+
+
+def test_random_requests_are_seeded_and_in_range():
+    ins, outs = W.LengthRange(100, 200), W.LengthRange(5, 5)
+    a = W.random_requests(random.Random(1), 50, 512, ins, outs)
+    assert a == W.random_requests(random.Random(1), 50, 512, ins, outs)
+    assert a != W.random_requests(random.Random(2), 50, 512, ins, outs)
+    assert all(100 <= len(r.prompt_ids) <= 200 and r.output_len == 5 and r.arrival is None for r in a)
+    assert all(0 <= t < 512 for r in a for t in r.prompt_ids)
+    assert len({len(r.prompt_ids) for r in a}) > 10
+
+
+def test_long_short_mix_has_the_exact_share_of_long_requests():
+    reqs = W.long_short_mix(random.Random(0), 40, 1000, W.LengthRange(50, 60), W.LengthRange(30, 30),
+                            W.LengthRange(900, 900), W.LengthRange(2, 2), 0.25)
+    longs = [r for r in reqs if len(r.prompt_ids) == 900]
+    assert len(longs) == 10 and all(r.output_len == 2 for r in longs)
+    assert all(50 <= len(r.prompt_ids) <= 60 and r.output_len == 30 for r in reqs if r not in longs)
+    assert reqs.index(longs[0]) != 0 or reqs.index(longs[-1]) != 9  # spread, not all first
+
+
+def test_shared_prefix_mix_reuses_few_system_prompts():
+    reqs = W.shared_prefix_mix(random.Random(0), 30, 1000, 64, 3, W.LengthRange(8, 16), W.LengthRange(4, 4))
+    prefixes = {tuple(r.prompt_ids[:64]) for r in reqs}
+    assert len(prefixes) <= 3 and len(prefixes) >= 2
+    assert all(72 <= len(r.prompt_ids) <= 80 for r in reqs)
+
+
+def test_poisson_arrivals_have_the_asked_rate():
+    times = W.poisson_arrivals(random.Random(0), 4000, 8.0)
+    assert times == sorted(times) and times[0] > 0
+    assert len(times) / times[-1] == pytest.approx(8.0, rel=0.05)
+    assert W.poisson_arrivals(random.Random(0), 3, math.inf) == [0.0, 0.0, 0.0]
+
+
+# ---- traces -------------------------------------------------------------------------------------
+TRACE = ['{"arrival": 2.5, "input_len": 30, "output_len": 4, "user": "b"}', "",
+         '{"arrival": 0.5, "input_len": 10, "output_len": 2}',
+         '{"arrival": 4.5, "input_len": 20, "output_len": 1}']
+
+
+def test_trace_parses_sorted_and_replays_from_zero():
+    entries = W.parse_trace(TRACE)
+    assert [e.arrival for e in entries] == [0.5, 2.5, 4.5]
+    reqs = W.trace_requests(random.Random(0), entries, 100)
+    assert [(len(r.prompt_ids), r.output_len, r.arrival) for r in reqs] == [(10, 2, 0.0), (30, 4, 2.0), (20, 1, 4.0)]
+    assert W.trace_rate([0.5, 2.5, 4.5]) == pytest.approx(0.5)
+    assert W.scale_arrivals([0.5, 2.5, 4.5], 2.0) == pytest.approx([0.0, 0.5, 1.0])
+    assert W.scale_arrivals([1.0, 1.0], 2.0) == [0.0, 0.0]
+
+
+@pytest.mark.parametrize("line,problem", [
+    ("{not json", "line 2: not JSON"),
+    ("[1, 2, 3]", "line 2: expected an object"),
+    ('{"arrival": 1, "input_len": 5}', "line 2: missing output_len"),
+    ('{"arrival": -1, "input_len": 5, "output_len": 1}', "line 2: arrival must be"),
+    ('{"arrival": "soon", "input_len": 5, "output_len": 1}', "line 2: arrival must be"),
+    ('{"arrival": 1, "input_len": 0, "output_len": 1}', "line 2: input_len must be an integer >= 1, got 0"),
+    ('{"arrival": 1, "input_len": 5, "output_len": 2.5}', "line 2: output_len must be an integer"),
+    ('{"arrival": 1, "input_len": true, "output_len": 1}', "line 2: input_len must be an integer"),
+])
+def test_a_bad_trace_line_is_named(line, problem):
+    with pytest.raises(W.TraceError, match=f"^my.jsonl {problem}"):
+        W.parse_trace([TRACE[0], line], source="my.jsonl")
+
+
+def test_an_empty_or_missing_trace_is_an_error(tmp_path):
+    with pytest.raises(W.TraceError, match="no requests"):
+        W.parse_trace(["", "  "])
+    with pytest.raises(W.TraceError, match="cannot read"):
+        W.read_trace(tmp_path / "nope.jsonl")
+
+
+def test_bench_reports_a_bad_trace_line_in_one_line(tmp_path, capsys):
+    trace = tmp_path / "t.jsonl"
+    trace.write_text(TRACE[0] + "\n" + '{"arrival": 1, "input_len": "x", "output_len": 1}\n')
+    code = cli_main(["bench", "--model", str(tmp_path), "--vocab-size", "100", "--workload", "trace",
+                     "--trace", str(trace), "--out", str(tmp_path / "out")])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1
+    assert err == f"pdcluster: error: {trace} line 2: input_len must be an integer >= 1, got 'x'"
+
+
+# ---- configuration, load points -----------------------------------------------------------------
+@pytest.mark.parametrize("flags,problem", [
+    (["--rates", "1", "--concurrency", "2"], "not both"),
+    (["--rates", "1,fast"], "--rates: expected numbers"),
+    (["--rates", "0"], "--rates: must be > 0"),
+    (["--concurrency", "0"], "--concurrency: must be >= 1"),
+    (["--modes", "disagg,pipelined"], "--modes: expected disagg and/or colocated"),
+    (["--workload", "trace"], "--trace FILE goes with --workload trace"),
+    (["--input-len", "9:3"], "--input-len: expected 1 <= LO <= HI"),
+    (["--slo-tpot", "0"], "--slo-tpot: must be > 0"),
+])
+def test_bad_flags_exit_2_with_one_line(flags, problem, tmp_path, capsys):
+    assert cli_main(["bench", "--model", str(tmp_path), "--out", str(tmp_path / "o"), *flags]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and problem in err
+    assert not (tmp_path / "o").exists()
+
+
+def test_model_or_address_is_required(tmp_path, capsys):
+    assert cli_main(["bench", "--out", str(tmp_path)]) == 2
+    assert "--model is required" in capsys.readouterr().err
+
+
+def config(tmp_path: Path, **kw) -> BenchConfig:
+    return BenchConfig(out=str(tmp_path), model=str(tmp_path), vocab_size=100, **kw)
+
+
+def test_load_points_and_arrivals(tmp_path):
+    cfg = config(tmp_path, input_len="4", output_len="2")
+    assert [p.label for p in load_points(cfg, None)] == ["1 req/s", "2 req/s", "4 req/s", "8 req/s"]
+    closed = config(tmp_path, concurrency="1,4")
+    assert load_points(closed, None) == [LoadPoint("concurrency", 1), LoadPoint("concurrency", 4)]
+    reqs = build_requests(cfg, random.Random(0), 5, 100, None)
+    inf = LoadPoint("rate", math.inf)
+    assert arrivals(cfg, inf, 0, reqs) == [0.0] * 5 and inf.to_json()["value"] is None
+    assert arrivals(cfg, LoadPoint("rate", 2), 0, reqs) == arrivals(cfg, LoadPoint("rate", 2), 0, reqs)
+
+    trace = W.parse_trace(TRACE)
+    tcfg = config(tmp_path, workload="trace", trace="t.jsonl")
+    (point,) = load_points(tcfg, trace)
+    assert point.kind == "trace" and point.value == pytest.approx(0.5)
+    treqs = build_requests(tcfg, random.Random(0), 2, 100, trace)
+    assert arrivals(tcfg, point, 0, treqs) == [0.0, 2.0]
+    scaled = config(tmp_path, workload="trace", trace="t.jsonl", rates="4")
+    assert load_points(scaled, trace) == [LoadPoint("rate", 4.0)]
+    assert arrivals(scaled, LoadPoint("rate", 4.0), 0, treqs) == pytest.approx([0.0, 0.25])
+
+
+# ---- the load generator against a fake cluster --------------------------------------------------
+class FakeStream:
+    def __init__(self, client: FakeClient, n: int, fail: bool):
+        self.client, self.n, self.fail, self.result = client, n, fail, None
+
+    async def __aiter__(self):
+        from router.client import Completion, Delta, ServerError, Timings, Usage
+
+        self.client.in_flight += 1
+        self.client.peak = max(self.client.peak, self.client.in_flight)
+        try:
+            await asyncio.sleep(0.01)
+            if self.fail:
+                raise ServerError("overloaded", "queue full", retry_after=1.0)
+            for i in range(self.n):
+                yield Delta(request_id="r", token_ids=[7], text="x", index=i)
+                await asyncio.sleep(0.002)
+            usage = Usage(prompt_tokens=1, completion_tokens=self.n, cached_tokens=0)
+            self.result = Completion("r", "x" * self.n, [7] * self.n, "length", usage,
+                                     Timings(queued=0, ttft=0, e2e=0, itl=[]))
+        finally:
+            self.client.in_flight -= 1
+
+
+class FakeClient:
+    def __init__(self):
+        self.sent: list[tuple[float, int]] = []
+        self.in_flight = self.peak = 0
+
+    def stream(self, prompt_ids, *, timeout, max_tokens, **sampling):
+        assert sampling == {"ignore_eos": True, "temperature": 0.0}
+        self.sent.append((time.perf_counter(), len(prompt_ids)))
+        return FakeStream(self, max_tokens, fail=len(prompt_ids) == 13)
+
+
+class Bar:
+    n = 0
+
+    def update(self, k: int) -> None:
+        self.n += k
+
+
+def test_open_loop_sends_on_time_and_records_failures():
+    client, bar = FakeClient(), Bar()
+    reqs = [W.BenchRequest([1] * n, 3) for n in (5, 13, 6, 7)]
+    times = [0.0, 0.05, 0.1, 0.1]
+    t0 = time.perf_counter()
+    records = asyncio.run(run_point(client, LoadPoint("rate", 20), reqs, times, 5.0, bar))
+    sent = [t - t0 for t, _ in client.sent]
+    assert sent == pytest.approx(times, abs=0.03)
+    assert [r.index for r in records] == [0, 1, 2, 3] and bar.n == 4
+    assert [r.ok for r in records] == [True, False, True, True]
+    assert records[1].error_code == "overloaded" and "queue full" in records[1].error
+    ok = records[0]
+    assert ok.output_tokens == 3 and len(ok.itl) == 2 and 0 < ok.ttft < ok.e2e and ok.tpot > 0
+
+
+def test_closed_loop_keeps_concurrency_requests_in_flight():
+    client, bar = FakeClient(), Bar()
+    reqs = [W.BenchRequest([1] * 5, 2) for _ in range(9)]
+    records = asyncio.run(run_point(client, LoadPoint("concurrency", 3), reqs, None, 5.0, bar))
+    assert client.peak == 3 and [r.index for r in records] == list(range(9)) and all(r.ok for r in records)
+
+
+# ---- report -------------------------------------------------------------------------------------
+def test_report_from_results_without_a_cluster(tmp_path):
+    points = [LoadPoint("rate", 1.0), LoadPoint("rate", 4.0)]
+    slo = SLO(0.5, 0.1)
+
+    def point(p: LoadPoint, records: list[RequestRecord]) -> dict:
+        return {"load": p.to_json(), "summary": asdict(summarize(records, slo)),
+                "requests": [r.to_json() for r in records]}
+
+    fast = [record(i, i * 0.5, 0.1 + 0.01 * i, 0.5) for i in range(6)]
+    results = {
+        "config": asdict(config(tmp_path, slo_ttft=0.5, slo_tpot=0.1)), "started": "now", "workload": "random",
+        "address": None, "load_points": [p.to_json() for p in points],
+        "runs": [
+            {"mode": "disagg", "address": "a", "serve_command": ["pdcluster", "serve"], "error": None,
+             "warmup": {"requests": 2, "failed": 0, "errors": []},
+             "points": [point(points[0], fast), point(points[1], fast[:4] + [failed(4, 1, 2)])]},
+            {"mode": "colocated", "address": "b", "serve_command": ["pdcluster", "serve"],
+             "error": "serve exited with status 1 during 4 req/s", "warmup": {"requests": 2, "failed": 0},
+             "points": [point(points[0], fast)]},
+        ],
+    }
+    text = markdown(results)
+    assert "| | disagg | colocated |" in text and "## 1 req/s" in text and "## 4 req/s" in text
+    assert "| completed / failed | 4 / 1 | not run |" in text
+    assert "1 x overloaded" in text and "serve exited with status 1" in text
+    for path in write_report(tmp_path, results):
+        assert path.stat().st_size > 0
+    assert sorted(p.name for p in tmp_path.glob("*.png")) == sorted(PLOTS)
+
+
+# ---- the real thing, on CPU ---------------------------------------------------------------------
+@pytest.mark.slow
+def test_cpu_smoke_run_of_both_modes(tiny_qwen3_dir, tmp_path):
+    out = tmp_path / "bench"
+    cmd = [sys.executable, "-m", "common.cli", "bench", "--model", str(tiny_qwen3_dir), "--device", "cpu",
+           "--modes", "disagg,colocated", "--rates", "2", "--num-requests", "12", "--input-len", "64",
+           "--output-len", "16", "--out", str(out)]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=400)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert "report:" in proc.stdout and "%|" in proc.stderr  # the figures on stdout, a progress bar on stderr
+
+    results = json.loads((out / "results.json").read_text())
+    assert [run["mode"] for run in results["runs"]] == ["disagg", "colocated"]
+    for run in results["runs"]:
+        assert run["error"] is None and run["warmup"] == {"requests": 4, "failed": 0, "errors": []}
+        (point,) = run["points"]
+        assert point["load"]["kind"] == "rate" and point["load"]["value"] == 2.0
+        reqs, s = point["requests"], point["summary"]
+        assert sorted(r["index"] for r in reqs) == list(range(12))
+        assert all(r["error_code"] is None and r["output_tokens"] == 16 and r["prompt_len"] == 64 for r in reqs)
+        assert (s["requests"], s["completed"], s["failed"], s["wrong_length"]) == (12, 12, 0, 0)
+        for key in ("ttft", "tpot", "itl", "e2e"):
+            d = s[key]
+            assert 0 < d["p50"] <= d["p90"] <= d["p99"], (key, d)
+        assert s["output_throughput"] == pytest.approx(12 * 16 / s["duration"])
+        assert 0 < s["goodput"] <= s["request_throughput"]
+    report = (out / "report.md").read_text()
+    assert "| | disagg | colocated |" in report and "## 2 req/s" in report
+    for name in PLOTS:
+        assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
