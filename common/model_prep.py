@@ -33,7 +33,7 @@ log = logging.getLogger(__name__)
 
 CONFIG_DIR = Path(__file__).with_name("model_configs")
 REPO_ROOT = Path(__file__).resolve().parents[1]
-BUILTIN_CONFIGS = ("tiny-qwen3", "tiny-llama", "qwen3-0.6b", "qwen3-8b")
+BUILTIN_CONFIGS = ("tiny-qwen3", "tiny-llama", "smollm2-135m", "qwen3-0.6b", "qwen3-8b")
 SHARD_BYTES = 4 * 10**9
 PREP_INFO = "pdcluster_prep.json"
 # Bump when the files prepare_* writes change, so that caches (cached_smollm2_dir) are rebuilt.

@@ -29,14 +29,21 @@ def qwen3_06b_dir(tmp_path_factory):
     return prepare_random("qwen3-0.6b", tmp_path_factory.mktemp("m") / "qwen3-0.6b", seed=0, dtype="bfloat16")
 
 
-@pytest.fixture(scope="module", params=["smollm2", "qwen3_06b"])
+@pytest.fixture(scope="module")
+def smollm2_shapes_dir(tmp_path_factory):
+    from common.model_prep import prepare_random
+
+    return prepare_random("smollm2-135m", tmp_path_factory.mktemp("m") / "smollm2-135m", seed=0, dtype="bfloat16")
+
+
+@pytest.fixture(scope="module", params=["smollm2", "smollm2_shapes", "qwen3_06b"])
 def model_dir(request):
     if request.param == "smollm2":
         path = os.environ.get("PDCLUSTER_SMOLLM2_DIR")
         if not path:
             pytest.skip("PDCLUSTER_SMOLLM2_DIR not set")
         return path
-    return request.getfixturevalue("qwen3_06b_dir")
+    return request.getfixturevalue(f"{request.param}_dir")
 
 
 def first_step_logits(engine: LLMEngine, ids: list[int]) -> torch.Tensor:
