@@ -101,6 +101,7 @@ class _Link:
         return future
 
     def close(self) -> None:
+        """Stop after the jobs already queued."""
         self.jobs.put(None)
 
     def _run(self, connect: Callable[[], dist.Store]) -> None:
@@ -131,6 +132,11 @@ class _Link:
                 self.error = e
                 future.set_exception(e if isinstance(e, TransferError) else
                                      TransferError(f"KV link {self.name} to {self.peer_id}: {type(e).__name__}: {e}"))
+        if self.backend == "nccl" and self.group is not None:
+            try:  # release the communicator now rather than in a destructor
+                self.group.shutdown()
+            except Exception:
+                pass
         self.group = None
 
 
@@ -152,6 +158,7 @@ class NcclTransport(Transport):
         self.store: dist.TCPStore | None = None  # where prefill workers meet this one (decode side)
         self.sending: dict[str, _Link] = {}  # peer id -> link (prefill side)
         self.receiving: dict[str, _Link] = {}  # link name -> link (decode side)
+        self.retired: list[_Link] = []  # replaced links, whose threads may still be finishing
         self._peers: dict[bytes, dict] = {}
 
     def descriptor(self) -> bytes:
@@ -172,7 +179,7 @@ class NcclTransport(Transport):
         address = (peer["host"], peer["port"])
         if link is None or link.error is not None or link.address != address:
             if link is not None:
-                link.close()
+                self._retire(link)
             link = self.sending[peer_id] = _Link(
                 secrets.token_hex(8), 0, peer_id, lambda: _connect(*address, self.timeout), self.backend,
                 self.device, self.timeout, address)
@@ -248,6 +255,11 @@ class NcclTransport(Transport):
         if len(frames) != 1:
             raise TransferError(f"an nccl handoff carries 1 metadata frame, got {len(frames)}")
         meta = unpack(frames[0], "nccl handoff metadata", ("v", "link", "seq", "request_id", "block_bytes", "segments"))
+        counts = meta["segments"]
+        if not (type(meta["link"]) is str and type(meta["seq"]) is int and meta["seq"] >= 0
+                and type(meta["block_bytes"]) is int and meta["block_bytes"] > 0 and type(counts) is list and counts
+                and all(type(n) is int and n > 0 for n in counts)):
+            raise TransferError("nccl handoff metadata: malformed link, seq, block_bytes or segments")
         if meta["request_id"] != request_id:
             raise TransferError(f"nccl metadata names request {meta['request_id']!r}, the handoff {request_id!r}")
         if self.store is None:
@@ -255,7 +267,7 @@ class NcclTransport(Transport):
         link = self.receiving.get(meta["link"])
         if link is None:  # a new link from this peer: its older links are dead on the other side
             for name in [n for n, old in self.receiving.items() if old.peer_id == peer_id]:
-                self.receiving.pop(name).close()
+                self._retire(self.receiving.pop(name))
             port = self.store.port
             link = self.receiving[meta["link"]] = _Link(
                 meta["link"], 1, peer_id, lambda: _connect(self.host, port, self.timeout), self.backend,
@@ -313,9 +325,16 @@ class NcclTransport(Transport):
         event.record(torch.cuda.current_stream(self.device))
         return event
 
+    def _retire(self, link: _Link) -> None:
+        link.close()
+        self.retired = [old for old in self.retired if old.thread.is_alive()] + [link]
+
     def close(self) -> None:
-        for link in [*self.sending.values(), *self.receiving.values()]:
+        links = [*self.sending.values(), *self.receiving.values()]
+        for link in links:
             link.close()
+        for link in links + self.retired:  # a process group torn down while the interpreter exits aborts it
+            link.thread.join(5.0 if link in links else 0.5)
         self.sending.clear()
         self.receiving.clear()
         self.store = None

@@ -348,6 +348,21 @@ def test_gloo_receive_refuses_a_mismatched_reservation_and_stays_aligned():
         pair.close()
 
 
+def test_malformed_metadata_is_refused():
+    pair = Pair()
+    try:
+        for meta, problem in [(b"\xc1", "not msgpack"), (T.pack({"v": 1}), "missing link, seq"),
+                              (T.pack({"v": 1, "link": "x", "seq": -1, "request_id": "r1", "block_bytes": 8,
+                                       "segments": [1]}), "malformed")]:
+            with pytest.raises(TransferError, match=problem):
+                pair.decode.receive("r1", "p0", [1], [meta])
+        with pytest.raises(TransferError, match="1 metadata frame, got 2"):
+            pair.decode.receive("r1", "p0", [1], [b"", b""])
+        assert pair.decode.receiving == {}
+    finally:
+        pair.close()
+
+
 def test_gloo_a_silent_peer_fails_the_transfer_and_the_next_send_opens_a_new_link():
     """No request waits forever: the decode side never joins, the send fails after the timeout."""
     pair = Pair(timeout=1.0)
