@@ -262,7 +262,8 @@ def gpu_expected(tiny_qwen3_dir):
     from common.llm import LLM
     from common.sampling_params import SamplingParams
 
-    llm = LLM(str(tiny_qwen3_dir), device="cuda", num_kv_blocks=1024, gpu_memory_utilization=0.3)
+    llm = LLM(str(tiny_qwen3_dir), device="cuda", num_kv_blocks=1024, gpu_memory_utilization=0.3, max_num_seqs=64,
+              max_num_batched_tokens=1024)  # as the cluster harness's workers
     try:
         return [llm.generate([p], SamplingParams(**GREEDY), use_tqdm=False)[0].token_ids for p in PROMPTS]
     finally:
