@@ -87,6 +87,7 @@ class DecodeWorker(Worker):
 
     def finish_receive(self, h: P.KVHandoff, problem: str | None) -> None:
         """Acknowledge the handoff; admit the request, or fail it when its KV did not land."""
+        problem = problem if problem is None else problem[:P.MAX_MESSAGE_LEN]
         self.channel.send(h.reply_to, P.HandoffAck(request_id=h.request_id, ok=problem is None, message=problem or ""))
         if problem is not None:
             if h.request_id in self.engine.reserved and h.request_id not in self.transfers:
