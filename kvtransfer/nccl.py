@@ -200,7 +200,8 @@ class NcclTransport(Transport):
             peer = unpack(descriptor, f"nccl descriptor of {peer_id}",
                           ("v", "backend", "host", "port", "gpu", "layout", "num_blocks"))
             if peer["v"] != VERSION:
-                raise TransferError(f"nccl descriptor of {peer_id}: version {peer['v']!r}, this worker speaks {VERSION}")
+                raise TransferError(f"nccl descriptor of {peer_id}: version {peer['v']!r}, "
+                                    f"this worker speaks {VERSION}")
             check_layout(self.pool.layout, peer["layout"], peer_id)
             problem = pair_problem({"backend": self.backend, "gpu": self.gpu}, peer)
             if problem:
@@ -236,7 +237,8 @@ class NcclTransport(Transport):
         meta, link = self._incoming(request_id, peer_id, frames)
         problem = None
         if meta["block_bytes"] != self.pool.layout.block_bytes:
-            problem = f"blocks of {meta['block_bytes']} bytes sent, {self.pool.layout.block_bytes} here (KV layout mismatch)"
+            problem = (f"blocks of {meta['block_bytes']} bytes sent, {self.pool.layout.block_bytes} here "
+                       "(KV layout mismatch)")
         elif sum(meta["segments"]) != len(dst_block_ids):
             problem = f"{sum(meta['segments'])} blocks sent for {len(dst_block_ids)} reserved"
         elif any(not 0 <= i < self.pool.num_blocks for i in dst_block_ids):
@@ -273,7 +275,8 @@ class NcclTransport(Transport):
                 meta["link"], 1, peer_id, lambda: _connect(self.host, port, self.timeout), self.backend,
                 self.device, self.timeout)
         if meta["seq"] != link.next_seq and link.error is None:
-            link.error = TransferError(f"handoffs from {peer_id} out of order: got {meta['seq']}, expected {link.next_seq}")
+            link.error = TransferError(f"handoffs from {peer_id} out of order: got {meta['seq']}, "
+                                       f"expected {link.next_seq}")
         link.next_seq = meta["seq"] + 1
         return meta, link
 
@@ -290,7 +293,8 @@ class NcclTransport(Transport):
         _post(link, "recv", header).wait()
         expected = _header(meta["seq"], meta["request_id"], sum(counts) * block_bytes, len(counts), "cpu")
         if not torch.equal(header.cpu(), expected):
-            raise TransferError(f"KV link {link.name} out of step: header {header.tolist()}, expected {expected.tolist()}")
+            raise TransferError(f"KV link {link.name} out of step: header {header.tolist()}, "
+                                f"expected {expected.tolist()}")
         index = None
         scratch = None
         in_flight: deque = deque()

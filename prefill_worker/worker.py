@@ -71,7 +71,8 @@ class PrefillWorker(Worker):
 
     def fail_transfer(self, request_id: str, e: BaseException) -> None:
         self.abort(request_id)
-        self.send(P.Error(request_id=request_id, code=P.INTERNAL, message=f"KV transfer failed: {e}"[:P.MAX_MESSAGE_LEN]))
+        message = f"KV transfer failed: {e}"[:P.MAX_MESSAGE_LEN]
+        self.send(P.Error(request_id=request_id, code=P.INTERNAL, message=message))
 
     def on_data(self, msg: P.Message, frames: list[memoryview]) -> None:
         if isinstance(msg, P.HandoffAck):

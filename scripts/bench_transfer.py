@@ -40,7 +40,8 @@ MODELS = ("qwen3-0.6b", "qwen3-8b")
 TRANSPORTS = {"cuda_ipc": CudaIPCTransport, "nccl": NcclTransport}
 SOURCE = "cuda:0"  # the prefill side: this process
 # (label, transport, peer device); the 2-GPU ones are skipped on one GPU
-CASES = (("cuda_ipc/1gpu", "cuda_ipc", "cuda:0"), ("cuda_ipc/2gpu", "cuda_ipc", "cuda:1"), ("nccl/2gpu", "nccl", "cuda:1"))
+CASES = (("cuda_ipc/1gpu", "cuda_ipc", "cuda:0"), ("cuda_ipc/2gpu", "cuda_ipc", "cuda:1"),
+         ("nccl/2gpu", "nccl", "cuda:1"))
 TIMEOUT = 300.0
 
 
