@@ -8,9 +8,9 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 
-import msgpack
 import zmq
 
 from common import protocol as P
@@ -18,7 +18,7 @@ from common.config import EngineConfig
 from common.engine import LLMEngine
 from common.sampling_params import InvalidRequest
 from common.sequence import Sequence
-from kvtransfer import DataChannel, available_transports, make_transport
+from kvtransfer import DataChannel, TransferError, available_transports, make_transport, pack_descriptors
 
 log = logging.getLogger(__name__)
 
@@ -49,12 +49,22 @@ class Worker:
         self.channel = DataChannel(self.ctx, config.host)
         pool = self.engine.runner.kv_pool
         names = config.kv_transports or available_transports(engine_config.device)
-        self.transports = {name: make_transport(name, pool) for name in names}
+        self.transports = {}
+        for name in names:
+            try:
+                self.transports[name] = make_transport(name, pool, config.host, config.handoff_timeout)
+            except TransferError as e:
+                if config.kv_transports:  # asked for by name: fail fast
+                    raise
+                log.warning("KV transport %s is not available: %s", name, e)
         self.layout = P.KVLayout(block_size=pool.layout.block_size, num_layers=pool.layout.num_layers,
                                  num_kv_heads=pool.layout.num_kv_heads, head_dim=pool.layout.head_dim,
                                  dtype=str(pool.layout.dtype).removeprefix("torch."))
         self._stopped = threading.Event()
         self.leases: dict[str, float] = {}  # request id -> deadline of its pending handoff
+        # KV transfers still reading or writing a request's blocks (nccl): the blocks are freed only after.
+        self.transfers: dict[str, Future] = {}
+        self._abort_after_transfer: set[str] = set()
 
     # ---- the loop -----------------------------------------------------------------------------------
     def run(self) -> None:
@@ -65,11 +75,13 @@ class Worker:
         next_heartbeat = 0.0
         try:
             while not self._stopped.is_set():
-                ready = dict(poller.poll(0 if self.engine.has_unfinished() else 20))
+                ready = dict(poller.poll(0 if self.engine.has_unfinished() else 1 if self.transfers else 20))
                 if self.router in ready:
                     self._drain(self.router, self._on_router_frame)
                 if self.channel.inbox in ready:
                     self._drain(self.channel.inbox, self._on_data_frames)
+                if self.transfers:
+                    self._poll_transfers()
                 if self.engine.has_unfinished():
                     self.on_step(self.engine.step())
                 now = time.monotonic()
@@ -123,6 +135,13 @@ class Worker:
             return
         self.on_data(msg, [f.buffer for f in frames[1:]])
 
+    def _poll_transfers(self) -> None:
+        for request_id in [r for r, f in self.transfers.items() if f.done()]:
+            future = self.transfers.pop(request_id)
+            aborted = request_id in self._abort_after_transfer
+            self._abort_after_transfer.discard(request_id)
+            self.on_transfer_done(request_id, future, aborted)
+
     def _expire_leases(self, now: float) -> None:
         for request_id in [r for r, deadline in self.leases.items() if deadline < now]:
             log.warning("request %s: KV handoff timed out", request_id)
@@ -140,7 +159,7 @@ class Worker:
             worker_id=cfg.worker_id, role=self.role, model_fingerprint=model_fingerprint(ecfg),
             num_blocks=self.engine.block_manager.num_blocks, layout=self.layout, max_model_len=ecfg.max_model_len,
             vocab_size=ecfg.model_config.vocab_size, transports=list(self.transports),
-            kv_address=self.channel.address, kv_descriptor=_pack_descriptors(descriptors),
+            kv_address=self.channel.address, kv_descriptor=pack_descriptors(descriptors),
             node_id=cfg.node_id, device_index=cfg.device_index)
 
     def add_request(self, request_id: str, token_ids: list[int], sampling, **kw) -> bool:
@@ -153,6 +172,9 @@ class Worker:
 
     def abort(self, request_id: str) -> None:
         self.leases.pop(request_id, None)
+        if request_id in self.transfers:  # a transport still touches its blocks: free them when it is done
+            self._abort_after_transfer.add(request_id)
+            return
         self.engine.abort(request_id)
 
     def report(self, seqs: list[Sequence]) -> None:
@@ -174,6 +196,12 @@ class Worker:
     def on_step(self, updated: list[Sequence]) -> None:
         self.report(updated)
 
+    def on_transfer_done(self, request_id: str, future: Future, aborted: bool) -> None:
+        """A KV transfer in `transfers` ended (`future` holds its outcome); `aborted`: the request was
+        aborted meanwhile and its blocks wait to be freed."""
+        if aborted:
+            self.abort(request_id)
+
 
 class ColocatedWorker(Worker):
     """Prefill and decode in one engine: the baseline disaggregation is measured against."""
@@ -192,11 +220,3 @@ def model_fingerprint(config: EngineConfig) -> str:
     mc = config.model_config
     return (f"{mc.architecture}:L{mc.num_layers}:H{mc.hidden_size}:kv{mc.num_kv_heads}x{mc.head_dim}"
             f":V{mc.vocab_size}:{str(config.torch_dtype).removeprefix('torch.')}")
-
-
-def _pack_descriptors(descriptors: dict[str, bytes]) -> bytes:
-    return msgpack.packb({k: v for k, v in descriptors.items() if v}, use_bin_type=True)
-
-
-def unpack_descriptors(blob: bytes) -> dict[str, bytes]:
-    return msgpack.unpackb(blob, raw=False) if blob else {}

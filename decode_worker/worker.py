@@ -16,6 +16,10 @@ class DecodeWorker(Worker):
 
     role = "decode"
 
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.handoffs: dict[str, P.KVHandoff] = {}  # handoffs whose KV is still arriving (streaming transports)
+
     def on_message(self, msg: P.Message) -> None:
         if not isinstance(msg, P.Reserve):
             return super().on_message(msg)
@@ -40,24 +44,53 @@ class DecodeWorker(Worker):
     def receive(self, h: P.KVHandoff, frames: list[memoryview]) -> None:
         """transfer -> decode batch: land the KV in the reserved blocks, admit the request, report its first token."""
         reserved = self.engine.reserved.get(h.request_id)
+        transport = self.transports.get(h.transport)
         problem = None
-        if reserved is None:
+        if h.request_id in self.transfers:
+            problem = "a handoff of this request is already arriving"
+        elif reserved is None:
             problem = "no reservation (aborted or timed out)"
         elif h.layout != self.layout:
             problem = f"KV layout mismatch: sender {h.layout}, receiver {self.layout}"
         elif h.dst_block_ids != reserved.block_table or h.num_tokens != reserved.num_prompt_tokens:
             problem = "handoff does not match the reservation"
-        elif h.transport not in self.transports:
+        elif transport is None:
             problem = f"no {h.transport!r} transport here"
+        pending = None
         if problem is None:
             try:
-                self.transports[h.transport].receive(h.src_worker_id, h.dst_block_ids, frames)
+                pending = transport.receive(h.request_id, h.src_worker_id, h.dst_block_ids, frames)
             except Exception as e:
                 log.exception("request %s: receiving KV failed", h.request_id)
                 problem = f"receiving KV failed: {e}"
+        elif transport is not None:
+            try:  # a streaming sender still sends the bytes: take them off the wire, or later handoffs misalign
+                transport.discard(h.request_id, h.src_worker_id, frames)
+            except Exception as e:
+                log.warning("request %s: could not discard the refused KV: %s", h.request_id, e)
+        if pending is not None:  # the KV is on its way: admit the request once it has landed
+            self.transfers[h.request_id] = pending
+            self.handoffs[h.request_id] = h
+            return
+        self.finish_receive(h, problem)
+
+    def on_transfer_done(self, request_id: str, future, aborted: bool) -> None:
+        h = self.handoffs.pop(request_id)
+        if aborted:
+            self.channel.send(h.reply_to, P.HandoffAck(request_id=request_id, ok=False, message="aborted"))
+            self.abort(request_id)
+        elif future.exception() is not None:
+            log.error("request %s: receiving KV failed: %s", request_id, future.exception())
+            self.finish_receive(h, f"receiving KV failed: {future.exception()}")
+        else:
+            self.finish_receive(h, None)
+
+    def finish_receive(self, h: P.KVHandoff, problem: str | None) -> None:
+        """Acknowledge the handoff; admit the request, or fail it when its KV did not land."""
+        problem = problem if problem is None else problem[:P.MAX_MESSAGE_LEN]
         self.channel.send(h.reply_to, P.HandoffAck(request_id=h.request_id, ok=problem is None, message=problem or ""))
         if problem is not None:
-            if reserved is not None:
+            if h.request_id in self.engine.reserved and h.request_id not in self.transfers:
                 self.abort(h.request_id)
                 self.send(P.Error(request_id=h.request_id, code=P.INTERNAL, message=problem))
             return

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import torch
 
-from kvtransfer.transport import TransferError, Transport, block_ids_tensor
+from kvtransfer.transport import Sent, TransferError, Transport, block_ids_tensor
 
 
 class HostTransport(Transport):
@@ -14,14 +14,14 @@ class HostTransport(Transport):
 
     name = "host"
 
-    def send(self, peer_id, peer_descriptor, src_block_ids, dst_block_ids):
+    def send(self, request_id, peer_id, peer_descriptor, src_block_ids, dst_block_ids):
         data = self.pool.read_blocks(block_ids_tensor(src_block_ids, self.pool.kv.device))
         if data.device.type != "cpu":
             data = data.to("cpu")
         # Reinterpret as bytes: numpy has no bfloat16, and zmq sends any buffer without copying.
-        return [memoryview(data.view(torch.uint8).numpy()).cast("B")]
+        return Sent([memoryview(data.view(torch.uint8).numpy()).cast("B")])
 
-    def receive(self, peer_id, dst_block_ids, frames):
+    def receive(self, request_id, peer_id, dst_block_ids, frames):
         if len(frames) != 1:
             raise TransferError(f"host transport expects 1 payload frame, got {len(frames)}")
         layout = self.pool.layout
@@ -30,3 +30,4 @@ class HostTransport(Transport):
             raise TransferError(f"payload is {frames[0].nbytes} bytes, expected {expected} for {len(dst_block_ids)} blocks")
         data = torch.frombuffer(frames[0], dtype=layout.dtype).view(len(dst_block_ids), *self.pool.kv.shape[1:])
         self.pool.write_blocks(block_ids_tensor(dst_block_ids, self.pool.kv.device), data)
+        return None

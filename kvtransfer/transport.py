@@ -1,46 +1,169 @@
 """How KV blocks move from a prefill worker's pool into blocks a decode worker reserved.
 
 A transport is chosen per prefill-decode pair (`choose_transport`). The prefill side calls `send`,
-then sends a `kv_handoff` record over the data channel followed by whatever payload frames `send`
-returned; the decode side calls `receive` with those frames when the record arrives. When the record
-arrives the blocks must be complete: transports that copy directly (CUDA IPC) finish the copy before
-`send` returns.
+then sends a `kv_handoff` record over the data channel followed by the payload frames `send` returned;
+the decode side calls `receive` with those frames when the record arrives, and acknowledges once the
+blocks are in place. Transports that copy directly (CUDA IPC) finish the copy before `send` returns;
+transports that stream (NCCL) return futures instead, and the worker keeps the request's blocks until
+they resolve (`common/worker.py`), so nothing is read from or written to a block that was freed.
+
+Every handoff is keyed on the request id the router assigned (one id end to end).
 """
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from concurrent.futures import Future
+from dataclasses import dataclass, field
 
+import msgpack
 import torch
 
-from common.kv_pool import KVPool
+from common.kv_pool import KVLayout, KVPool
+
+# The most bytes one copy, gather buffer or message moves: bounds scratch memory; large enough that
+# per-operation overhead is noise (64 MiB at 400 GB/s is 160 us).
+CHUNK_BYTES = 64 << 20
 
 
 class TransferError(RuntimeError):
     pass
 
 
+@dataclass
+class Sent:
+    """What `Transport.send` hands back: the payload frames for the `kv_handoff` record, and, for a
+    transport still reading the source blocks when it returns, a future that resolves when it stops."""
+
+    frames: list = field(default_factory=list)
+    done: Future | None = None
+
+
 class Transport(ABC):
     name: str = ""
 
-    def __init__(self, pool: KVPool):
+    def __init__(self, pool: KVPool, host: str = "127.0.0.1", timeout: float = 60.0):
         self.pool = pool
+        self.host = host  # the interface this worker's peers reach it on
+        self.timeout = timeout  # how long one transfer may take before it fails
 
     def descriptor(self) -> bytes:
-        """What a peer needs to reach this pool (opaque bytes, shared through the router at hello)."""
+        """What a peer needs to reach this pool (msgpack bytes, shared through the router at hello)."""
         return b""
 
     @abstractmethod
-    def send(self, peer_id: str, peer_descriptor: bytes, src_block_ids: list[int],
-             dst_block_ids: list[int]) -> list[memoryview]:
-        """Move the blocks (or stage them); returns the payload frames that follow the handoff record."""
+    def send(self, request_id: str, peer_id: str, peer_descriptor: bytes, src_block_ids: list[int],
+             dst_block_ids: list[int]) -> Sent:
+        """Move (or start moving) the blocks; `src_block_ids[i]` lands in the peer's `dst_block_ids[i]`."""
 
     @abstractmethod
-    def receive(self, peer_id: str, dst_block_ids: list[int], frames: list[memoryview]) -> None:
-        """Land a handoff's payload in the reserved blocks."""
+    def receive(self, request_id: str, peer_id: str, dst_block_ids: list[int],
+                frames: list[memoryview]) -> Future | None:
+        """Land a handoff's payload in the reserved blocks: None when they are in place on return, or a
+        future that resolves (or fails with TransferError) when they are."""
+
+    def discard(self, request_id: str, peer_id: str, frames: list[memoryview]) -> Future | None:
+        """The handoff was refused: consume whatever the sender streams, so later handoffs stay aligned."""
+        return None
 
     def close(self) -> None:
         pass
 
 
+# ---- block runs ---------------------------------------------------------------------------------------
+
 def block_ids_tensor(ids: list[int], device: torch.device) -> torch.Tensor:
     return torch.tensor(ids, dtype=torch.int64, device=device)
+
+
+def contiguous_runs(ids: list[int]) -> list[tuple[int, int]]:
+    """(first id, length) of each maximal run of consecutive ids, in order."""
+    runs: list[tuple[int, int]] = []
+    for i in ids:
+        if runs and runs[-1][0] + runs[-1][1] == i:
+            runs[-1] = (runs[-1][0], runs[-1][1] + 1)
+        else:
+            runs.append((i, 1))
+    return runs
+
+
+def joint_runs(src: list[int], dst: list[int], max_blocks: int | None = None) -> list[tuple[int, int]]:
+    """Split the pairs src[i] -> dst[i] into segments (offset, length) where both sides are consecutive,
+    each at most `max_blocks` long: each segment is one plain copy (or one message)."""
+    if len(src) != len(dst):
+        raise TransferError(f"{len(src)} source blocks for {len(dst)} destination blocks")
+    segments: list[tuple[int, int]] = []
+    for i in range(len(src)):
+        if (segments and i > 0 and src[i] == src[i - 1] + 1 and dst[i] == dst[i - 1] + 1
+                and (max_blocks is None or segments[-1][1] < max_blocks)):
+            segments[-1] = (segments[-1][0], segments[-1][1] + 1)
+        else:
+            segments.append((i, 1))
+    return segments
+
+
+def fixed_chunks(n: int, max_blocks: int) -> list[tuple[int, int]]:
+    """(offset, length) segments of `max_blocks` covering n blocks."""
+    return [(i, min(max_blocks, n - i)) for i in range(0, n, max_blocks)]
+
+
+def plan_segments(src: list[int], dst: list[int], block_bytes: int, strategy: str = "auto",
+                  max_runs: int = 16) -> list[tuple[int, int]]:
+    """How a transfer is cut into operations, in destination order.
+
+    "runs": one per joint run (no gather or scatter, one operation per run); "gather": fixed chunks of
+    CHUNK_BYTES (a gather and/or scatter where a side is not consecutive, few operations); "auto": runs
+    when there are at most `max_runs` of them, chunks otherwise. Every segment is at most CHUNK_BYTES
+    (at least one block).
+    """
+    max_blocks = max(1, CHUNK_BYTES // block_bytes)
+    if strategy not in ("auto", "runs", "gather"):
+        raise ValueError(f"strategy must be auto, runs or gather, got {strategy!r}")
+    if strategy != "gather":
+        runs = joint_runs(src, dst, max_blocks)
+        if strategy == "runs" or len(runs) <= max_runs:
+            return runs
+    return fixed_chunks(len(dst), max_blocks)
+
+
+def is_run(ids: list[int]) -> bool:
+    return all(b == a + 1 for a, b in zip(ids, ids[1:]))
+
+
+def check_block_ids(ids: list[int], num_blocks: int, whose: str) -> None:
+    """A bad id must fail here, not as an out-of-bounds write into a pool (or a device assert)."""
+    bad = [i for i in ids if not 0 <= i < num_blocks]
+    if bad:
+        raise TransferError(f"{whose} block ids out of range [0, {num_blocks}): {bad[:8]}")
+
+
+# ---- layouts and descriptors ----------------------------------------------------------------------------
+
+def layout_record(layout: KVLayout) -> dict:
+    return {"num_layers": layout.num_layers, "block_size": layout.block_size, "num_kv_heads": layout.num_kv_heads,
+            "head_dim": layout.head_dim, "dtype": str(layout.dtype).removeprefix("torch.")}
+
+
+def check_layout(mine: KVLayout, theirs: dict, peer: str) -> None:
+    """Fail fast, naming every field that differs: the bytes of a block mean nothing otherwise."""
+    ours = layout_record(mine)
+    diffs = [f"{k} {ours[k]} here, {theirs.get(k)!r} on {peer}" for k in ours if theirs.get(k) != ours[k]]
+    if diffs:
+        raise TransferError(f"KV layout mismatch with {peer}: " + "; ".join(diffs))
+
+
+def pack(record: dict) -> bytes:
+    """msgpack, never pickle: descriptors and metadata hold only ints, strings, bytes, lists and maps."""
+    return msgpack.packb(record, use_bin_type=True)
+
+
+def unpack(blob: bytes | memoryview, what: str, required: tuple[str, ...] = ()) -> dict:
+    try:
+        record = msgpack.unpackb(blob, raw=False, strict_map_key=True)
+    except Exception as e:
+        raise TransferError(f"{what}: not msgpack ({type(e).__name__})") from None
+    if type(record) is not dict:
+        raise TransferError(f"{what}: expected a map")
+    missing = [k for k in required if k not in record]
+    if missing:
+        raise TransferError(f"{what}: missing {', '.join(missing)}")
+    return record

@@ -5,7 +5,8 @@ import time
 
 from common import protocol as P
 from common.sequence import Sequence
-from common.worker import Worker, unpack_descriptors
+from common.worker import Worker
+from kvtransfer import unpack_descriptors
 
 log = logging.getLogger(__name__)
 
@@ -13,7 +14,8 @@ log = logging.getLogger(__name__)
 class PrefillWorker(Worker):
     """Prefills prompts in varlen batches, samples each first token, and hands the KV blocks to the decode
     worker that reserved room for them. Its blocks stay held (and stay in its prefix cache) until the
-    decode worker acknowledges the handoff, or the lease runs out."""
+    decode worker acknowledges the handoff, or the lease runs out, and in any case until the transport
+    has stopped reading them."""
 
     role = "prefill"
 
@@ -45,19 +47,32 @@ class PrefillWorker(Worker):
         n = len(task.dst_block_ids)
         try:
             descriptor = unpack_descriptors(task.decode_kv_descriptor).get(task.transport, b"")
-            payload = self.transports[task.transport].send(task.decode_worker_id, descriptor, seq.block_table[:n],
-                                                           task.dst_block_ids)
+            sent = self.transports[task.transport].send(seq.request_id, task.decode_worker_id, descriptor,
+                                                        seq.block_table[:n], task.dst_block_ids)
             handoff = P.KVHandoff(request_id=seq.request_id, src_worker_id=self.config.worker_id,
                                   first_token=seq.last_token, num_tokens=seq.num_prompt_tokens,
                                   transport=task.transport, layout=self.layout, dst_block_ids=task.dst_block_ids,
                                   reply_to=self.channel.address, cached_tokens=seq.num_cached_tokens)
-            self.channel.send(task.decode_kv_address, handoff, payload)
+            if sent.done is not None:  # still streaming from our blocks: keep them until it is done
+                self.transfers[seq.request_id] = sent.done
+            self.channel.send(task.decode_kv_address, handoff, sent.frames)
         except Exception as e:  # the request fails; the worker goes on
             log.exception("request %s: KV transfer to %s failed", seq.request_id, task.decode_worker_id)
-            self.abort(seq.request_id)
-            self.send(P.Error(request_id=seq.request_id, code=P.INTERNAL, message=f"KV transfer failed: {e}"))
+            self.fail_transfer(seq.request_id, e)
             return
         self.leases[seq.request_id] = time.monotonic() + self.config.handoff_timeout
+
+    def on_transfer_done(self, request_id: str, future, aborted: bool) -> None:
+        if aborted:
+            self.abort(request_id)
+        elif future.exception() is not None:
+            log.error("request %s: KV transfer failed: %s", request_id, future.exception())
+            self.fail_transfer(request_id, future.exception())
+
+    def fail_transfer(self, request_id: str, e: BaseException) -> None:
+        self.abort(request_id)
+        message = f"KV transfer failed: {e}"[:P.MAX_MESSAGE_LEN]
+        self.send(P.Error(request_id=request_id, code=P.INTERNAL, message=message))
 
     def on_data(self, msg: P.Message, frames: list[memoryview]) -> None:
         if isinstance(msg, P.HandoffAck):

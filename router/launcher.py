@@ -10,9 +10,10 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from common.config import EngineConfig
+from common.config import ConfigError, EngineConfig
 from common.worker import ColocatedWorker, WorkerConfig
 from decode_worker.worker import DecodeWorker
+from kvtransfer import TransferError, available_transports
 from prefill_worker.worker import PrefillWorker
 from router.router import Router, RouterConfig
 
@@ -66,6 +67,12 @@ class Cluster:
 
     def __init__(self, serve: ServeConfig, router_config: RouterConfig, engine_config: EngineConfig):
         self.serve_config, self.router_config, self.engine_config = serve, router_config, engine_config
+        try:  # before anything starts: a transport these workers cannot have is a usage error
+            available_transports(engine_config.device, router_config.kv_transport)
+        except TransferError as e:
+            raise ConfigError(f"kv_transport: {e}") from None
+        # Asked for by name, a transport must work on every worker; otherwise each offers what it can.
+        self.kv_transports = [] if router_config.kv_transport == "auto" else [router_config.kv_transport]
         self.router: Router | None = None
         self.actors: dict[str, object] = {}
         self.runs: dict[str, object] = {}
@@ -108,7 +115,8 @@ class Cluster:
         host = self.router_config.worker_host
         gpus = s.gpus_per_worker * e.tensor_parallel_size if e.device == "cuda" else 0
         for worker_id, role, engine_config in self.worker_plan():
-            config = WorkerConfig(worker_id=worker_id, router_address=self.router.worker_address, host=host)
+            config = WorkerConfig(worker_id=worker_id, router_address=self.router.worker_address, host=host,
+                                  kv_transports=self.kv_transports)
             actor = actor_cls.options(name=f"pdcluster-{worker_id}", num_cpus=1, num_gpus=gpus).remote(
                 role, config, engine_config)
             self.actors[worker_id] = actor

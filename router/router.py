@@ -20,7 +20,7 @@ import zmq.asyncio
 from common import protocol as P
 from common.llm import encode_prompt, load_tokenizer
 from common.sampling_params import InvalidRequest, SamplingParams
-from kvtransfer import choose_transport
+from kvtransfer import TransferError, choose_transport, peer_info
 from router.detokenizer import IncrementalDetokenizer
 from router.registry import WorkerInfo, WorkerRegistry
 
@@ -33,7 +33,7 @@ class RouterConfig:
     bind: str = field(default=P.DEFAULT_ROUTER_ADDRESS, metadata={"help": "client endpoint (ZMQ ROUTER)"})
     worker_host: str = field(default="127.0.0.1", metadata={"help": "interface the worker endpoint binds"})
     mode: str = field(default="disagg", metadata={"help": "disagg or colocated"})
-    kv_transport: str = field(default="auto", metadata={"help": "auto, host, cuda_ipc or nccl"})
+    kv_transport: str = field(default="auto", metadata={"help": "auto, host, cuda_ipc or nccl (gloo on cpu)"})
     max_queued_requests: int = field(default=4096, metadata={"help": "requests waiting for a worker before "
                                                                        "new ones get `overloaded`"})
     worker_timeout: float = field(default=10.0, metadata={"help": "seconds without a heartbeat before a "
@@ -247,9 +247,10 @@ class Router:
             if prefill is None:
                 return await self.fail(req, P.UNAVAILABLE, "no prefill worker is available")
             req.prefill = prefill.worker_id
-        transport = choose_transport({"transports": prefill.hello.transports, "node_id": prefill.hello.node_id},
-                                     {"transports": decode.hello.transports, "node_id": decode.hello.node_id},
-                                     self.config.kv_transport)
+        try:
+            transport = choose_transport(peer_info(prefill.hello), peer_info(decode.hello), self.config.kv_transport)
+        except TransferError as e:  # --kv-transport names one these two workers cannot use
+            return await self.fail(req, P.UNAVAILABLE, str(e))
         req.phase = "prefilling"
         await self.to_worker(prefill, P.PrefillTask(
             request_id=req.rid, token_ids=req.prompt_ids, sampling=req.sampling, decode_worker_id=decode.worker_id,

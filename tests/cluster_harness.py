@@ -26,7 +26,8 @@ class RunningCluster:
         args = [sys.executable, "-m", "common.cli", "serve", "--model", str(model), "--mode", mode, "--device", "cpu",
                 "--bind", self.address, "--kv-cache-memory", "64MiB", "--max-num-seqs", "64",
                 "--max-num-batched-tokens", "1024", *extra]
-        env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"}
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+               "PYTHONUNBUFFERED": "1"}
         self.log_path = log_path
         self.proc = subprocess.Popen(args, cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
                                      stderr=open(log_path, "wb"), start_new_session=True)

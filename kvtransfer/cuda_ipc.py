@@ -1,0 +1,181 @@
+"""CUDA IPC: on one node, the prefill worker copies its blocks straight into the decode worker's pool.
+
+The decode worker exports its KV pool once: the CUDA IPC handle of the pool's memory, as bytes and
+ints in its msgpack descriptor (no pickle). A prefill worker maps each peer's pool once and, for each
+handoff, copies its blocks into the reserved block ids on a side stream, grouped into runs that are
+consecutive on both sides (or gathered and scattered in chunks when there are many), then waits for
+the copy before `send` returns. The `kv_handoff` record goes out only after that, so the decode worker
+never reads incomplete KV and has nothing to do on receive but acknowledge.
+
+The peer's pool must be on a GPU this process can see: two workers sharing one GPU, or workers that
+see every GPU of the node. Ray gives each actor only its own GPUs; across GPUs there use `nccl`.
+"""
+from __future__ import annotations
+
+import os
+import weakref
+
+import torch
+from torch.multiprocessing.reductions import rebuild_cuda_tensor, reduce_tensor
+
+from common.config import DTYPES
+from kvtransfer.transport import (
+    Sent, TransferError, Transport, check_block_ids, check_layout, contiguous_runs, is_run, layout_record, pack,
+    plan_segments, unpack,
+)
+
+VERSION = 1
+# A same-process peer (tests, benchmarks): a process cannot open its own IPC handle, so it uses the tensor.
+_EXPORTED: weakref.WeakValueDictionary[bytes, torch.Tensor] = weakref.WeakValueDictionary()
+
+
+def gpu_uuid(index: int) -> str:
+    return str(torch.cuda.get_device_properties(index).uuid)
+
+
+def visible_gpus() -> list[str]:
+    return [gpu_uuid(i) for i in range(torch.cuda.device_count())]
+
+
+def export_tensor(t: torch.Tensor) -> dict:
+    """Everything another process needs to map `t`'s memory: IPC handles as bytes, the rest ints."""
+    _, args = reduce_tensor(t)
+    (_, size, stride, offset, _, dtype, device, handle, storage_bytes, storage_offset_bytes, _,
+     ref_counter_handle, ref_counter_offset, event_handle, event_sync_required) = args
+    return {"shape": list(size), "stride": list(stride), "offset": offset, "dtype": str(dtype).removeprefix("torch."),
+            "device": device, "handle": handle, "storage_bytes": storage_bytes,
+            "storage_offset_bytes": storage_offset_bytes, "ref_counter_handle": ref_counter_handle,
+            "ref_counter_offset": ref_counter_offset, "event_handle": event_handle,
+            "event_sync_required": event_sync_required}
+
+
+def import_tensor(share: dict, device_index: int) -> torch.Tensor:
+    """Map an exported tensor; `device_index` is this process's index of the GPU it lives on."""
+    return rebuild_cuda_tensor(
+        torch.Tensor, torch.Size(share["shape"]), tuple(share["stride"]), share["offset"], torch.UntypedStorage,
+        DTYPES[share["dtype"]], device_index, share["handle"], share["storage_bytes"], share["storage_offset_bytes"],
+        False, share["ref_counter_handle"], share["ref_counter_offset"], share["event_handle"],
+        share["event_sync_required"])
+
+
+def pair_problem(prefill: dict | None, decode: dict | None) -> str | None:
+    """Why a prefill worker cannot write into a decode worker's pool by CUDA IPC (None: it can).
+    Arguments are the workers' unpacked cuda_ipc descriptors."""
+    if not prefill or not decode:
+        return "a worker published no cuda_ipc descriptor (not on CUDA)"
+    if decode.get("gpu") not in prefill.get("visible", []):
+        return (f"the decode worker's GPU ({decode.get('gpu')}) is not visible to the prefill worker: "
+                "give both workers one GPU (e.g. --gpus-per-worker 0.5) or use nccl")
+    return None
+
+
+class CudaIPCTransport(Transport):
+    name = "cuda_ipc"
+
+    def __init__(self, pool, host="127.0.0.1", timeout=60.0, strategy: str = "auto"):
+        super().__init__(pool, host, timeout)
+        if pool.kv.device.type != "cuda":
+            raise TransferError(f"the cuda_ipc KV transport needs a CUDA KV pool; this one is on "
+                                f"{pool.kv.device.type} (use host, or nccl, which runs on gloo on CPU)")
+        self.strategy = strategy
+        self.peers: dict[str, tuple[bytes, torch.Tensor]] = {}  # peer id -> (its descriptor, its mapped pool)
+        self.streams: dict[torch.device, torch.cuda.Stream] = {}
+        self._descriptor: bytes | None = None
+
+    def descriptor(self) -> bytes:
+        if self._descriptor is None:
+            kv = self.pool.kv
+            share = export_tensor(kv)
+            _EXPORTED[share["handle"]] = kv
+            self._descriptor = pack({
+                "v": VERSION, "pid": os.getpid(), "gpu": gpu_uuid(kv.device.index), "visible": visible_gpus(),
+                "layout": layout_record(self.pool.layout), "num_blocks": self.pool.num_blocks, "pool": share})
+        return self._descriptor
+
+    # ---- prefill side -------------------------------------------------------------------------------
+    def send(self, request_id, peer_id, peer_descriptor, src_block_ids, dst_block_ids):
+        dst_kv = self.peer_pool(peer_id, peer_descriptor)
+        check_block_ids(src_block_ids, self.pool.num_blocks, "source")
+        check_block_ids(dst_block_ids, dst_kv.shape[0], f"{peer_id}'s")
+        if len(src_block_ids) != len(dst_block_ids):
+            raise TransferError(f"{len(src_block_ids)} source blocks for {len(dst_block_ids)} destination blocks")
+        self.copy(src_block_ids, dst_block_ids, dst_kv)
+        return Sent()
+
+    def peer_pool(self, peer_id: str, descriptor: bytes) -> torch.Tensor:
+        """The peer's KV pool, mapped into this process on first use (and again if its descriptor changes)."""
+        cached = self.peers.get(peer_id)
+        if cached is not None and cached[0] == descriptor:
+            return cached[1]
+        if not descriptor:
+            raise TransferError(f"{peer_id} published no cuda_ipc descriptor")
+        d = unpack(descriptor, f"cuda_ipc descriptor of {peer_id}", ("v", "pid", "gpu", "layout", "num_blocks", "pool"))
+        if d["v"] != VERSION:
+            raise TransferError(f"cuda_ipc descriptor of {peer_id}: version {d['v']!r}, this worker speaks {VERSION}")
+        check_layout(self.pool.layout, d["layout"], peer_id)
+        visible = visible_gpus()
+        if d["gpu"] not in visible:
+            raise TransferError(
+                f"{peer_id}'s KV pool is on GPU {d['gpu']}, which this process cannot see (CUDA_VISIBLE_DEVICES="
+                f"{os.environ.get('CUDA_VISIBLE_DEVICES', '<unset>')}): put both workers on one GPU or use nccl")
+        share = d["pool"]
+        kv = _EXPORTED.get(share["handle"]) if d["pid"] == os.getpid() else None
+        if kv is None:
+            try:
+                kv = import_tensor(share, visible.index(d["gpu"]))
+            except Exception as e:
+                raise TransferError(f"cannot map {peer_id}'s KV pool by CUDA IPC: {e}") from e
+        expected = (d["num_blocks"], *self.pool.kv.shape[1:])
+        if tuple(kv.shape) != expected or kv.dtype != self.pool.kv.dtype:
+            raise TransferError(f"{peer_id}'s KV pool is {tuple(kv.shape)} {kv.dtype}, expected {expected} "
+                                f"{self.pool.kv.dtype}")
+        self.peers[peer_id] = (descriptor, kv)
+        return kv
+
+    def copy(self, src_block_ids: list[int], dst_block_ids: list[int], dst_kv: torch.Tensor) -> None:
+        """src blocks of this pool -> dst blocks of `dst_kv`, on side streams; returns when the copy is done."""
+        src_kv = self.pool.kv
+        local = self._stream(src_kv.device)
+        remote = self._stream(dst_kv.device)
+        local.wait_stream(torch.cuda.current_stream(src_kv.device))  # the prefill wrote these blocks
+        segments = plan_segments(src_block_ids, dst_block_ids, self.pool.layout.block_bytes, self.strategy)
+        src_index = dst_index = None
+        with torch.cuda.stream(local), torch.cuda.stream(remote):
+            for off, n in segments:
+                s, d = src_block_ids[off:off + n], dst_block_ids[off:off + n]
+                if is_run(s):
+                    src = src_kv[s[0]:s[0] + n]
+                else:
+                    if src_index is None:
+                        src_index = torch.tensor(src_block_ids, dtype=torch.int64).to(src_kv.device, non_blocking=True)
+                    src = src_kv.index_select(0, src_index[off:off + n])
+                if is_run(d):
+                    dst_kv[d[0]:d[0] + n].copy_(src, non_blocking=True)
+                elif dst_kv.device == src_kv.device:
+                    if dst_index is None:
+                        dst_index = torch.tensor(dst_block_ids, dtype=torch.int64).to(dst_kv.device, non_blocking=True)
+                    dst_kv.index_copy_(0, dst_index[off:off + n], src)
+                else:  # scatter across GPUs: one peer copy per destination run
+                    at = 0
+                    for first, k in contiguous_runs(d):
+                        dst_kv[first:first + k].copy_(src[at:at + k], non_blocking=True)
+                        at += k
+            done = [torch.cuda.Event(), torch.cuda.Event()]
+            done[0].record(local)
+            done[1].record(remote)
+        for event in done:
+            event.synchronize()
+
+    def _stream(self, device: torch.device) -> torch.cuda.Stream:
+        if device not in self.streams:
+            self.streams[device] = torch.cuda.Stream(device)
+        return self.streams[device]
+
+    # ---- decode side: the prefill worker already wrote the blocks -----------------------------------
+    def receive(self, request_id, peer_id, dst_block_ids, frames):
+        if frames:
+            raise TransferError(f"cuda_ipc handoffs carry no payload frames, got {len(frames)}")
+        return None
+
+    def close(self) -> None:
+        self.peers.clear()

@@ -1,0 +1,296 @@
+"""The CUDA transports between real processes: CUDA IPC on one GPU and across two, NCCL across two GPUs,
+and whole GPU clusters moving KV with each.
+
+Run on the GPU host: `python -m pytest tests/test_kvtransfer_gpu.py -v`. The decode side lives in a
+process spawned here; the prefill side is this process. Random bf16 blocks go to shuffled block ids
+and are compared bit for bit; every block not reserved must keep its sentinel value. Tests that need
+two GPUs skip on one. NCCL cannot put two ranks on one GPU, so on one GPU it is only checked to fail
+fast.
+"""
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import random
+import signal
+
+import pytest
+import torch
+
+from common.kv_pool import KVLayout, KVPool
+from kvtransfer import CudaIPCTransport, NcclTransport, TransferError
+from kvtransfer import transport as T
+
+pytestmark = pytest.mark.gpu
+
+LAYOUT = KVLayout(num_layers=4, block_size=16, num_kv_heads=8, head_dim=128, dtype=torch.bfloat16)  # 256 KiB blocks
+NUM_BLOCKS = 96
+SENTINEL = -3.0
+TRANSPORTS = {"cuda_ipc": CudaIPCTransport, "nccl": NcclTransport}
+REPLY_TIMEOUT = 120
+
+
+def two_gpus():
+    return pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device_count() < 2, reason="needs 2 GPUs")
+
+
+# ---- the decode side, in its own process ----------------------------------------------------------------
+
+def decode_peer(kind: str, device: str, conn) -> None:
+    """Owns a KV pool of sentinels; publishes its descriptor, then lands (or drains) what it is told to
+    and checks it against the expected blocks, restoring the sentinels after every check."""
+    torch.cuda.set_device(device)
+    pool = KVPool(LAYOUT, NUM_BLOCKS, device)
+    pool.kv.fill_(SENTINEL)
+    transport = TRANSPORTS[kind](pool, "127.0.0.1", 60.0)
+    conn.send(transport.descriptor())
+    try:
+        while (msg := conn.recv()) is not None:
+            op, request_id, dst_ids, frames, expected = msg
+            try:
+                if op == "receive":
+                    pending = transport.receive(request_id, "p0", dst_ids, frames)
+                else:
+                    pending = transport.discard(request_id, "p0", frames)
+                if pending is not None:
+                    pending.result(timeout=60)
+                torch.cuda.synchronize()
+                problem = check(pool, dst_ids, expected)
+                pool.kv.fill_(SENTINEL)  # before answering: a cuda_ipc sender writes as soon as it hears back
+                torch.cuda.synchronize()
+                conn.send(("ok", problem))
+            except Exception as e:
+                conn.send(("error", f"{type(e).__name__}: {e}"))
+    finally:
+        transport.close()
+
+
+def check(pool: KVPool, dst_ids: list[int], expected: torch.Tensor | None) -> str:
+    """Empty when the reserved blocks hold exactly `expected` and every other block its sentinel."""
+    kv = pool.kv.cpu()
+    if expected is not None and not torch.equal(kv[dst_ids].view(torch.int16), expected.view(torch.int16)):
+        wrong = [b for i, b in enumerate(dst_ids) if not torch.equal(kv[b], expected[i])]
+        return f"blocks {wrong[:8]} do not hold what was sent"
+    reserved = set(dst_ids) if expected is not None else set()
+    touched = [b for b in range(pool.num_blocks) if b not in reserved and not bool((kv[b] == SENTINEL).all())]
+    return f"blocks {touched[:8]} were written but not reserved" if touched else ""
+
+
+def prefill_peer_expecting_refusal(descriptor: bytes, conn) -> None:
+    """A prefill worker that sees only its own GPU tries to write into a pool on another one."""
+    pool = KVPool(LAYOUT, NUM_BLOCKS, "cuda:0")
+    try:
+        CudaIPCTransport(pool).send("r1", "d0", descriptor, [0], [0])
+        conn.send("sent without error")
+    except TransferError as e:
+        conn.send(str(e))
+
+
+class Peer:
+    """A spawned decode peer and the pipe to it."""
+
+    def __init__(self, kind: str, device: str):
+        ctx = mp.get_context("spawn")
+        self.conn, child = ctx.Pipe()
+        self.proc = ctx.Process(target=decode_peer, args=(kind, device, child), daemon=True)
+        self.proc.start()
+        self.descriptor = self.recv()
+
+    def recv(self):
+        assert self.conn.poll(REPLY_TIMEOUT), "the decode peer did not answer"
+        return self.conn.recv()
+
+    def ask(self, op: str, request_id: str, dst_ids: list[int], frames: list, expected) -> str:
+        self.conn.send((op, request_id, dst_ids, [bytes(f) for f in frames], expected))
+        status, problem = self.recv()
+        assert status == "ok", problem
+        return problem
+
+    def close(self) -> None:
+        self.conn.send(None)
+        self.proc.join(timeout=30)
+        if self.proc.is_alive():
+            self.proc.kill()
+
+
+def source_pool(device: str) -> KVPool:
+    pool = KVPool(LAYOUT, NUM_BLOCKS, device)
+    pool.kv.copy_(torch.randn(pool.kv.shape, generator=torch.Generator().manual_seed(0)).to(LAYOUT.dtype))
+    return pool
+
+
+def cases() -> list[tuple[list[int], list[int]]]:
+    rng = random.Random(0)
+    return [
+        (list(range(10, 50)), list(range(40, 80))),  # consecutive both sides
+        (rng.sample(range(NUM_BLOCKS), 40), rng.sample(range(NUM_BLOCKS), 40)),  # shuffled both sides
+        (list(range(0, 12)), rng.sample(range(NUM_BLOCKS), 12)),
+        (rng.sample(range(NUM_BLOCKS), 12), list(range(70, 82))),
+        ([3], [95]),
+        (rng.sample(range(NUM_BLOCKS), 90), rng.sample(range(NUM_BLOCKS), 90)),
+    ]
+
+
+@pytest.fixture
+def small_chunks(monkeypatch):
+    """Segments of at most 5 blocks (the sender plans them), so chunking and the in-flight window are used."""
+    monkeypatch.setattr(T, "CHUNK_BYTES", 5 * LAYOUT.block_bytes)
+
+
+def run_handoffs(kind: str, src_device: str, dst_device: str) -> None:
+    src = source_pool(src_device)
+    peer = Peer(kind, dst_device)
+    sender = TRANSPORTS[kind](src, "127.0.0.1", 60.0)
+    try:
+        n = 0
+        for strategy in ("auto", "runs", "gather"):
+            sender.strategy = strategy
+            for src_ids, dst_ids in cases():
+                n += 1
+                sent = sender.send(f"r{n}", "d0", peer.descriptor, src_ids, dst_ids)
+                expected = src.kv[src_ids].cpu()
+                problem = peer.ask("receive", f"r{n}", dst_ids, sent.frames, expected)
+                if sent.done is not None:
+                    sent.done.result(timeout=60)
+                assert problem == "", f"{kind} {strategy} {src_ids[:4]}... -> {dst_ids[:4]}...: {problem}"
+        if kind == "nccl":  # a refused handoff is drained and the link stays aligned
+            sent = sender.send("refused", "d0", peer.descriptor, [1, 2, 3], [4, 5, 6])
+            assert peer.ask("discard", "refused", [], sent.frames, None) == ""
+            sent.done.result(timeout=60)
+            sent = sender.send("after", "d0", peer.descriptor, [7, 9], [8, 10])
+            assert peer.ask("receive", "after", [8, 10], sent.frames, src.kv[[7, 9]].cpu()) == ""
+            sent.done.result(timeout=60)
+            assert len(sender.sending) == 1  # one link for the whole test
+    finally:
+        sender.close()
+        peer.close()
+
+
+# ---- CUDA IPC ---------------------------------------------------------------------------------------------
+
+def test_cuda_ipc_between_two_processes_on_one_gpu(small_chunks):
+    run_handoffs("cuda_ipc", "cuda:0", "cuda:0")
+
+
+@two_gpus()
+def test_cuda_ipc_between_two_processes_across_two_gpus(small_chunks):
+    run_handoffs("cuda_ipc", "cuda:0", "cuda:1")
+
+
+def test_cuda_ipc_with_big_chunks_on_one_gpu():
+    run_handoffs("cuda_ipc", "cuda:0", "cuda:0")
+
+
+def test_cuda_ipc_descriptor_maps_in_this_process_too():
+    """A process cannot open its own IPC handle; a same-process peer (benchmarks) uses the tensor itself."""
+    src, dst = source_pool("cuda:0"), KVPool(LAYOUT, NUM_BLOCKS, "cuda:0")
+    dst.kv.fill_(SENTINEL)
+    receiver, sender = CudaIPCTransport(dst), CudaIPCTransport(src)
+    sender.send("r1", "d0", receiver.descriptor(), [5, 1, 2], [7, 8, 0])
+    assert torch.equal(dst.kv[[7, 8, 0]], src.kv[[5, 1, 2]])
+    assert sender.peer_pool("d0", receiver.descriptor()).data_ptr() == dst.kv.data_ptr()
+
+
+def test_cuda_ipc_refuses_a_layout_mismatch():
+    other = KVLayout(num_layers=4, block_size=32, num_kv_heads=8, head_dim=128, dtype=torch.bfloat16)
+    receiver, sender = CudaIPCTransport(KVPool(other, 8, "cuda:0")), CudaIPCTransport(source_pool("cuda:0"))
+    with pytest.raises(TransferError, match="KV layout mismatch with d0: block_size 16 here, 32 on d0"):
+        sender.send("r1", "d0", receiver.descriptor(), [0], [0])
+
+
+@two_gpus()
+def test_cuda_ipc_refuses_a_gpu_this_process_cannot_see():
+    dst = KVPool(LAYOUT, NUM_BLOCKS, "cuda:1")
+    descriptor = CudaIPCTransport(dst).descriptor()
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    ctx = mp.get_context("spawn")
+    conn, child = ctx.Pipe()
+    os.environ["CUDA_VISIBLE_DEVICES"] = visible.split(",")[0] if visible else "0"  # the child sees GPU 0 only
+    try:
+        proc = ctx.Process(target=prefill_peer_expecting_refusal, args=(descriptor, child), daemon=True)
+        proc.start()
+    finally:
+        if visible is None:
+            os.environ.pop("CUDA_VISIBLE_DEVICES")
+        else:
+            os.environ["CUDA_VISIBLE_DEVICES"] = visible
+    assert conn.poll(REPLY_TIMEOUT)
+    answer = conn.recv()
+    proc.join(timeout=30)
+    assert "which this process cannot see" in answer and "use nccl" in answer, answer
+
+
+# ---- NCCL -------------------------------------------------------------------------------------------------
+
+@two_gpus()
+def test_nccl_between_two_processes_across_two_gpus(small_chunks):
+    run_handoffs("nccl", "cuda:0", "cuda:1")
+
+
+@two_gpus()
+def test_nccl_with_big_chunks_across_two_gpus():
+    run_handoffs("nccl", "cuda:0", "cuda:1")
+
+
+def test_nccl_refuses_two_ranks_on_one_gpu():
+    """NCCL cannot pair two ranks on one device: refused before any link is opened (use cuda_ipc)."""
+    receiver = NcclTransport(KVPool(LAYOUT, 8, "cuda:0"))
+    sender = NcclTransport(source_pool("cuda:0"))
+    try:
+        with pytest.raises(TransferError, match="both workers are on one GPU.*use cuda_ipc"):
+            sender.send("r1", "d0", receiver.descriptor(), [0], [0])
+        assert sender.sending == {}
+    finally:
+        sender.close()
+        receiver.close()
+
+
+# ---- whole clusters ---------------------------------------------------------------------------------------
+
+PROMPTS = ["The capital of France is", "def fibonacci(n):", "1, 2, 3, 4, 5,", "Hello, my name is"]
+GREEDY = dict(max_tokens=12, temperature=0.0, ignore_eos=True)
+CLUSTERS = {  # name: (serve flags, GPUs needed)
+    "cuda_ipc-one-gpu": (["--kv-transport", "cuda_ipc", "--gpus-per-worker", "0.5"], 1),
+    "auto-one-gpu": (["--gpus-per-worker", "0.5"], 1),
+    "nccl-two-gpus": (["--kv-transport", "nccl", "--gpus-per-worker", "1"], 2),
+}
+
+
+@pytest.fixture(scope="module")
+def gpu_expected(tiny_qwen3_dir):
+    """The offline engine on the GPU, one prompt at a time (the clusters get them one at a time too)."""
+    from common.llm import LLM
+    from common.sampling_params import SamplingParams
+
+    llm = LLM(str(tiny_qwen3_dir), device="cuda", num_kv_blocks=1024, gpu_memory_utilization=0.3, max_num_seqs=64,
+              max_num_batched_tokens=1024)  # as the cluster harness's workers
+    try:
+        return [llm.generate([p], SamplingParams(**GREEDY), use_tqdm=False)[0].token_ids for p in PROMPTS]
+    finally:
+        llm.close()
+        torch.cuda.empty_cache()
+
+
+@pytest.mark.parametrize("name", list(CLUSTERS))
+def test_gpu_cluster_output_equals_offline_generate(name, tiny_qwen3_dir, gpu_expected, tmp_path, monkeypatch):
+    from tests.cluster_harness import RunningCluster
+
+    flags, gpus = CLUSTERS[name]
+    if torch.cuda.device_count() < gpus:
+        pytest.skip(f"needs {gpus} GPUs")
+    if gpus == 1:  # Ray could spread two half-GPU workers over two GPUs: show it one
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible.split(",")[0] if visible else "0")
+    cluster = RunningCluster(tiny_qwen3_dir, "disagg", tmp_path / "serve.log", "--device", "cuda",
+                             "--num-kv-blocks", "1024", "--gpu-memory-utilization", "0.3", *flags)
+    try:
+        with cluster.client(timeout=120) as c:
+            got = [c.generate(p, **GREEDY).token_ids for p in PROMPTS]
+        assert got == gpu_expected, cluster.log()
+        workers = cluster.wait_all_blocks_free()
+        assert all(w.kv_blocks_free == w.kv_blocks_total for w in workers), workers
+    finally:
+        status = cluster.stop()
+        for pid in cluster.orphans():
+            os.kill(pid, signal.SIGKILL)
+    assert status == 0, cluster.log()
