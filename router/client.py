@@ -25,6 +25,7 @@ from typing import Any, Union
 import zmq
 import zmq.asyncio
 
+from common import auth
 from common.protocol import (
     DEFAULT_ROUTER_ADDRESS,
     ROUTER_TO_CLIENT,
@@ -232,9 +233,14 @@ def _as_reply(item: Message | ClientError) -> Message:
     return item
 
 
-def _dealer(context: zmq.Context, address: str) -> zmq.Socket:
+def _dealer(context: zmq.Context, address: str, auth_token: str | None) -> zmq.Socket:
+    """A DEALER connected to `address`; with a token (given, or from the environment) over CURVE."""
+    token = auth_token if auth_token is not None else auth.load_token()
+    keys = auth.keys_from_token(token) if token else None  # a weak token raises AuthError (a ValueError)
     sock = context.socket(zmq.DEALER)
     sock.setsockopt(zmq.LINGER, 0)
+    if keys:
+        auth.secure_client(sock, keys)
     try:
         sock.connect(address)
     except zmq.ZMQError as exc:
@@ -250,12 +256,15 @@ class Client:
     """A blocking client on one DEALER socket. Not thread-safe: use one per thread.
 
     `timeout` (seconds, None = wait forever) is the default for every call; each call may override it.
+    `auth_token` is the cluster's shared secret, if it has one (default: $PDCLUSTER_AUTH_TOKEN_FILE or
+    $PDCLUSTER_AUTH_TOKEN); without the right one the router never answers.
     """
 
-    def __init__(self, address: str = DEFAULT_ROUTER_ADDRESS, timeout: float | None = None) -> None:
+    def __init__(self, address: str = DEFAULT_ROUTER_ADDRESS, timeout: float | None = None,
+                 auth_token: str | None = None) -> None:
         self.address = address
         self.timeout = timeout
-        self._sock = _dealer(zmq.Context.instance(), address)
+        self._sock = _dealer(zmq.Context.instance(), address, auth_token)
         self._demux = _Demux()
         self._tokens = itertools.count(random.getrandbits(31))
 
@@ -469,12 +478,14 @@ class AsyncClient:
     """An asyncio client: any number of concurrent requests on one DEALER socket.
 
     One reader task (started on first use) routes replies by request_id. Use it from one event loop.
+    `auth_token` as for `Client`.
     """
 
-    def __init__(self, address: str = DEFAULT_ROUTER_ADDRESS, timeout: float | None = None) -> None:
+    def __init__(self, address: str = DEFAULT_ROUTER_ADDRESS, timeout: float | None = None,
+                 auth_token: str | None = None) -> None:
         self.address = address
         self.timeout = timeout
-        self._sock = _dealer(zmq.asyncio.Context.instance(), address)
+        self._sock = _dealer(zmq.asyncio.Context.instance(), address, auth_token)
         self._demux = _Demux()
         self._tokens = itertools.count(random.getrandbits(31))
         self._reader: asyncio.Task[None] | None = None
@@ -703,6 +714,8 @@ def add_client_parser(subparsers: Any) -> argparse.ArgumentParser:
 
     p = subparsers.add_parser("client", help="talk to a running router: ping, stats, or generate")
     p.add_argument("--address", default=DEFAULT_ROUTER_ADDRESS, help="the router's address (default %(default)s)")
+    p.add_argument("--auth-token-file", default=None,
+                   help=f"file holding the cluster's shared secret (default: ${auth.TOKEN_FILE_ENV} or ${auth.TOKEN_ENV})")
     what = p.add_mutually_exclusive_group(required=True)
     what.add_argument("--ping", action="store_true", help="wait until the cluster can serve: exit 0, else 2")
     what.add_argument("--stats", action="store_true", help="print the router's stats as one JSON line")
@@ -724,18 +737,19 @@ def cmd_client(args: argparse.Namespace) -> None:
 
     if args.timeout is not None and not args.timeout > 0:
         raise UsageError(f"--timeout must be > 0, got {args.timeout:g}")
+    args.auth_token = auth.load_token(args.auth_token_file)
     if args.ping:
-        with Client(args.address) as client:
+        with Client(args.address, auth_token=args.auth_token) as client:
             client.wait_ready(args.timeout or PING_TIMEOUT_S)  # TimeoutError: main prints it, exit 2
         log.info("cluster at %s is ready", args.address)
     elif args.stats:
-        _print_stats(args.address, args.timeout or STATS_TIMEOUT_S)
+        _print_stats(args.address, args.timeout or STATS_TIMEOUT_S, args.auth_token)
     elif not asyncio.run(_generate_all(args)):
         raise SystemExit(1)
 
 
-def _print_stats(address: str, timeout: float) -> None:
-    with Client(address) as client:
+def _print_stats(address: str, timeout: float, auth_token: str | None) -> None:
+    with Client(address, auth_token=auth_token) as client:
         try:
             stats = client.stats(timeout=timeout)
         except ClientTimeout:
@@ -752,7 +766,7 @@ async def _generate_all(args: argparse.Namespace) -> bool:
 
     prompts = read_prompts(args)
     sampling = dataclasses.asdict(sampling_from_args(args))
-    async with AsyncClient(args.address, timeout=args.timeout) as client:
+    async with AsyncClient(args.address, timeout=args.timeout, auth_token=args.auth_token) as client:
         outcomes = await asyncio.gather(
             *(client.generate(p, chat=args.chat, **sampling) for p in prompts), return_exceptions=True
         )
