@@ -49,17 +49,19 @@ class DecodeWorker(Worker):
             problem = "handoff does not match the reservation"
         elif h.transport not in self.transports:
             problem = f"no {h.transport!r} transport here"
+        code = P.INTERNAL  # a mismatch is a bug or a misconfiguration
         if problem is None:
             try:
                 self.transports[h.transport].receive(h.src_worker_id, h.dst_block_ids, frames)
             except Exception as e:
                 log.exception("request %s: receiving KV failed", h.request_id)
-                problem = f"receiving KV failed: {e}"
+                problem, code = f"receiving KV failed: {e}", P.ABORTED
+        # Acked either way: the prefill worker frees its blocks now, not when its lease runs out.
         self.channel.send(h.reply_to, P.HandoffAck(request_id=h.request_id, ok=problem is None, message=problem or ""))
         if problem is not None:
             if reserved is not None:
                 self.abort(h.request_id)
-                self.send(P.Error(request_id=h.request_id, code=P.INTERNAL, message=problem))
+                self.send(P.Error(request_id=h.request_id, code=code, message=problem))
             return
         self.leases.pop(h.request_id, None)
         seq = self.engine.admit_prefilled(h.request_id, h.first_token)

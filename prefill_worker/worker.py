@@ -4,8 +4,10 @@ import logging
 import time
 
 from common import protocol as P
+from common.faults import crash
 from common.sequence import Sequence
 from common.worker import Worker, unpack_descriptors
+from kvtransfer import TransferError
 
 log = logging.getLogger(__name__)
 
@@ -24,6 +26,8 @@ class PrefillWorker(Worker):
     def on_message(self, msg: P.Message) -> None:
         if not isinstance(msg, P.PrefillTask):
             return super().on_message(msg)
+        if self.faults.claim("crash_prefill", [msg.token_ids], self.config.worker_id):
+            crash()
         expected = self.engine.block_manager.blocks_needed(len(msg.token_ids))
         if len(msg.dst_block_ids) != expected:
             self.send(P.Error(request_id=msg.request_id, code=P.BAD_REQUEST,
@@ -43,19 +47,26 @@ class PrefillWorker(Worker):
         """prefill batch -> KV blocks -> transfer: move the prompt's blocks into the decode worker's."""
         task = self.tasks[seq.request_id]
         n = len(task.dst_block_ids)
+        fault = next((f for f in ("kv_send_error", "kv_drop", "kv_corrupt")
+                      if self.faults.claim(f, [seq.token_ids], self.config.worker_id)), None)
         try:
+            if fault == "kv_send_error":
+                raise TransferError("injected fault kv_send_error")
             descriptor = unpack_descriptors(task.decode_kv_descriptor).get(task.transport, b"")
             payload = self.transports[task.transport].send(task.decode_worker_id, descriptor, seq.block_table[:n],
                                                            task.dst_block_ids)
+            if fault == "kv_corrupt":
+                payload = [memoryview(b"\0")]
             handoff = P.KVHandoff(request_id=seq.request_id, src_worker_id=self.config.worker_id,
                                   first_token=seq.token_ids[-1], num_tokens=seq.num_prompt_tokens,
                                   transport=task.transport, layout=self.layout, dst_block_ids=task.dst_block_ids,
                                   reply_to=self.channel.address, cached_tokens=seq.num_cached_tokens)
-            self.channel.send(task.decode_kv_address, handoff, payload)
-        except Exception as e:  # the request fails; the worker goes on
+            if fault != "kv_drop":  # a dropped handoff is found out by the leases on both sides
+                self.channel.send(task.decode_kv_address, handoff, payload)
+        except Exception as e:  # the request fails and its blocks are freed on both sides; the worker goes on
             log.exception("request %s: KV transfer to %s failed", seq.request_id, task.decode_worker_id)
             self.abort(seq.request_id)
-            self.send(P.Error(request_id=seq.request_id, code=P.INTERNAL, message=f"KV transfer failed: {e}"))
+            self.send(P.Error(request_id=seq.request_id, code=P.ABORTED, message=f"KV transfer failed: {e}"))
             return
         self.leases[seq.request_id] = time.monotonic() + self.config.handoff_timeout
 
