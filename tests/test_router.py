@@ -11,6 +11,8 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 
 import pytest
+import zmq
+import zmq.asyncio
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -463,6 +465,40 @@ def test_housekeeping_notices_a_silent_worker_within_the_timeout(make_router):
             task.cancel()
         alive = {w.worker_id: w.alive for w in sim.router.stats().workers}
         assert alive == {"p0": True, "p1": True, "d0": True, "d1": False}
+
+    run(main())
+
+
+def test_the_worker_endpoint_survives_garbage(make_router):
+    """A broken frame, a multipart message or a stranger's heartbeat neither stops the worker loop nor
+    registers anyone; a proper hello still does."""
+    async def main():
+        router = make_router()
+        loop_task = asyncio.create_task(router._worker_loop())
+        ctx = zmq.asyncio.Context()
+        sock = ctx.socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.IDENTITY, b"w0")
+        sock.connect(router.worker_address)
+        try:
+            w0 = FakeWorker("w0", "decode")
+            beat = P.Heartbeat(worker_id="w0", queued_requests=0, queued_tokens=0, running_requests=0,
+                               kv_blocks_total=1, kv_blocks_free=1)
+            for frames in ([b"\xc1"], [P.encode(beat), b"x"], [P.encode(P.Ping())[:-1]], [P.encode(P.Abort(request_id="r"))],
+                           [P.encode(beat)]):
+                await sock.send_multipart(frames)
+            reply = P.decode(await asyncio.wait_for(sock.recv(), 5))
+            assert reply.code == P.UNAUTHORIZED and not router.registry.workers
+            await sock.send(P.encode(hello(w0)))
+            for _ in range(100):
+                if "w0" in router.registry.workers:
+                    break
+                await asyncio.sleep(0.02)
+            assert router.registry.workers["w0"].alive
+        finally:
+            loop_task.cancel()
+            sock.close()
+            ctx.term()
 
     run(main())
 
