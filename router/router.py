@@ -111,6 +111,12 @@ class Router:
     def __init__(self, config: RouterConfig):
         if config.mode not in ("disagg", "colocated"):
             raise ValueError(f"mode: must be disagg or colocated, got {config.mode!r}")
+        for name in ("max_worker_requests", "worker_timeout"):  # zero would queue every request forever
+            if not getattr(config, name) > 0:
+                raise ValueError(f"{name}: must be positive, got {getattr(config, name)}")
+        for name in ("max_queued_requests", "max_queued_tokens", "retry_after", "request_restarts"):
+            if not getattr(config, name) >= 0:
+                raise ValueError(f"{name}: must be >= 0, got {getattr(config, name)}")
         # Before anything slow: serving another machine without a secret is refused outright.
         self.auth_token = auth.load_token(config.auth_token_file)
         auth.require_token_for([config.bind, config.worker_host], self.auth_token)

@@ -453,11 +453,11 @@ def test_stopping_the_router_answers_every_request(make_router):
 
 def test_housekeeping_notices_a_silent_worker_within_the_timeout(make_router):
     async def main():
-        sim = await disagg(make_router, worker_timeout=0.4).start()
+        sim = await disagg(make_router, worker_timeout=1.0).start()
         sim.workers["d1"].state = "stalled"
         task = asyncio.create_task(sim.router._housekeeping())
         try:
-            for _ in range(20):  # the others keep sending heartbeats
+            for _ in range(40):  # the others keep sending heartbeats, for 2 s
                 for w in sim.workers.values():
                     await sim.step(w)
                 await asyncio.sleep(0.05)
@@ -554,6 +554,13 @@ def test_no_worker_gets_more_than_max_worker_requests(make_router):
         assert all(isinstance(sim.terminal(f"r{i}"), P.Result) for i in range(10))
 
     run(main())
+
+
+@pytest.mark.parametrize("setting", [dict(max_worker_requests=0), dict(worker_timeout=0.0), dict(retry_after=-1.0),
+                                     dict(max_queued_requests=-1), dict(request_restarts=-1)])
+def test_limits_that_would_hang_or_break_every_request_are_refused(make_router, setting):
+    with pytest.raises(ValueError, match=next(iter(setting))):
+        make_router(**setting)
 
 
 # --- bad input -----------------------------------------------------------------------------------
