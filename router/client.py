@@ -143,6 +143,21 @@ def build_submit(prompt: Prompt, *, chat: bool, stream: bool, request_id: str | 
         raise InvalidRequest(field, problem) from None
 
 
+RETRYABLE = ("overloaded", "unavailable", "aborted")  # error codes a resubmit may cure
+RETRY_BACKOFF_S = (0.1, 2.0)  # first wait and cap when the router gives no retry_after
+
+
+def _retry_wait(exc: ServerError, attempt: int, retries: int, deadline: float | None) -> float | None:
+    """Seconds to wait before resubmitting after `exc`, or None to give up."""
+    if attempt >= retries or exc.code not in RETRYABLE:
+        return None
+    first, cap = RETRY_BACKOFF_S
+    wait = exc.retry_after if exc.retry_after is not None else min(cap, first * 2**attempt)
+    if deadline is not None and time.monotonic() + wait >= deadline:
+        return None
+    return wait
+
+
 def _remaining(deadline: float | None) -> float | None:
     return None if deadline is None else max(0.0, deadline - time.monotonic())
 
@@ -257,13 +272,15 @@ class Client:
 
     `timeout` (seconds, None = wait forever) is the default for every call; each call may override it.
     `auth_token` is the cluster's shared secret, if it has one (default: $PDCLUSTER_AUTH_TOKEN_FILE or
-    $PDCLUSTER_AUTH_TOKEN); without the right one the router never answers.
+    $PDCLUSTER_AUTH_TOKEN); without the right one the router never answers. `retries` is the default
+    for `generate`.
     """
 
     def __init__(self, address: str = DEFAULT_ROUTER_ADDRESS, timeout: float | None = None,
-                 auth_token: str | None = None) -> None:
+                 auth_token: str | None = None, retries: int = 0) -> None:
         self.address = address
         self.timeout = timeout
+        self.retries = retries
         self._sock = _dealer(zmq.Context.instance(), address, auth_token)
         self._demux = _Demux()
         self._tokens = itertools.count(random.getrandbits(31))
@@ -282,16 +299,31 @@ class Client:
     # requests
 
     def generate(self, prompt: Prompt, *, chat: bool = False, timeout: float | None = None,
-                 request_id: str | None = None, **sampling: Any) -> Completion:
-        """Run one request to the end. Raises ServerError, ClientTimeout (after aborting it), ClientError."""
-        call = self._start(prompt, chat, False, request_id, timeout, sampling)
-        try:
-            while True:
-                msg = call.next()
-                if isinstance(msg, Result):
-                    return Completion.from_result(msg)
-        finally:
-            call.close()
+                 request_id: str | None = None, retries: int | None = None, **sampling: Any) -> Completion:
+        """Run one request to the end. Raises ServerError, ClientTimeout (after aborting it), ClientError.
+
+        Refused with overloaded, unavailable or aborted, it is resubmitted (same request_id) up to `retries`
+        times (default: the client's), after the router's retry_after, within `timeout`.
+        """
+        timeout = self.timeout if timeout is None else timeout
+        deadline = _deadline(timeout)
+        retries = self.retries if retries is None else retries
+        for attempt in itertools.count():
+            call = self._start(prompt, chat, False, request_id, timeout, sampling, deadline)
+            request_id = call.request_id
+            try:
+                while True:
+                    msg = call.next()
+                    if isinstance(msg, Result):
+                        return Completion.from_result(msg)
+            except ServerError as exc:
+                wait = _retry_wait(exc, attempt, retries, deadline)
+                if wait is None:
+                    raise
+            finally:
+                call.close()
+            time.sleep(wait)
+        raise AssertionError("unreachable")
 
     def stream(self, prompt: Prompt, *, chat: bool = False, timeout: float | None = None,
                request_id: str | None = None, **sampling: Any) -> Stream:
@@ -349,12 +381,12 @@ class Client:
         return True
 
     def _start(self, prompt: Prompt, chat: bool, stream: bool, request_id: str | None,
-               timeout: float | None, sampling: dict[str, Any]) -> _Call:
+               timeout: float | None, sampling: dict[str, Any], deadline: float | None = None) -> _Call:
         submit = build_submit(prompt, chat=chat, stream=stream, request_id=request_id, sampling=sampling)
         if submit.request_id in self._demux.requests:
             raise InvalidRequest("request_id", f"{submit.request_id!r} is already in flight")
         timeout = self.timeout if timeout is None else timeout
-        call = _Call(self, submit.request_id, timeout)
+        call = _Call(self, submit.request_id, timeout, deadline)
         try:
             self._send(submit)
         except BaseException:
@@ -385,11 +417,12 @@ def _not_ready_text(address: str, timeout: float, problem: str) -> str:
 class _Call:
     """One request of a blocking Client: its inbox, deadline, and abort-on-exit."""
 
-    def __init__(self, client: Client, request_id: str, timeout: float | None) -> None:
+    def __init__(self, client: Client, request_id: str, timeout: float | None,
+                 deadline: float | None = None) -> None:
         self.client = client
         self.request_id = request_id
         self.timeout = timeout
-        self.deadline = _deadline(timeout)
+        self.deadline = _deadline(timeout) if deadline is None else deadline  # a retry keeps the first deadline
         self.inbox: deque[Message | ClientError] = deque()
         self.done = False
         client._demux.requests[request_id] = self.inbox.append
@@ -478,13 +511,14 @@ class AsyncClient:
     """An asyncio client: any number of concurrent requests on one DEALER socket.
 
     One reader task (started on first use) routes replies by request_id. Use it from one event loop.
-    `auth_token` as for `Client`.
+    `auth_token` and `retries` as for `Client`.
     """
 
     def __init__(self, address: str = DEFAULT_ROUTER_ADDRESS, timeout: float | None = None,
-                 auth_token: str | None = None) -> None:
+                 auth_token: str | None = None, retries: int = 0) -> None:
         self.address = address
         self.timeout = timeout
+        self.retries = retries
         self._sock = _dealer(zmq.asyncio.Context.instance(), address, auth_token)
         self._demux = _Demux()
         self._tokens = itertools.count(random.getrandbits(31))
@@ -510,15 +544,26 @@ class AsyncClient:
     # requests
 
     async def generate(self, prompt: Prompt, *, chat: bool = False, timeout: float | None = None,
-                       request_id: str | None = None, **sampling: Any) -> Completion:
-        call = self._start(prompt, chat, False, request_id, timeout, sampling)
-        try:
-            while True:
-                msg = await call.next()
-                if isinstance(msg, Result):
-                    return Completion.from_result(msg)
-        finally:
-            call.close()
+                       request_id: str | None = None, retries: int | None = None, **sampling: Any) -> Completion:
+        timeout = self.timeout if timeout is None else timeout
+        deadline = _deadline(timeout)
+        retries = self.retries if retries is None else retries
+        for attempt in itertools.count():
+            call = self._start(prompt, chat, False, request_id, timeout, sampling, deadline)
+            request_id = call.request_id
+            try:
+                while True:
+                    msg = await call.next()
+                    if isinstance(msg, Result):
+                        return Completion.from_result(msg)
+            except ServerError as exc:
+                wait = _retry_wait(exc, attempt, retries, deadline)
+                if wait is None:
+                    raise
+            finally:
+                call.close()
+            await asyncio.sleep(wait)
+        raise AssertionError("unreachable")
 
     def stream(self, prompt: Prompt, *, chat: bool = False, timeout: float | None = None,
                request_id: str | None = None, **sampling: Any) -> AsyncStream:
@@ -581,12 +626,12 @@ class AsyncClient:
             self._demux.fail_all(self._broken)
 
     def _start(self, prompt: Prompt, chat: bool, stream: bool, request_id: str | None,
-               timeout: float | None, sampling: dict[str, Any]) -> _AsyncCall:
+               timeout: float | None, sampling: dict[str, Any], deadline: float | None = None) -> _AsyncCall:
         submit = build_submit(prompt, chat=chat, stream=stream, request_id=request_id, sampling=sampling)
         if submit.request_id in self._demux.requests:
             raise InvalidRequest("request_id", f"{submit.request_id!r} is already in flight")
         timeout = self.timeout if timeout is None else timeout
-        call = _AsyncCall(self, submit.request_id, timeout)
+        call = _AsyncCall(self, submit.request_id, timeout, deadline)
         try:
             self._send(submit)
         except BaseException:
@@ -617,11 +662,12 @@ def _report_send_failure(sent: asyncio.Future[Any]) -> None:
 class _AsyncCall:
     """One request of an AsyncClient: its queue, deadline, and abort-on-exit."""
 
-    def __init__(self, client: AsyncClient, request_id: str, timeout: float | None) -> None:
+    def __init__(self, client: AsyncClient, request_id: str, timeout: float | None,
+                 deadline: float | None = None) -> None:
         self.client = client
         self.request_id = request_id
         self.timeout = timeout
-        self.deadline = _deadline(timeout)
+        self.deadline = _deadline(timeout) if deadline is None else deadline  # a retry keeps the first deadline
         self.inbox: asyncio.Queue[Message | ClientError] = asyncio.Queue()
         self.done = False
         client._demux.requests[request_id] = self.inbox.put_nowait
@@ -785,5 +831,5 @@ async def _generate_all(args: argparse.Namespace) -> bool:
 __all__ = [
     "Client", "AsyncClient", "Stream", "AsyncStream", "Completion", "ClientError", "ServerError",
     "ClientTimeout", "readiness_problem", "build_submit", "add_client_parser", "cmd_client",
-    "SAMPLING_FIELDS", "Usage", "Timings", "Delta", "Stats",
+    "SAMPLING_FIELDS", "RETRYABLE", "Usage", "Timings", "Delta", "Stats",
 ]
