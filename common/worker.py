@@ -13,9 +13,11 @@ from dataclasses import dataclass, field
 
 import zmq
 
+from common import auth
 from common import protocol as P
 from common.config import EngineConfig
 from common.engine import LLMEngine
+from common.faults import Faults, crash
 from common.sampling_params import InvalidRequest
 from common.sequence import Sequence
 from kvtransfer import DataChannel, TransferError, available_transports, make_transport, pack_descriptors
@@ -33,6 +35,8 @@ class WorkerConfig:
     kv_transports: list[str] = field(default_factory=list)  # empty: every transport this device has
     heartbeat_interval: float = 0.5
     handoff_timeout: float = 60.0  # how long blocks wait for the other side of a KV handoff
+    auth_token: str | None = None  # the cluster's shared secret: CURVE on every socket (common/auth.py)
+    fault_dir: str | None = None  # test-only fault injection (common/faults.py)
 
 
 class Worker:
@@ -41,12 +45,19 @@ class Worker:
     def __init__(self, config: WorkerConfig, engine_config: EngineConfig):
         self.config = config
         self.engine = LLMEngine(engine_config)
+        self.faults = Faults(config.fault_dir)
         self.ctx = zmq.Context()
+        keys = auth.keys_from_token(config.auth_token) if config.auth_token else None
+        self._authenticator = auth.start_authenticator(self.ctx, keys) if keys else None
         self.router = self.ctx.socket(zmq.DEALER)
         self.router.setsockopt(zmq.IDENTITY, config.worker_id.encode())
         self.router.setsockopt(zmq.LINGER, 0)
+        if keys:
+            auth.secure_client(self.router, keys)
         self.router.connect(config.router_address)
-        self.channel = DataChannel(self.ctx, config.host)
+        def secure(sock: zmq.Socket, server: bool) -> None:
+            (auth.secure_server if server else auth.secure_client)(sock, keys)
+        self.channel = DataChannel(self.ctx, config.host, secure if keys else None)
         pool = self.engine.runner.kv_pool
         names = config.kv_transports or available_transports(engine_config.device)
         self.transports = {}
@@ -100,6 +111,8 @@ class Worker:
             transport.close()
         self.channel.close()
         self.router.close()
+        if self._authenticator is not None:
+            self._authenticator.stop()
         self.ctx.term()
         self.engine.close()
 
@@ -195,6 +208,8 @@ class Worker:
 
     def on_step(self, updated: list[Sequence]) -> None:
         self.report(updated)
+        if self.faults.claim("crash_decode", (s.token_ids for s in updated), self.config.worker_id):
+            crash()
 
     def on_transfer_done(self, request_id: str, future: Future, aborted: bool) -> None:
         """A KV transfer in `transfers` ended (`future` holds its outcome); `aborted`: the request was

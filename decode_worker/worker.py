@@ -57,12 +57,13 @@ class DecodeWorker(Worker):
         elif transport is None:
             problem = f"no {h.transport!r} transport here"
         pending = None
+        code = P.INTERNAL  # a mismatch is a bug or a misconfiguration
         if problem is None:
             try:
                 pending = transport.receive(h.request_id, h.src_worker_id, h.dst_block_ids, frames)
             except Exception as e:
                 log.exception("request %s: receiving KV failed", h.request_id)
-                problem = f"receiving KV failed: {e}"
+                problem, code = f"receiving KV failed: {e}", P.ABORTED
         elif transport is not None:
             try:  # a streaming sender still sends the bytes: take them off the wire, or later handoffs misalign
                 transport.discard(h.request_id, h.src_worker_id, frames)
@@ -72,7 +73,7 @@ class DecodeWorker(Worker):
             self.transfers[h.request_id] = pending
             self.handoffs[h.request_id] = h
             return
-        self.finish_receive(h, problem)
+        self.finish_receive(h, problem, code)
 
     def on_transfer_done(self, request_id: str, future, aborted: bool) -> None:
         h = self.handoffs.pop(request_id)
@@ -81,18 +82,19 @@ class DecodeWorker(Worker):
             self.abort(request_id)
         elif future.exception() is not None:
             log.error("request %s: receiving KV failed: %s", request_id, future.exception())
-            self.finish_receive(h, f"receiving KV failed: {future.exception()}")
+            self.finish_receive(h, f"receiving KV failed: {future.exception()}", P.ABORTED)
         else:
             self.finish_receive(h, None)
 
-    def finish_receive(self, h: P.KVHandoff, problem: str | None) -> None:
+    def finish_receive(self, h: P.KVHandoff, problem: str | None, code: str = P.INTERNAL) -> None:
         """Acknowledge the handoff; admit the request, or fail it when its KV did not land."""
         problem = problem if problem is None else problem[:P.MAX_MESSAGE_LEN]
+        # Acked either way: the prefill worker frees its blocks now, not when its lease runs out.
         self.channel.send(h.reply_to, P.HandoffAck(request_id=h.request_id, ok=problem is None, message=problem or ""))
         if problem is not None:
             if h.request_id in self.engine.reserved and h.request_id not in self.transfers:
                 self.abort(h.request_id)
-                self.send(P.Error(request_id=h.request_id, code=P.INTERNAL, message=problem))
+                self.send(P.Error(request_id=h.request_id, code=code, message=problem))
             return
         self.leases.pop(h.request_id, None)
         seq = self.engine.admit_prefilled(h.request_id, h.first_token)

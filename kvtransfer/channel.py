@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import zmq
 
 from common import protocol as P
@@ -8,12 +10,17 @@ from common import protocol as P
 class DataChannel:
     """The KV data plane of one worker: a PULL socket others push handoffs and acks to, and PUSH
     sockets to peers, opened on first use. Records travel as the first frame of a multipart message;
-    KV payload frames, if any, follow."""
+    KV payload frames, if any, follow. `secure(sock, server)`, if given, configures each socket before
+    it binds (server) or connects (e.g. CURVE, see common/auth.py)."""
 
-    def __init__(self, ctx: zmq.Context, host: str = "127.0.0.1"):
+    def __init__(self, ctx: zmq.Context, host: str = "127.0.0.1",
+                 secure: Callable[[zmq.Socket, bool], None] | None = None):
         self.ctx = ctx
+        self.secure = secure
         self.inbox = ctx.socket(zmq.PULL)
         self.inbox.setsockopt(zmq.LINGER, 0)
+        if secure is not None:
+            secure(self.inbox, True)
         port = self.inbox.bind_to_random_port(f"tcp://{host}")
         self.address = f"tcp://{host}:{port}"
         self.peers: dict[str, zmq.Socket] = {}
@@ -23,6 +30,8 @@ class DataChannel:
         if sock is None:
             sock = self.peers[address] = self.ctx.socket(zmq.PUSH)
             sock.setsockopt(zmq.LINGER, 1000)
+            if self.secure is not None:
+                self.secure(sock, False)
             sock.connect(address)
         sock.send_multipart([P.encode(msg), *(payload or [])], copy=False)
 

@@ -4,9 +4,10 @@ import logging
 import time
 
 from common import protocol as P
+from common.faults import crash
 from common.sequence import Sequence
 from common.worker import Worker
-from kvtransfer import unpack_descriptors
+from kvtransfer import TransferError, unpack_descriptors
 
 log = logging.getLogger(__name__)
 
@@ -26,6 +27,8 @@ class PrefillWorker(Worker):
     def on_message(self, msg: P.Message) -> None:
         if not isinstance(msg, P.PrefillTask):
             return super().on_message(msg)
+        if self.faults.claim("crash_prefill", [msg.token_ids], self.config.worker_id):
+            crash()
         expected = self.engine.block_manager.blocks_needed(len(msg.token_ids))
         if len(msg.dst_block_ids) != expected:
             self.send(P.Error(request_id=msg.request_id, code=P.BAD_REQUEST,
@@ -45,18 +48,24 @@ class PrefillWorker(Worker):
         """prefill batch -> KV blocks -> transfer: move the prompt's blocks into the decode worker's."""
         task = self.tasks[seq.request_id]
         n = len(task.dst_block_ids)
+        fault = next((f for f in ("kv_send_error", "kv_drop", "kv_corrupt")
+                      if self.faults.claim(f, [seq.token_ids], self.config.worker_id)), None)
         try:
+            if fault == "kv_send_error":
+                raise TransferError("injected fault kv_send_error")
             descriptor = unpack_descriptors(task.decode_kv_descriptor).get(task.transport, b"")
             sent = self.transports[task.transport].send(seq.request_id, task.decode_worker_id, descriptor,
                                                         seq.block_table[:n], task.dst_block_ids)
+            frames = [memoryview(b"\0")] if fault == "kv_corrupt" else sent.frames
             handoff = P.KVHandoff(request_id=seq.request_id, src_worker_id=self.config.worker_id,
                                   first_token=seq.last_token, num_tokens=seq.num_prompt_tokens,
                                   transport=task.transport, layout=self.layout, dst_block_ids=task.dst_block_ids,
                                   reply_to=self.channel.address, cached_tokens=seq.num_cached_tokens)
             if sent.done is not None:  # still streaming from our blocks: keep them until it is done
                 self.transfers[seq.request_id] = sent.done
-            self.channel.send(task.decode_kv_address, handoff, sent.frames)
-        except Exception as e:  # the request fails; the worker goes on
+            if fault != "kv_drop":  # a dropped handoff is found out by the leases on both sides
+                self.channel.send(task.decode_kv_address, handoff, frames)
+        except Exception as e:  # the request fails and its blocks are freed on both sides; the worker goes on
             log.exception("request %s: KV transfer to %s failed", seq.request_id, task.decode_worker_id)
             self.fail_transfer(seq.request_id, e)
             return
@@ -72,7 +81,7 @@ class PrefillWorker(Worker):
     def fail_transfer(self, request_id: str, e: BaseException) -> None:
         self.abort(request_id)
         message = f"KV transfer failed: {e}"[:P.MAX_MESSAGE_LEN]
-        self.send(P.Error(request_id=request_id, code=P.INTERNAL, message=message))
+        self.send(P.Error(request_id=request_id, code=P.ABORTED, message=message))
 
     def on_data(self, msg: P.Message, frames: list[memoryview]) -> None:
         if isinstance(msg, P.HandoffAck):

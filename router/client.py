@@ -25,6 +25,7 @@ from typing import Any, Union
 import zmq
 import zmq.asyncio
 
+from common import auth
 from common.protocol import (
     DEFAULT_ROUTER_ADDRESS,
     ROUTER_TO_CLIENT,
@@ -142,6 +143,21 @@ def build_submit(prompt: Prompt, *, chat: bool, stream: bool, request_id: str | 
         raise InvalidRequest(field, problem) from None
 
 
+RETRYABLE = ("overloaded", "unavailable", "aborted")  # error codes a resubmit may cure
+RETRY_BACKOFF_S = (0.1, 2.0)  # first wait and cap when the router gives no retry_after
+
+
+def _retry_wait(exc: ServerError, attempt: int, retries: int, deadline: float | None) -> float | None:
+    """Seconds to wait before resubmitting after `exc`, or None to give up."""
+    if attempt >= retries or exc.code not in RETRYABLE:
+        return None
+    first, cap = RETRY_BACKOFF_S
+    wait = exc.retry_after if exc.retry_after is not None else min(cap, first * 2**attempt)
+    if deadline is not None and time.monotonic() + wait >= deadline:
+        return None
+    return wait
+
+
 def _remaining(deadline: float | None) -> float | None:
     return None if deadline is None else max(0.0, deadline - time.monotonic())
 
@@ -232,9 +248,14 @@ def _as_reply(item: Message | ClientError) -> Message:
     return item
 
 
-def _dealer(context: zmq.Context, address: str) -> zmq.Socket:
+def _dealer(context: zmq.Context, address: str, auth_token: str | None) -> zmq.Socket:
+    """A DEALER connected to `address`; with a token (given, or from the environment) over CURVE."""
+    token = auth_token if auth_token is not None else auth.load_token()
+    keys = auth.keys_from_token(token) if token else None  # a weak token raises AuthError (a ValueError)
     sock = context.socket(zmq.DEALER)
     sock.setsockopt(zmq.LINGER, 0)
+    if keys:
+        auth.secure_client(sock, keys)
     try:
         sock.connect(address)
     except zmq.ZMQError as exc:
@@ -250,12 +271,17 @@ class Client:
     """A blocking client on one DEALER socket. Not thread-safe: use one per thread.
 
     `timeout` (seconds, None = wait forever) is the default for every call; each call may override it.
+    `auth_token` is the cluster's shared secret, if it has one (default: $PDCLUSTER_AUTH_TOKEN_FILE or
+    $PDCLUSTER_AUTH_TOKEN); without the right one the router never answers. `retries` is the default
+    for `generate`.
     """
 
-    def __init__(self, address: str = DEFAULT_ROUTER_ADDRESS, timeout: float | None = None) -> None:
+    def __init__(self, address: str = DEFAULT_ROUTER_ADDRESS, timeout: float | None = None,
+                 auth_token: str | None = None, retries: int = 0) -> None:
         self.address = address
         self.timeout = timeout
-        self._sock = _dealer(zmq.Context.instance(), address)
+        self.retries = retries
+        self._sock = _dealer(zmq.Context.instance(), address, auth_token)
         self._demux = _Demux()
         self._tokens = itertools.count(random.getrandbits(31))
 
@@ -273,16 +299,31 @@ class Client:
     # requests
 
     def generate(self, prompt: Prompt, *, chat: bool = False, timeout: float | None = None,
-                 request_id: str | None = None, **sampling: Any) -> Completion:
-        """Run one request to the end. Raises ServerError, ClientTimeout (after aborting it), ClientError."""
-        call = self._start(prompt, chat, False, request_id, timeout, sampling)
-        try:
-            while True:
-                msg = call.next()
-                if isinstance(msg, Result):
-                    return Completion.from_result(msg)
-        finally:
-            call.close()
+                 request_id: str | None = None, retries: int | None = None, **sampling: Any) -> Completion:
+        """Run one request to the end. Raises ServerError, ClientTimeout (after aborting it), ClientError.
+
+        Refused with overloaded, unavailable or aborted, it is resubmitted (same request_id) up to `retries`
+        times (default: the client's), after the router's retry_after, within `timeout`.
+        """
+        timeout = self.timeout if timeout is None else timeout
+        deadline = _deadline(timeout)
+        retries = self.retries if retries is None else retries
+        for attempt in itertools.count():
+            call = self._start(prompt, chat, False, request_id, timeout, sampling, deadline)
+            request_id = call.request_id
+            try:
+                while True:
+                    msg = call.next()
+                    if isinstance(msg, Result):
+                        return Completion.from_result(msg)
+            except ServerError as exc:
+                wait = _retry_wait(exc, attempt, retries, deadline)
+                if wait is None:
+                    raise
+            finally:
+                call.close()
+            time.sleep(wait)
+        raise AssertionError("unreachable")
 
     def stream(self, prompt: Prompt, *, chat: bool = False, timeout: float | None = None,
                request_id: str | None = None, **sampling: Any) -> Stream:
@@ -340,12 +381,12 @@ class Client:
         return True
 
     def _start(self, prompt: Prompt, chat: bool, stream: bool, request_id: str | None,
-               timeout: float | None, sampling: dict[str, Any]) -> _Call:
+               timeout: float | None, sampling: dict[str, Any], deadline: float | None = None) -> _Call:
         submit = build_submit(prompt, chat=chat, stream=stream, request_id=request_id, sampling=sampling)
         if submit.request_id in self._demux.requests:
             raise InvalidRequest("request_id", f"{submit.request_id!r} is already in flight")
         timeout = self.timeout if timeout is None else timeout
-        call = _Call(self, submit.request_id, timeout)
+        call = _Call(self, submit.request_id, timeout, deadline)
         try:
             self._send(submit)
         except BaseException:
@@ -376,11 +417,12 @@ def _not_ready_text(address: str, timeout: float, problem: str) -> str:
 class _Call:
     """One request of a blocking Client: its inbox, deadline, and abort-on-exit."""
 
-    def __init__(self, client: Client, request_id: str, timeout: float | None) -> None:
+    def __init__(self, client: Client, request_id: str, timeout: float | None,
+                 deadline: float | None = None) -> None:
         self.client = client
         self.request_id = request_id
         self.timeout = timeout
-        self.deadline = _deadline(timeout)
+        self.deadline = _deadline(timeout) if deadline is None else deadline  # a retry keeps the first deadline
         self.inbox: deque[Message | ClientError] = deque()
         self.done = False
         client._demux.requests[request_id] = self.inbox.append
@@ -469,12 +511,15 @@ class AsyncClient:
     """An asyncio client: any number of concurrent requests on one DEALER socket.
 
     One reader task (started on first use) routes replies by request_id. Use it from one event loop.
+    `auth_token` and `retries` as for `Client`.
     """
 
-    def __init__(self, address: str = DEFAULT_ROUTER_ADDRESS, timeout: float | None = None) -> None:
+    def __init__(self, address: str = DEFAULT_ROUTER_ADDRESS, timeout: float | None = None,
+                 auth_token: str | None = None, retries: int = 0) -> None:
         self.address = address
         self.timeout = timeout
-        self._sock = _dealer(zmq.asyncio.Context.instance(), address)
+        self.retries = retries
+        self._sock = _dealer(zmq.asyncio.Context.instance(), address, auth_token)
         self._demux = _Demux()
         self._tokens = itertools.count(random.getrandbits(31))
         self._reader: asyncio.Task[None] | None = None
@@ -499,15 +544,26 @@ class AsyncClient:
     # requests
 
     async def generate(self, prompt: Prompt, *, chat: bool = False, timeout: float | None = None,
-                       request_id: str | None = None, **sampling: Any) -> Completion:
-        call = self._start(prompt, chat, False, request_id, timeout, sampling)
-        try:
-            while True:
-                msg = await call.next()
-                if isinstance(msg, Result):
-                    return Completion.from_result(msg)
-        finally:
-            call.close()
+                       request_id: str | None = None, retries: int | None = None, **sampling: Any) -> Completion:
+        timeout = self.timeout if timeout is None else timeout
+        deadline = _deadline(timeout)
+        retries = self.retries if retries is None else retries
+        for attempt in itertools.count():
+            call = self._start(prompt, chat, False, request_id, timeout, sampling, deadline)
+            request_id = call.request_id
+            try:
+                while True:
+                    msg = await call.next()
+                    if isinstance(msg, Result):
+                        return Completion.from_result(msg)
+            except ServerError as exc:
+                wait = _retry_wait(exc, attempt, retries, deadline)
+                if wait is None:
+                    raise
+            finally:
+                call.close()
+            await asyncio.sleep(wait)
+        raise AssertionError("unreachable")
 
     def stream(self, prompt: Prompt, *, chat: bool = False, timeout: float | None = None,
                request_id: str | None = None, **sampling: Any) -> AsyncStream:
@@ -570,12 +626,12 @@ class AsyncClient:
             self._demux.fail_all(self._broken)
 
     def _start(self, prompt: Prompt, chat: bool, stream: bool, request_id: str | None,
-               timeout: float | None, sampling: dict[str, Any]) -> _AsyncCall:
+               timeout: float | None, sampling: dict[str, Any], deadline: float | None = None) -> _AsyncCall:
         submit = build_submit(prompt, chat=chat, stream=stream, request_id=request_id, sampling=sampling)
         if submit.request_id in self._demux.requests:
             raise InvalidRequest("request_id", f"{submit.request_id!r} is already in flight")
         timeout = self.timeout if timeout is None else timeout
-        call = _AsyncCall(self, submit.request_id, timeout)
+        call = _AsyncCall(self, submit.request_id, timeout, deadline)
         try:
             self._send(submit)
         except BaseException:
@@ -606,11 +662,12 @@ def _report_send_failure(sent: asyncio.Future[Any]) -> None:
 class _AsyncCall:
     """One request of an AsyncClient: its queue, deadline, and abort-on-exit."""
 
-    def __init__(self, client: AsyncClient, request_id: str, timeout: float | None) -> None:
+    def __init__(self, client: AsyncClient, request_id: str, timeout: float | None,
+                 deadline: float | None = None) -> None:
         self.client = client
         self.request_id = request_id
         self.timeout = timeout
-        self.deadline = _deadline(timeout)
+        self.deadline = _deadline(timeout) if deadline is None else deadline  # a retry keeps the first deadline
         self.inbox: asyncio.Queue[Message | ClientError] = asyncio.Queue()
         self.done = False
         client._demux.requests[request_id] = self.inbox.put_nowait
@@ -703,6 +760,8 @@ def add_client_parser(subparsers: Any) -> argparse.ArgumentParser:
 
     p = subparsers.add_parser("client", help="talk to a running router: ping, stats, or generate")
     p.add_argument("--address", default=DEFAULT_ROUTER_ADDRESS, help="the router's address (default %(default)s)")
+    p.add_argument("--auth-token-file", default=None,
+                   help=f"file holding the cluster's shared secret (default: ${auth.TOKEN_FILE_ENV} or ${auth.TOKEN_ENV})")
     what = p.add_mutually_exclusive_group(required=True)
     what.add_argument("--ping", action="store_true", help="wait until the cluster can serve: exit 0, else 2")
     what.add_argument("--stats", action="store_true", help="print the router's stats as one JSON line")
@@ -724,18 +783,19 @@ def cmd_client(args: argparse.Namespace) -> None:
 
     if args.timeout is not None and not args.timeout > 0:
         raise UsageError(f"--timeout must be > 0, got {args.timeout:g}")
+    args.auth_token = auth.load_token(args.auth_token_file)
     if args.ping:
-        with Client(args.address) as client:
+        with Client(args.address, auth_token=args.auth_token) as client:
             client.wait_ready(args.timeout or PING_TIMEOUT_S)  # TimeoutError: main prints it, exit 2
         log.info("cluster at %s is ready", args.address)
     elif args.stats:
-        _print_stats(args.address, args.timeout or STATS_TIMEOUT_S)
+        _print_stats(args.address, args.timeout or STATS_TIMEOUT_S, args.auth_token)
     elif not asyncio.run(_generate_all(args)):
         raise SystemExit(1)
 
 
-def _print_stats(address: str, timeout: float) -> None:
-    with Client(address) as client:
+def _print_stats(address: str, timeout: float, auth_token: str | None) -> None:
+    with Client(address, auth_token=auth_token) as client:
         try:
             stats = client.stats(timeout=timeout)
         except ClientTimeout:
@@ -752,7 +812,7 @@ async def _generate_all(args: argparse.Namespace) -> bool:
 
     prompts = read_prompts(args)
     sampling = dataclasses.asdict(sampling_from_args(args))
-    async with AsyncClient(args.address, timeout=args.timeout) as client:
+    async with AsyncClient(args.address, timeout=args.timeout, auth_token=args.auth_token) as client:
         outcomes = await asyncio.gather(
             *(client.generate(p, chat=args.chat, **sampling) for p in prompts), return_exceptions=True
         )
@@ -771,5 +831,5 @@ async def _generate_all(args: argparse.Namespace) -> bool:
 __all__ = [
     "Client", "AsyncClient", "Stream", "AsyncStream", "Completion", "ClientError", "ServerError",
     "ClientTimeout", "readiness_problem", "build_submit", "add_client_parser", "cmd_client",
-    "SAMPLING_FIELDS", "Usage", "Timings", "Delta", "Stats",
+    "SAMPLING_FIELDS", "RETRYABLE", "Usage", "Timings", "Delta", "Stats",
 ]

@@ -10,6 +10,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from common import faults
 from common.config import ConfigError, EngineConfig
 from common.worker import ColocatedWorker, WorkerConfig
 from decode_worker.worker import DecodeWorker
@@ -37,6 +38,10 @@ class ServeConfig:
     decode_gpu_memory_utilization: float | None = field(default=None, metadata={
         "help": "GPU memory share of each decode worker (default: gpu_memory_utilization x gpus_per_worker)"})
     startup_timeout: float = field(default=600.0, metadata={"help": "seconds to wait for every worker to load"})
+    worker_restarts: int = field(default=3, metadata={"help": "times Ray restarts a worker process that died "
+                                                                "(-1: always); it then rejoins the router"})
+    handoff_timeout: float = field(default=60.0, metadata={"help": "seconds KV blocks stay held for a handoff "
+                                                                   "before the request fails with `timeout`"})
 
 
 class WorkerActor:
@@ -111,12 +116,16 @@ class Cluster:
         import ray
 
         s, e = self.serve_config, self.engine_config
-        actor_cls = ray.remote(max_concurrency=2)(WorkerActor)
+        # A worker that dies is started again and `run` retried: it says hello and the router takes it back.
+        actor_cls = ray.remote(max_concurrency=2, max_restarts=s.worker_restarts,
+                               max_task_retries=s.worker_restarts)(WorkerActor)
         host = self.router_config.worker_host
         gpus = s.gpus_per_worker * e.tensor_parallel_size if e.device == "cuda" else 0
+        fault_dir = faults.Faults.from_env().folder  # test-only; read once, here
         for worker_id, role, engine_config in self.worker_plan():
             config = WorkerConfig(worker_id=worker_id, router_address=self.router.worker_address, host=host,
-                                  kv_transports=self.kv_transports)
+                                  kv_transports=self.kv_transports, handoff_timeout=s.handoff_timeout,
+                                  auth_token=self.router.auth_token, fault_dir=fault_dir)
             actor = actor_cls.options(name=f"pdcluster-{worker_id}", num_cpus=1, num_gpus=gpus).remote(
                 role, config, engine_config)
             self.actors[worker_id] = actor

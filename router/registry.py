@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from common import protocol as P
 
 
-@dataclass
+@dataclass(eq=False)
 class WorkerInfo:
     hello: P.WorkerHello
     identity: bytes  # ZMQ routing id
@@ -17,6 +17,10 @@ class WorkerInfo:
     # Router-side estimates between heartbeats.
     blocks_promised: int = 0  # reserved since the last heartbeat
     prefill_tokens: int = 0  # tokens sent to prefill and not yet reported done
+    # Router request ids this worker is working on (a prefill worker: until the first token).
+    assigned: set[str] = field(default_factory=set)
+    # Ids of requests taken away when it was declared dead: aborted there should it be heard from again.
+    lost: set[str] = field(default_factory=set)
 
     @property
     def worker_id(self) -> str:
@@ -42,10 +46,16 @@ class WorkerInfo:
 
 
 class WorkerRegistry:
-    """The workers the router knows, and which one gets the next request."""
+    """The workers the router knows, and which one gets the next request.
 
-    def __init__(self):
+    No worker gets more than `max_requests` requests at a time: the rest wait in the router's bounded
+    queue, so a burst cannot pile up unbounded work (and memory) on a worker.
+    """
+
+    def __init__(self, max_requests: int = 1024):
         self.workers: dict[str, WorkerInfo] = {}
+        self.identities: dict[bytes, str] = {}
+        self.max_requests = max_requests
 
     def register(self, hello: P.WorkerHello, identity: bytes) -> WorkerInfo:
         """Adds (or re-adds) a worker; raises ValueError when it cannot work with the others."""
@@ -60,42 +70,47 @@ class WorkerRegistry:
                                  f"{other.worker_id} has {other.hello.layout}")
         load = P.WorkerLoad(queued_requests=0, queued_tokens=0, running_requests=0,
                             kv_blocks_total=hello.num_blocks, kv_blocks_free=hello.num_blocks)
+        old = self.workers.get(hello.worker_id)
+        if old is not None:
+            self.identities.pop(old.identity, None)
         info = WorkerInfo(hello, identity, load)
         self.workers[hello.worker_id] = info
+        self.identities[identity] = hello.worker_id
         return info
 
-    def heartbeat(self, hb: P.Heartbeat) -> WorkerInfo | None:
-        info = self.workers.get(hb.worker_id)
-        if info is not None:
-            info.load = P.WorkerLoad(queued_requests=hb.queued_requests, queued_tokens=hb.queued_tokens,
-                                     running_requests=hb.running_requests, kv_blocks_total=hb.kv_blocks_total,
-                                     kv_blocks_free=hb.kv_blocks_free)
-            info.last_seen = time.monotonic()
-            info.blocks_promised = 0
-        return info
+    def by_identity(self, identity: bytes) -> WorkerInfo | None:
+        worker_id = self.identities.get(identity)
+        return None if worker_id is None else self.workers.get(worker_id)
+
+    def heartbeat(self, worker: WorkerInfo, hb: P.Heartbeat) -> None:
+        worker.load = P.WorkerLoad(queued_requests=hb.queued_requests, queued_tokens=hb.queued_tokens,
+                                   running_requests=hb.running_requests, kv_blocks_total=hb.kv_blocks_total,
+                                   kv_blocks_free=hb.kv_blocks_free)
+        worker.last_seen = time.monotonic()
+        worker.blocks_promised = 0
 
     def expire(self, timeout: float) -> list[WorkerInfo]:
-        """Marks workers not heard from within `timeout` seconds dead; returns the newly dead."""
+        """The live workers not heard from within `timeout` seconds (the caller declares them dead)."""
         now = time.monotonic()
-        dead = [w for w in self.workers.values() if w.alive and now - w.last_seen > timeout]
-        for w in dead:
-            w.alive = False
-        return dead
+        return [w for w in self.workers.values() if w.alive and now - w.last_seen > timeout]
 
     def of_role(self, *roles: str) -> list[WorkerInfo]:
         return [w for w in self.workers.values() if w.accepting and w.role in roles]
 
+    def _with_room(self, *roles: str) -> list[WorkerInfo]:
+        return [w for w in self.of_role(*roles) if len(w.assigned) < self.max_requests]
+
     def pick_prefill(self) -> WorkerInfo | None:
         """Least queued prefill tokens."""
-        return min(self.of_role("prefill"), key=lambda w: w.load.queued_tokens + w.prefill_tokens, default=None)
+        return min(self._with_room("prefill"), key=lambda w: w.load.queued_tokens + w.prefill_tokens, default=None)
 
     def pick_decode(self, blocks_needed: int) -> WorkerInfo | None:
         """Most free KV blocks, among those that can hold the request now."""
-        fits = [w for w in self.of_role("decode") if w.free_blocks >= blocks_needed]
+        fits = [w for w in self._with_room("decode") if w.free_blocks >= blocks_needed]
         return max(fits, key=lambda w: w.free_blocks, default=None)
 
     def pick_colocated(self) -> WorkerInfo | None:
-        return min(self.of_role("colocated"),
+        return min(self._with_room("colocated"),
                    key=lambda w: (w.load.queued_tokens + w.prefill_tokens, w.load.running_requests), default=None)
 
     def limits(self) -> tuple[int, int] | None:

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 import zmq
 import zmq.asyncio
 
+from common import auth
 from common import protocol as P
 from common.llm import encode_prompt, load_tokenizer
 from common.sampling_params import InvalidRequest, SamplingParams
@@ -36,13 +37,24 @@ class RouterConfig:
     kv_transport: str = field(default="auto", metadata={"help": "auto, host, cuda_ipc or nccl (gloo on cpu)"})
     max_queued_requests: int = field(default=4096, metadata={"help": "requests waiting for a worker before "
                                                                        "new ones get `overloaded`"})
-    worker_timeout: float = field(default=10.0, metadata={"help": "seconds without a heartbeat before a "
-                                                                   "worker counts as dead"})
+    max_queued_tokens: int = field(default=1 << 20, metadata={"help": "prompt tokens waiting for a worker before "
+                                                                       "new requests get `overloaded`"})
+    max_worker_requests: int = field(default=1024, metadata={"help": "requests one worker holds at a time (queued "
+                                                                      "or running); more wait at the router"})
+    retry_after: float = field(default=1.0, metadata={"help": "seconds an `overloaded` or `unavailable` reply "
+                                                              "asks the client to wait before retrying"})
+    worker_timeout: float = field(default=5.0, metadata={"help": "seconds without a heartbeat before a "
+                                                                  "worker counts as dead"})
+    request_restarts: int = field(default=1, metadata={"help": "times a request is started over on other workers "
+                                                                "when one dies before the client saw a token"})
+    auth_token_file: str | None = field(default=None, metadata={
+        "help": f"file holding the cluster's shared secret (or set {auth.TOKEN_ENV}); needed to bind a "
+                "non-loopback address; clients and workers must hold it too"})
 
 
-@dataclass
+@dataclass(eq=False)
 class Request:
-    rid: str  # the router's id: every worker message about this request carries it
+    rid: str  # the router's id of this attempt: every worker message about it carries it
     client: bytes
     client_rid: str
     prompt_ids: list[int]
@@ -57,36 +69,91 @@ class Request:
     token_ids: list[int] = field(default_factory=list)
     token_times: list[float] = field(default_factory=list)
     cached_tokens: int = 0
+    attempts: int = 0  # restarts after a worker died
+
+    @property
+    def delivered(self) -> bool:
+        """Whether the client has seen part of the completion (then it cannot be started over)."""
+        return self.stream and bool(self.token_ids)
+
+
+class WaitQueue:
+    """Requests waiting for a worker, oldest first, with their prompt tokens counted for admission control."""
+
+    def __init__(self) -> None:
+        self._items: deque[Request] = deque()
+        self.tokens = 0
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def __contains__(self, req: Request) -> bool:
+        return req in self._items
+
+    def push(self, req: Request, front: bool = False) -> None:
+        (self._items.appendleft if front else self._items.append)(req)
+        self.tokens += len(req.prompt_ids)
+
+    def peek(self) -> Request:
+        return self._items[0]
+
+    def pop(self) -> Request:
+        req = self._items.popleft()
+        self.tokens -= len(req.prompt_ids)
+        return req
+
+    def remove(self, req: Request) -> None:
+        self._items.remove(req)
+        self.tokens -= len(req.prompt_ids)
 
 
 class Router:
     def __init__(self, config: RouterConfig):
         if config.mode not in ("disagg", "colocated"):
             raise ValueError(f"mode: must be disagg or colocated, got {config.mode!r}")
+        for name in ("max_worker_requests", "worker_timeout"):  # zero would queue every request forever
+            if not getattr(config, name) > 0:
+                raise ValueError(f"{name}: must be positive, got {getattr(config, name)}")
+        for name in ("max_queued_requests", "max_queued_tokens", "retry_after", "request_restarts"):
+            if not getattr(config, name) >= 0:
+                raise ValueError(f"{name}: must be >= 0, got {getattr(config, name)}")
+        # Before anything slow: serving another machine without a secret is refused outright.
+        self.auth_token = auth.load_token(config.auth_token_file)
+        auth.require_token_for([config.bind, config.worker_host], self.auth_token)
+        keys = auth.keys_from_token(self.auth_token) if self.auth_token else None
         self.config = config
         self.tokenizer = load_tokenizer(config.model)
         self.ctx = zmq.asyncio.Context()
-        self.frontend = self._socket(config.bind)
+        self._authenticator = auth.start_authenticator(self.ctx, keys) if keys else None
+        self.frontend = self._socket(config.bind, keys)
         self.backend = self.ctx.socket(zmq.ROUTER)
         self.backend.setsockopt(zmq.LINGER, 0)
+        self.backend.setsockopt(zmq.ROUTER_HANDOVER, 1)  # a restarted worker reconnects under its old identity
+        if keys:
+            auth.secure_server(self.backend, keys)
         port = self.backend.bind_to_random_port(f"tcp://{config.worker_host}")
         self.worker_address = f"tcp://{config.worker_host}:{port}"
-        self.registry = WorkerRegistry()
+        self.registry = WorkerRegistry(config.max_worker_requests)
         self.requests: dict[str, Request] = {}
         self.by_client: dict[tuple[bytes, str], str] = {}
-        self.queue: deque[str] = deque()
+        self.queue = WaitQueue()
         self.started = time.monotonic()
         self._ids = itertools.count()
         self._prefix = os.urandom(3).hex()
 
-    def _socket(self, address: str) -> zmq.asyncio.Socket:
+    def _socket(self, address: str, keys: auth.CurveKeys | None) -> zmq.asyncio.Socket:
         sock = self.ctx.socket(zmq.ROUTER)
-        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.LINGER, 1000)  # time to deliver the errors sent while shutting down
         # A hard cap on what a peer can make us buffer; frames under it but over the protocol's limit
         # still get a `too_large` reply.
         sock.setsockopt(zmq.MAXMSGSIZE, 4 * P.MAX_FRAME_BYTES)
+        if keys:
+            auth.secure_server(sock, keys)
         sock.bind(address)
         return sock
+
+    def _new_rid(self) -> str:
+        return f"{self._prefix}-{next(self._ids)}"
 
     # ---- loops --------------------------------------------------------------------------------------
     async def serve(self, stop: asyncio.Event) -> None:
@@ -95,11 +162,17 @@ class Router:
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        for req in list(self.requests.values()):  # every request still gets its terminal message
+            await self.to_client(req.client, P.Error(request_id=req.client_rid, code=P.UNAVAILABLE,
+                                                     message="the router is shutting down"))
+            self._forget(req)
         await self._broadcast(P.Shutdown(reason="router stopping"))
 
     def close(self) -> None:
         self.frontend.close()
         self.backend.close()
+        if self._authenticator is not None:
+            self._authenticator.stop()
         self.ctx.term()
 
     async def _client_loop(self) -> None:
@@ -117,9 +190,11 @@ class Router:
 
     async def _worker_loop(self) -> None:
         while True:
-            identity, frame = await self.backend.recv_multipart()
+            identity, *frames = await self.backend.recv_multipart()
             try:
-                await self.on_worker(identity, P.decode(frame, expect=P.WORKER_TO_ROUTER))
+                if len(frames) != 1:
+                    raise P.ProtocolError(P.BAD_REQUEST, f"a message must be one frame, got {len(frames)}")
+                await self.on_worker(identity, P.decode(frames[0], expect=P.WORKER_TO_ROUTER))
             except P.ProtocolError as e:
                 log.warning("bad frame from worker %r: %s", identity, e)
             except Exception:
@@ -129,8 +204,7 @@ class Router:
         while True:
             await asyncio.sleep(min(1.0, self.config.worker_timeout / 4))
             for worker in self.registry.expire(self.config.worker_timeout):
-                log.error("worker %s stopped answering", worker.worker_id)
-                await self.on_worker_lost(worker)
+                await self.on_worker_lost(worker, "stopped answering")
             await self.dispatch()
 
     # ---- clients ------------------------------------------------------------------------------------
@@ -147,7 +221,7 @@ class Router:
             await self.to_client(identity, self.stats())
 
     async def submit(self, identity: bytes, msg: P.Submit) -> None:
-        """request -> router: validate, tokenize, queue."""
+        """request -> router: validate, admit, tokenize, queue."""
         def refuse(code: str, message: str, retry_after: float | None = None):
             return self.to_client(identity, P.Error(request_id=msg.request_id, code=code, message=message,
                                                     retry_after=retry_after))
@@ -156,19 +230,23 @@ class Router:
             return await refuse(P.BAD_REQUEST, f"request_id {msg.request_id!r} is already in flight")
         limits = self.registry.limits()
         if limits is None or not self.registry.can_serve(self.config.mode):
-            return await refuse(P.UNAVAILABLE, "no workers are ready", retry_after=1.0)
+            return await refuse(P.UNAVAILABLE, "no workers are ready", retry_after=self.config.retry_after)
         if len(self.queue) >= self.config.max_queued_requests:
-            return await refuse(P.OVERLOADED, f"{len(self.queue)} requests are queued", retry_after=1.0)
+            return await refuse(P.OVERLOADED, f"{len(self.queue)} requests are queued",
+                                retry_after=self.config.retry_after)
         try:
             ids = list(msg.token_ids) if msg.token_ids is not None else encode_prompt(self.tokenizer, msg.prompt, msg.chat)
             self.check_prompt(ids, *limits)
         except InvalidRequest as e:
             return await refuse(P.BAD_REQUEST, str(e))
-        rid = f"{self._prefix}-{next(self._ids)}"
-        req = Request(rid, identity, msg.request_id, ids, msg.sampling, msg.stream, IncrementalDetokenizer(self.tokenizer))
-        self.requests[rid] = req
-        self.by_client[(identity, msg.request_id)] = rid
-        self.queue.append(rid)
+        if self.queue and self.queue.tokens + len(ids) > self.config.max_queued_tokens:
+            return await refuse(P.OVERLOADED, f"{self.queue.tokens} prompt tokens are queued",
+                                retry_after=self.config.retry_after)
+        req = Request(self._new_rid(), identity, msg.request_id, ids, msg.sampling, msg.stream,
+                      IncrementalDetokenizer(self.tokenizer))
+        self.requests[req.rid] = req
+        self.by_client[(identity, msg.request_id)] = req.rid
+        self.queue.push(req)
         await self.dispatch()
 
     def check_prompt(self, ids: list[int], max_model_len: int, vocab_size: int) -> None:
@@ -191,13 +269,14 @@ class Router:
     async def dispatch(self) -> None:
         """Hand queued requests to workers, oldest first, while some worker can take the oldest."""
         while self.queue:
-            req = self.requests[self.queue[0]]
+            req = self.queue.peek()
             if self.config.mode == "colocated":
                 worker = self.registry.pick_colocated()
                 if worker is None:
                     return
                 req.decode, req.phase = worker.worker_id, "running"
                 worker.prefill_tokens += len(req.prompt_ids)
+                worker.assigned.add(req.rid)
                 await self.to_worker(worker, P.GenerateTask(request_id=req.rid, token_ids=req.prompt_ids,
                                                             sampling=req.sampling))
             else:
@@ -208,45 +287,70 @@ class Router:
                 req.decode, req.prefill, req.phase = decode.worker_id, prefill.worker_id, "reserving"
                 decode.blocks_promised += need
                 prefill.prefill_tokens += len(req.prompt_ids)
+                decode.assigned.add(req.rid)
+                prefill.assigned.add(req.rid)
                 await self.to_worker(decode, P.Reserve(request_id=req.rid, token_ids=req.prompt_ids,
                                                        sampling=req.sampling, prefill_worker_id=prefill.worker_id))
             req.dispatched = time.monotonic()
-            self.queue.popleft()
+            self.queue.pop()
 
     # ---- workers ------------------------------------------------------------------------------------
     async def on_worker(self, identity: bytes, msg: P.Message) -> None:
+        if isinstance(msg, P.WorkerHello):
+            return await self.on_hello(identity, msg)
+        worker = self.registry.by_identity(identity)
+        if worker is None:  # only a worker that said hello (and was accepted) speaks for requests
+            if not isinstance(msg, P.Error):  # never answer an error with one: two peers could loop forever
+                await self.backend.send_multipart([identity, P.encode(P.Error(
+                    request_id="", code=P.UNAUTHORIZED, message="send worker_hello first"))])
+            return
         if isinstance(msg, P.TokenBatch):
             for update in msg.updates:
-                await self.on_tokens(update)
+                await self.on_tokens(worker, update)
         elif isinstance(msg, P.Heartbeat):
-            if self.registry.heartbeat(msg) is not None:
-                await self.dispatch()
-        elif isinstance(msg, P.Reserved):
-            await self.on_reserved(msg)
-        elif isinstance(msg, P.Error):
-            await self.on_worker_error(msg)
-        elif isinstance(msg, P.WorkerHello):
-            try:
-                self.registry.register(msg, identity)
-                log.info("worker %s (%s) joined: %d KV blocks", msg.worker_id, msg.role, msg.num_blocks)
-            except ValueError as e:
-                log.error("refusing worker %s: %s", msg.worker_id, e)
-                await self.backend.send_multipart([identity, P.encode(P.Shutdown(reason=str(e)[:4096]))])
+            if msg.worker_id != worker.worker_id:
+                log.warning("worker %s sent a heartbeat for %s", worker.worker_id, msg.worker_id)
                 return
+            if not worker.alive:
+                await self.on_worker_back(worker)
+            self.registry.heartbeat(worker, msg)
             await self.dispatch()
+        elif isinstance(msg, P.Reserved):
+            await self.on_reserved(worker, msg)
+        elif isinstance(msg, P.Error):
+            await self.on_worker_error(worker, msg)
+        elif isinstance(msg, P.Ping):
+            await self.to_worker(worker, P.Pong(nonce=msg.nonce))
 
-    async def on_reserved(self, msg: P.Reserved) -> None:
+    async def on_hello(self, identity: bytes, msg: P.WorkerHello) -> None:
+        old = self.registry.workers.get(msg.worker_id)
+        if old is not None and old.alive:  # a restarted worker: what its old self held is gone
+            await self.on_worker_lost(old, "restarted")
+        try:
+            self.registry.register(msg, identity)
+            log.info("worker %s (%s) joined: %d KV blocks", msg.worker_id, msg.role, msg.num_blocks)
+        except ValueError as e:
+            log.error("refusing worker %s: %s", msg.worker_id, e)
+            await self.backend.send_multipart([identity, P.encode(P.Shutdown(reason=str(e)[:4096]))])
+            return
+        await self.dispatch()
+
+    async def on_reserved(self, worker: WorkerInfo, msg: P.Reserved) -> None:
         """decode reserved blocks -> send the prompt to the prefill worker."""
         req = self.requests.get(msg.request_id)
-        if req is None or req.phase != "reserving":
-            return  # aborted meanwhile: the abort_request that followed the reserve frees the blocks
+        if req is None or req.phase != "reserving" or req.decode != worker.worker_id:
+            return  # aborted or restarted meanwhile: the abort_request that followed the reserve frees the blocks
         workers = self.registry.workers
-        prefill, decode = workers[req.prefill], workers[req.decode]
+        prefill, decode = workers[req.prefill], worker
         if not prefill.accepting:
+            self._prefill_done(req)
             prefill = self.registry.pick_prefill()
             if prefill is None:
-                return await self.fail(req, P.UNAVAILABLE, "no prefill worker is available")
+                return await self.fail(req, P.UNAVAILABLE, "no prefill worker is available",
+                                       retry_after=self.config.retry_after)
             req.prefill = prefill.worker_id
+            prefill.prefill_tokens += len(req.prompt_ids)
+            prefill.assigned.add(req.rid)
         try:
             transport = choose_transport(peer_info(prefill.hello), peer_info(decode.hello), self.config.kv_transport)
         except TransferError as e:  # --kv-transport names one these two workers cannot use
@@ -257,22 +361,23 @@ class Router:
             decode_kv_address=decode.hello.kv_address, dst_block_ids=msg.block_ids, transport=transport,
             decode_kv_descriptor=decode.hello.kv_descriptor))
 
-    async def on_worker_error(self, msg: P.Error) -> None:
+    async def on_worker_error(self, worker: WorkerInfo, msg: P.Error) -> None:
         req = self.requests.get(msg.request_id)
-        if req is None:
+        if req is None or worker.worker_id not in (req.prefill, req.decode):
             if msg.request_id == "":
-                log.warning("worker error: %s: %s", msg.code, msg.message)
+                log.warning("worker %s error: %s: %s", worker.worker_id, msg.code, msg.message)
             return
         if req.phase == "reserving" and msg.code == P.OVERLOADED:  # try again when blocks free up
-            self._undo_dispatch(req)
-            self.queue.appendleft(req.rid)
+            self._unassign(req)
+            self._reset(req)
+            self.queue.push(req, front=True)
             return
-        await self.fail(req, msg.code, msg.message)
+        await self.fail(req, msg.code, msg.message, msg.retry_after)
 
-    async def on_tokens(self, u: P.TokenUpdate) -> None:
+    async def on_tokens(self, worker: WorkerInfo, u: P.TokenUpdate) -> None:
         """decode batch -> tokens -> client."""
         req = self.requests.get(u.request_id)
-        if req is None:
+        if req is None or req.decode != worker.worker_id:
             return
         now = time.monotonic()
         if not req.token_ids:
@@ -289,15 +394,44 @@ class Router:
         if u.finish_reason is not None:
             await self.finish(req, u.finish_reason, from_worker=True)
 
-    async def on_worker_lost(self, worker: WorkerInfo) -> None:
-        for req in [r for r in self.requests.values() if worker.worker_id in (r.prefill, r.decode)]:
-            if worker.worker_id == req.prefill and req.phase in ("reserving", "prefilling"):
-                # Nothing the client saw is lost: give the reservation back and start over elsewhere.
-                await self._abort_on_workers(req.rid, [self.registry.workers[req.decode]])
-                self._undo_dispatch(req)
-                self.queue.appendleft(req.rid)
+    async def on_worker_lost(self, worker: WorkerInfo, why: str) -> None:
+        """A worker died (or restarted): start its requests over elsewhere where the client saw nothing of
+        them yet, end the others with `aborted`. Either way the surviving side frees its blocks."""
+        log.error("%s worker %s %s: %d requests affected", worker.role, worker.worker_id, why, len(worker.assigned))
+        worker.alive = False
+        for rid in list(worker.assigned):
+            worker.assigned.discard(rid)
+            worker.lost.add(rid)
+            req = self.requests.get(rid)
+            if req is None:
+                continue
+            if not req.delivered and req.attempts < self.config.request_restarts:
+                await self.restart(req)
             else:
-                await self.fail(req, P.UNAVAILABLE, f"worker {worker.worker_id} died")
+                done = f" after {len(req.token_ids)} tokens" if req.token_ids else ""
+                await self.fail(req, P.ABORTED, f"{worker.role} worker {worker.worker_id} {why}{done}",
+                                retry_after=0.0)
+
+    async def on_worker_back(self, worker: WorkerInfo) -> None:
+        """A worker declared dead is heard from again: drop what it still holds for requests it lost."""
+        log.warning("worker %s is back; aborting %d requests it lost", worker.worker_id, len(worker.lost))
+        worker.alive = True
+        for rid in worker.lost:
+            await self.to_worker(worker, P.AbortRequest(request_id=rid))
+        worker.lost.clear()
+
+    async def restart(self, req: Request) -> None:
+        """Start a request over under a new id (late messages about the old attempt are then ignored)."""
+        await self._abort_on_workers(req.rid, self._workers_of(req))
+        self._unassign(req)
+        self.requests.pop(req.rid, None)
+        req.rid, req.attempts = self._new_rid(), req.attempts + 1
+        req.token_ids, req.token_times, req.cached_tokens = [], [], 0
+        req.detok = IncrementalDetokenizer(self.tokenizer)
+        self._reset(req)
+        self.requests[req.rid] = req
+        self.by_client[(req.client, req.client_rid)] = req.rid
+        self.queue.push(req, front=True)
 
     # ---- endings ------------------------------------------------------------------------------------
     async def finish(self, req: Request, reason: str, from_worker: bool = False) -> None:
@@ -323,25 +457,35 @@ class Router:
                                                   finish_reason=reason, usage=usage, timings=timings))
         self._forget(req)
 
-    async def fail(self, req: Request, code: str, message: str) -> None:
+    async def fail(self, req: Request, code: str, message: str, retry_after: float | None = None) -> None:
         await self._abort_on_workers(req.rid, self._workers_of(req))
-        await self.to_client(req.client, P.Error(request_id=req.client_rid, code=code, message=message[:4096]))
+        await self.to_client(req.client, P.Error(request_id=req.client_rid, code=code, message=message[:4096],
+                                                 retry_after=retry_after))
         self._forget(req)
 
     def _forget(self, req: Request) -> None:
-        self._prefill_done(req)
+        self._unassign(req)
         self.requests.pop(req.rid, None)
         self.by_client.pop((req.client, req.client_rid), None)
-        if req.phase == "queued" and req.rid in self.queue:
-            self.queue.remove(req.rid)
+        if req.phase == "queued" and req in self.queue:
+            self.queue.remove(req)
 
     def _prefill_done(self, req: Request) -> None:
+        """The prompt left the prefill stage (its first token came, or the request ended there)."""
+        if req.phase == "queued" or req.token_ids:
+            return  # not dispatched, or already counted off
         worker = self.registry.workers.get(req.prefill or req.decode or "")
-        if worker is not None and not req.token_ids and req.phase != "queued":
+        if worker is not None:
             worker.prefill_tokens = max(0, worker.prefill_tokens - len(req.prompt_ids))
+            if req.prefill is not None:
+                worker.assigned.discard(req.rid)
 
-    def _undo_dispatch(self, req: Request) -> None:
+    def _unassign(self, req: Request) -> None:
         self._prefill_done(req)
+        for worker in self._workers_of(req):
+            worker.assigned.discard(req.rid)
+
+    def _reset(self, req: Request) -> None:
         req.phase, req.prefill, req.decode, req.dispatched = "queued", None, None, None
 
     def _workers_of(self, req: Request) -> list[WorkerInfo]:

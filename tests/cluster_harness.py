@@ -21,18 +21,20 @@ def free_port() -> int:
 
 
 class RunningCluster:
-    def __init__(self, model: Path, mode: str, log_path: Path, *extra: str):
+    def __init__(self, model: Path, mode: str, log_path: Path, *extra: str, env: dict[str, str] | None = None,
+                 auth_token: str | None = None):
         self.address = f"tcp://127.0.0.1:{free_port()}"
+        self.auth_token = auth_token  # what clients present; the serve side gets its secret from `env` or `extra`
         args = [sys.executable, "-m", "common.cli", "serve", "--model", str(model), "--mode", mode, "--device", "cpu",
                 "--bind", self.address, "--kv-cache-memory", "64MiB", "--max-num-seqs", "64",
                 "--max-num-batched-tokens", "1024", *extra]
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
-               "PYTHONUNBUFFERED": "1"}
+               "PYTHONUNBUFFERED": "1", **(env or {})}
         self.log_path = log_path
         self.proc = subprocess.Popen(args, cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
                                      stderr=open(log_path, "wb"), start_new_session=True)
         try:
-            with Client(self.address) as client:
+            with self.client() as client:
                 client.wait_ready(timeout=300)
         except BaseException:
             self.stop()
@@ -42,7 +44,21 @@ class RunningCluster:
         return self.log_path.read_text(errors="replace")[-4000:]
 
     def client(self, **kw) -> Client:
+        kw.setdefault("auth_token", self.auth_token)
         return Client(self.address, **kw)
+
+    def wait_clean(self, timeout: float = 60.0):
+        """Polls stats until nothing is left behind: every worker alive with all its KV blocks free, and no
+        request in flight or queued at the router. Returns the last stats (the caller asserts on them)."""
+        deadline = time.monotonic() + timeout
+        with self.client() as c:
+            while True:
+                stats = c.stats(timeout=10)
+                clean = (stats.requests_in_flight == 0 and stats.queued_requests == 0 and stats.workers
+                         and all(w.alive and w.kv_blocks_free == w.kv_blocks_total for w in stats.workers))
+                if clean or time.monotonic() > deadline:
+                    return stats
+                time.sleep(0.2)
 
     def wait_all_blocks_free(self, timeout: float = 10.0) -> list:
         """Polls stats until every worker reports all KV blocks free; returns the last worker stats."""

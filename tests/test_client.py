@@ -477,3 +477,55 @@ def test_cli_stats(router, capsys):
     code, out, err = run_cli(["client", "--address", router.address, "--stats"], capsys)
     assert (code, err) == (0, [])
     assert [w["role"] for w in json.loads(out[0])["workers"]] == ["prefill", "decode"]
+
+
+# --- retries -------------------------------------------------------------------------------------
+
+
+def flaky(failures: dict[str, int]) -> Script:
+    """Refuses each prompt in `failures` that many times (aborted, with no retry hint), then echoes it."""
+    def script(submit: Submit) -> list:
+        if failures.get(submit.prompt, 0) > 0:
+            failures[submit.prompt] -= 1
+            return [Error(request_id=submit.request_id, code="aborted", message="decode worker d0 died")]
+        return special_prompts(submit)
+    return script
+
+
+def test_retries_resubmit_what_a_resubmit_may_cure():
+    router = FakeRouter(script=flaky({"twice": 2, "thrice": 3}))
+    try:
+        with Client(router.address, timeout=5, retries=2) as c:
+            assert c.generate("twice").text == "TWICE"
+            ids = [s.request_id for s in router.submits]
+            assert len(ids) == 3 and len(set(ids)) == 1  # one request id throughout
+            with pytest.raises(ServerError) as e:
+                c.generate("thrice")
+            assert e.value.code == "aborted" and len(router.submits) == 6
+            start = time.monotonic()
+            with pytest.raises(ServerError):  # retry_after 1.5 s would pass the deadline: give up at once
+                c.generate("overloaded", timeout=1.0)
+            assert time.monotonic() - start < 0.5
+            with pytest.raises(ServerError):
+                c.generate("overloaded", retries=0)
+        with Client(router.address, timeout=5) as c:  # retries default to 0
+            n = len(router.submits)
+            with pytest.raises(ServerError):
+                c.generate("overloaded", retries=0)
+            assert len(router.submits) == n + 1
+    finally:
+        router.close()
+
+
+def test_async_retries():
+    router = FakeRouter(script=flaky({"a": 1, "b": 1}))
+
+    async def go():
+        async with AsyncClient(router.address, timeout=5, retries=1) as c:
+            return await asyncio.gather(c.generate("a"), c.generate("b"), c.generate("c"))
+
+    try:
+        assert [r.text for r in asyncio.run(go())] == ["A", "B", "C"]
+        assert len(router.submits) == 5
+    finally:
+        router.close()

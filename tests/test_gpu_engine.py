@@ -11,7 +11,6 @@ import pytest
 import torch
 
 from common.engine import LLMEngine
-from common.config import EngineConfig
 from common.llm import LLM
 from common.sampling_params import SamplingParams
 

@@ -1,0 +1,123 @@
+"""Security without a cluster: the shared secret, the CURVE handshake, loopback by default, no pickle."""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+import zmq
+
+from common import auth
+from common.cli import main as cli_main
+from tests.cluster_harness import free_port
+
+ROOT = Path(__file__).resolve().parent.parent
+TOKEN = "correct horse battery staple"
+
+
+def test_keys_are_derived_from_the_token_alone():
+    keys = auth.keys_from_token(TOKEN)
+    assert keys == auth.keys_from_token(TOKEN)
+    assert keys != auth.keys_from_token(TOKEN + "!")
+    assert len({keys.server_public, keys.server_secret, keys.client_public, keys.client_secret}) == 4
+    assert zmq.curve_public(keys.server_secret) == keys.server_public
+    assert zmq.curve_public(keys.client_secret) == keys.client_public
+
+
+def test_the_documented_derivation_matches():
+    """docs/protocol.md gives a test vector so that a client can be written from scratch."""
+    doc = (ROOT / "docs" / "protocol.md").read_text()
+    token = re.search(r"token `([^`]+)` gives", doc).group(1)
+    keys = auth.keys_from_token(token)
+    for name in ("server_public", "client_public", "client_secret"):
+        documented = re.search(rf"{name}: `([^`]+)`", doc).group(1)
+        assert documented.encode() == getattr(keys, name), name
+
+
+def test_weak_or_missing_tokens_are_refused(tmp_path, monkeypatch):
+    with pytest.raises(auth.AuthError, match="at least 16"):
+        auth.keys_from_token("short")
+    monkeypatch.delenv(auth.TOKEN_ENV, raising=False)
+    monkeypatch.delenv(auth.TOKEN_FILE_ENV, raising=False)
+    assert auth.load_token() is None
+    monkeypatch.setenv(auth.TOKEN_ENV, f"  {TOKEN}\n")
+    assert auth.load_token() == TOKEN
+    path = tmp_path / "token"
+    path.write_text("from the file, with a newline\n")
+    assert auth.load_token(path) == "from the file, with a newline"
+    monkeypatch.setenv(auth.TOKEN_FILE_ENV, str(path))
+    assert auth.load_token() == "from the file, with a newline"  # the file wins over the variable
+    path.write_text("\n")
+    with pytest.raises(auth.AuthError, match="empty"):
+        auth.load_token(path)
+    with pytest.raises(auth.AuthError, match="No such file"):
+        auth.load_token(tmp_path / "missing")
+
+
+@pytest.mark.parametrize("address, local", [
+    ("tcp://127.0.0.1:5555", True), ("tcp://127.0.0.2:1", True), ("tcp://localhost:5555", True),
+    ("tcp://[::1]:5555", True), ("ipc:///tmp/pdcluster.sock", True), ("inproc://x", True), ("127.0.0.1", True),
+    ("tcp://*:5555", False), ("tcp://0.0.0.0:5555", False), ("tcp://10.0.0.2:5555", False),
+    ("tcp://eth0:5555", False), ("tcp://example.com:5555", False), ("0.0.0.0", False), ("[::]", False),
+])
+def test_what_counts_as_loopback(address, local):
+    assert auth.is_local(address) is local
+
+
+def test_binding_beyond_loopback_needs_a_token():
+    auth.require_token_for(["tcp://127.0.0.1:1", "127.0.0.1"], None)
+    auth.require_token_for(["tcp://0.0.0.0:1"], TOKEN)
+    with pytest.raises(auth.AuthError, match="tcp://0.0.0.0:1 needs a shared secret"):
+        auth.require_token_for(["tcp://0.0.0.0:1", "127.0.0.1"], None)
+
+
+@pytest.mark.parametrize("flags", [["--bind", "tcp://0.0.0.0:5555"], ["--worker-host", "0.0.0.0"]])
+def test_serve_refuses_to_expose_itself_without_a_token(tiny_qwen3_dir, flags, capsys, monkeypatch):
+    monkeypatch.delenv(auth.TOKEN_ENV, raising=False)
+    monkeypatch.delenv(auth.TOKEN_FILE_ENV, raising=False)
+    assert cli_main(["serve", "--model", str(tiny_qwen3_dir), "--device", "cpu", *flags]) == 2
+    assert "needs a shared secret" in capsys.readouterr().err
+
+
+def test_only_token_holders_complete_the_handshake():
+    keys = auth.keys_from_token(TOKEN)
+    ctx = zmq.Context()
+    authenticator = auth.start_authenticator(ctx, keys)
+    server = ctx.socket(zmq.ROUTER)
+    server.setsockopt(zmq.LINGER, 0)
+    auth.secure_server(server, keys)
+    address = f"tcp://127.0.0.1:{free_port()}"
+    server.bind(address)
+    clients = {}
+    try:
+        for name, token in [("holder", TOKEN), ("stranger", "some other secret entirely"), ("plain", None)]:
+            sock = clients[name] = ctx.socket(zmq.DEALER)
+            sock.setsockopt(zmq.LINGER, 0)
+            if token:
+                auth.secure_client(sock, auth.keys_from_token(token))
+            sock.connect(address)
+            sock.send(name.encode())
+        got = []
+        while server.poll(1500):
+            got.append(server.recv_multipart()[-1])
+        assert got == [b"holder"]
+    finally:
+        for sock in clients.values():
+            sock.close()
+        server.close()
+        authenticator.stop()
+        ctx.term()
+
+
+def test_no_pickle_on_any_socket():
+    """Everything that crosses a socket is msgpack (common/protocol.py); pickle would run a peer's code."""
+    forbidden = re.compile(r"\b(pickle|cloudpickle|dill|marshal|send_pyobj|recv_pyobj|send_serialized|"
+                           r"recv_serialized|torch\.load|allow_pickle)\b")
+    offenders = []
+    for package in ("common", "router", "prefill_worker", "decode_worker", "kvtransfer"):
+        for path in (ROOT / package).rglob("*.py"):
+            for n, line in enumerate(path.read_text().splitlines(), 1):
+                code = line.split("#", 1)[0]
+                if forbidden.search(code):
+                    offenders.append(f"{path.relative_to(ROOT)}:{n}: {line.strip()}")
+    assert not offenders, "\n".join(offenders)
