@@ -105,19 +105,21 @@ def run_hf(path: Path, work: list[tuple[list[int], int]], batch: int) -> float:
     return dt
 
 
-def bench_throughput(root: Path, num_seqs: int, hf_seqs: int) -> None:
+def bench_throughput(root: Path, num_seqs: int, hf_seqs: int, tp: int = 1) -> None:
     path = model_dir("qwen3-0.6b", root)
     work = workload(num_seqs)
     out_tokens = sum(m for _, m in work)
     in_tokens = sum(len(p) for p, _ in work)
-    log(f"== offline throughput: {num_seqs} seqs, input/output uniform in 100..1024, ignore_eos, Qwen3-0.6B bf16")
+    log(f"== offline throughput: {num_seqs} seqs, input/output uniform in 100..1024, ignore_eos, Qwen3-0.6B bf16, "
+        f"tensor parallel {tp}")
     log(f"   {in_tokens} prompt + {out_tokens} output tokens")
     log(f"{'mode':<28}{'seqs':>6}{'seconds':>10}{'output tok/s':>14}{'total tok/s':>13}")
     small = work[:hf_seqs]
     small_out = sum(m for _, m in small)
     small_total = small_out + sum(len(p) for p, _ in small)
-    for name, kw in (("pdcluster, CUDA graphs", {}), ("pdcluster, eager", {"enforce_eager": True})):
-        llm = make_llm(path, **kw)
+    modes = (("pdcluster, CUDA graphs", {}), ("pdcluster, eager", {"enforce_eager": True}))
+    for name, kw in modes[:1] if tp > 1 else modes:
+        llm = make_llm(path, tensor_parallel_size=tp, **kw)
         try:
             dt = run_engine(llm, work)
             log(f"{name:<28}{num_seqs:>6}{dt:>10.2f}{out_tokens / dt:>14.0f}{(in_tokens + out_tokens) / dt:>13.0f}")
@@ -299,6 +301,7 @@ def main() -> None:
     ap.add_argument("--hf-seqs", type=int, default=32)
     ap.add_argument("--config", default=None, help="model config (default: qwen3-0.6b decode, qwen3-8b prefill)")
     ap.add_argument("--context", type=int, default=1024)
+    ap.add_argument("--tp", type=int, default=1, help="throughput: tensor-parallel size (no eager or HF runs)")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("bench_engine: needs a CUDA GPU")
@@ -312,7 +315,7 @@ def main() -> None:
         if args.what in ("prefill", "all"):
             bench_prefill(root, args.config or "qwen3-8b")
         if args.what in ("throughput", "all"):
-            bench_throughput(root, args.num_seqs, args.hf_seqs)
+            bench_throughput(root, args.num_seqs, 0 if args.tp > 1 else args.hf_seqs, args.tp)
 
 
 if __name__ == "__main__":
