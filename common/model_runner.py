@@ -298,4 +298,4 @@ class ModelRunner:
                 seq.generator = torch.Generator(self.device).manual_seed(seq.sampling.seed)
             generators.append(seq.generator)
         return SamplingBatch.build([s.sampling for s in seqs], generators, self.config.model_config.vocab_size,
-                                   self.device)
+                                   self.device, [s.num_tokens for s in seqs])

@@ -1,12 +1,14 @@
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 
 from common import protocol as P
 from common.faults import crash
 from common.sequence import Sequence
-from common.worker import Worker
+from common.config import EngineConfig
+from common.worker import Worker, WorkerConfig
 from kvtransfer import TransferError, unpack_descriptors
 
 log = logging.getLogger(__name__)
@@ -20,8 +22,9 @@ class PrefillWorker(Worker):
 
     role = "prefill"
 
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
+    def __init__(self, config: WorkerConfig, engine_config: EngineConfig):
+        # Its batches are prompts only: decode CUDA graphs would cost memory and start-up time for nothing.
+        super().__init__(config, dataclasses.replace(engine_config, enforce_eager=True))
         self.tasks: dict[str, P.PrefillTask] = {}
 
     def on_message(self, msg: P.Message) -> None:

@@ -201,7 +201,8 @@ def decode_step_phases(llm: LLM, batch: int, context: int, steps: int = 20) -> d
 
 
 def profile_decode(root: Path, config: str, context: int, batch: int, overlap: bool, steps: int = 10) -> None:
-    """GPU kernels of `steps` decode steps (CUDA graphs on), by total time: where a step's GPU time goes."""
+    """GPU kernels of `steps` decode steps (CUDA graphs on), by total time: where a step's GPU time goes.
+    Only CUDA activity is traced: tracing CPU ops would slow the CPU side and inflate the GPU's idle time."""
     from torch.profiler import ProfilerActivity, profile
 
     path = model_dir(config, root)
@@ -209,7 +210,7 @@ def profile_decode(root: Path, config: str, context: int, batch: int, overlap: b
                    overlap_scheduling=overlap)
     try:
         rids = start_decodes(llm, batch, context, DECODE_TOKENS)
-        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
             t0 = sync_time()
             for _ in range(steps):
                 llm.engine.step()

@@ -118,3 +118,29 @@ def test_layers_dispatch_to_fused_on_cuda(device: str, dtype: torch.dtype) -> No
     got = norm.cuda()(x.cuda(), r.cuda())
     close(got[0], want[0])
     close(got[1], want[1])
+
+
+def test_gumbel_argmax_greedy_rows_are_argmax(device: str) -> None:
+    torch.manual_seed(0)
+    logits = torch.randn(9, 5000)  # not a multiple of the 4096 block
+    logits[3, 4999] = 50.0  # the maximum in the last, partial block
+    temps = torch.tensor([0.0, 1.0] * 4 + [0.0])
+    seeds = torch.arange(9, dtype=torch.int64)
+    out = fused.gumbel_argmax(logits.to(device), temps.to(device), seeds.to(device)).cpu()
+    greedy = temps == 0
+    assert torch.equal(out[greedy], logits.argmax(-1)[greedy])
+    assert out[3] == 4999
+
+
+def test_gumbel_argmax_follows_the_distribution_and_its_seeds(device: str) -> None:
+    probs = torch.tensor([0.6, 0.3, 0.1])
+    rows = 1000 if INTERPRETED else 4000  # the interpreter runs one program at a time
+    logits = probs.log().repeat(rows, 1).to(device)
+    temps = torch.ones(rows, device=device)
+    seeds = torch.arange(rows, dtype=torch.int64, device=device) * 7919
+    out = fused.gumbel_argmax(logits, temps, seeds).cpu()
+    freq = torch.bincount(out, minlength=3).float() / rows
+    assert torch.allclose(freq, probs, atol=0.05), freq
+    assert torch.equal(fused.gumbel_argmax(logits, temps, seeds).cpu(), out)  # same seeds, same tokens
+    hot = fused.gumbel_argmax(logits, temps * 1e6, seeds).cpu()  # a huge temperature flattens it
+    assert (torch.bincount(hot, minlength=3).float() / rows).min() > 0.25

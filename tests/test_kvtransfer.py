@@ -499,7 +499,7 @@ def test_decode_fails_the_request_when_its_transfer_fails():
     w._poll_transfers()
     assert w.engine.aborted == ["r1"] and w.engine.admitted == []
     assert w.to_peers[0].ok is False and "link broke" in w.to_peers[0].message
-    assert isinstance(w.to_router[-1], P.Error) and w.to_router[-1].code == P.INTERNAL
+    assert isinstance(w.to_router[-1], P.Error) and w.to_router[-1].code == P.ABORTED
 
 
 def test_decode_drains_a_refused_handoff():

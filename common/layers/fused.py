@@ -108,3 +108,35 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
         _silu_and_mul_kernel[(x2.shape[0], triton.cdiv(n, block))](x2, out, x2.stride(0), out.stride(0), N=n,
                                                                     BLOCK=block)
     return out.view(*x.shape[:-1], n)
+
+
+@triton.jit
+def _gumbel_argmax_kernel(logits_ptr, temps_ptr, seeds_ptr, out_ptr, stride, V: tl.constexpr, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    temp = tl.load(temps_ptr + row)
+    seed = tl.load(seeds_ptr + row)
+    best = float("-inf")
+    best_idx = 0
+    for start in range(0, V, BLOCK):
+        offs = start + tl.arange(0, BLOCK)
+        x = tl.load(logits_ptr + row * stride + offs, mask=offs < V, other=float("-inf")).to(tl.float32)
+        if temp > 0:  # Gumbel-max: argmax(logits / T + G), G = -log(-log U), samples softmax(logits / T)
+            u = tl.maximum(tl.rand(seed, offs), 1e-10)
+            x = x / temp - tl.log(-tl.log(u))
+        m = tl.max(x, axis=0)
+        if m > best:  # strict: the first maximum wins, as in torch.argmax
+            best = m
+            best_idx = start + tl.argmax(x, axis=0)
+    tl.store(out_ptr + row, best_idx.to(tl.int64))
+
+
+def gumbel_argmax(logits: torch.Tensor, temperatures: torch.Tensor, seeds: torch.Tensor) -> torch.Tensor:
+    """One token per row in one pass over the logits: argmax where temperature is 0, else a sample of
+    softmax(logits / T) drawn with Philox from the row's seed (replaces softmax + noise + argmax)."""
+    assert logits.stride(-1) == 1
+    rows, vocab = logits.shape
+    out = torch.empty(rows, dtype=torch.int64, device=logits.device)
+    if rows:
+        _gumbel_argmax_kernel[(rows,)](logits, temperatures, seeds, out, logits.stride(0), V=vocab,
+                                       BLOCK=min(4096, triton.next_power_of_2(vocab)), num_warps=8)
+    return out

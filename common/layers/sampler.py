@@ -6,6 +6,11 @@ import torch
 
 from common.sampling_params import SamplingParams
 
+try:
+    from common.layers import fused
+except ImportError:  # no triton (the CPU build of torch): the torch path below serves
+    fused = None
+
 
 @dataclass
 class SamplingBatch:
@@ -16,10 +21,17 @@ class SamplingBatch:
     top_ps: torch.Tensor | None  # [B] float32; None if no row uses top-p
     generators: list[torch.Generator | None]  # per row: its own seeded generator, or None
     all_greedy: bool
+    seeds: torch.Tensor | None = None  # [B] int64 Philox seeds of the fused CUDA sampler
+
+    @property
+    def fused(self) -> bool:
+        return self.seeds is not None and self.top_ks is None and self.top_ps is None
 
     @classmethod
     def build(cls, params: list[SamplingParams], generators: list[torch.Generator | None], vocab_size: int,
-              device: torch.device) -> SamplingBatch:
+              device: torch.device, positions: list[int] | None = None) -> SamplingBatch:
+        """`positions` (each row's token count) seed the fused sampler's seeded rows: a request with a seed
+        draws the same tokens on every run."""
         temps = [p.temperature for p in params]
         use_k = any(0 < p.top_k < vocab_size for p in params)
         use_p = any(p.top_p < 1.0 for p in params)
@@ -35,11 +47,21 @@ class SamplingBatch:
             top_ps=upload([p.top_p for p in params], torch.float32) if use_p else None,
             generators=generators,
             all_greedy=all(t == 0.0 for t in temps),
+            seeds=upload(_philox_seeds(params, positions), torch.int64)
+            if device.type == "cuda" and fused is not None and positions is not None else None,
         )
+
+
+def _philox_seeds(params: list[SamplingParams], positions: list[int]) -> list[int]:
+    base = int(torch.randint(0, 2**31 - 1, ()))  # the process RNG: unseeded rows differ every step
+    return [(p.seed * 1_000_003 + pos) % 2**31 if p.seed is not None else (base + i * 7919) % 2**31
+            for i, (p, pos) in enumerate(zip(params, positions))]
 
 
 def sample(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
     """Greedy rows take the argmax; the others the Gumbel-max trick: argmax(p / E) with E ~ Exp(1)."""
+    if batch.fused and not batch.all_greedy:
+        return fused.gumbel_argmax(logits, batch.temperatures, batch.seeds)
     logits = logits.float()
     greedy = logits.argmax(dim=-1)
     if batch.all_greedy:
