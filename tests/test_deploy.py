@@ -41,3 +41,20 @@ def test_config_gives_the_node_kinds_their_resources_and_installs_pdcluster(path
         assert "pd_router" in types[config["head_node_type"]]["resources"]
         kinds = {name for t in types.values() for name in t["resources"]}
         assert {"pd_prefill", "pd_decode"} <= kinds
+
+
+def test_the_serve_and_scale_commands_in_docs_deploy_parse():
+    import re
+    import shlex
+
+    from common.cli import build_parser
+
+    text = (ROOT / "docs" / "deploy.md").read_text().replace("\\\n", " ")
+    serve = re.search(r"'(pdcluster serve [^']*)'", text).group(1)
+    args = build_parser().parse_args(shlex.split(serve)[1:])
+    assert (args.ray_address, args.bind, args.prefill_resource, args.decode_resource) == (
+        "auto", "tcp://0.0.0.0:5555", "pd_prefill", "pd_decode")
+    assert args.auth_token_file
+    for line in re.findall(r"^pdcluster scale [^#\n]*", text, flags=re.M):
+        if "..." not in line:
+            build_parser().parse_args(shlex.split(line.replace("$HEAD", "head"))[1:])
