@@ -135,8 +135,9 @@ def build_parser() -> argparse.ArgumentParser:
     prep.add_argument("--dtype", default=None, help="weights dtype (default: bfloat16 for real sizes, float32 for tiny)")
     prep.set_defaults(func=cmd_prepare_model)
 
-    from router.client import add_client_parser  # lazy: keeps the client free of engine imports
+    from router.client import add_client_parser, add_scale_parser  # lazy: keeps the client free of engine imports
     add_client_parser(sub)
+    add_scale_parser(sub)
     from scripts.benchmark import add_bench_parser  # the client and matplotlib load only when it runs
     add_bench_parser(sub)
     return parser

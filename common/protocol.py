@@ -33,6 +33,7 @@ MAX_CONTAINERS = 100_000  # maps + arrays in one frame: memory stays a small mul
 MAX_ID_LEN = 128  # request and worker ids
 MAX_MESSAGE_LEN = 4096  # human-readable error text
 MAX_TOKEN_ID = 2**31 - 1
+MAX_SCALE_DELTA = 64  # workers one scale_request may add or remove
 _INT_MIN, _INT_MAX = -(2**63), 2**64 - 1  # what msgpack can carry
 
 # Error codes: a closed set. docs/protocol.md says what each means to a client.
@@ -457,6 +458,8 @@ class WorkerStats(WorkerLoad):
     worker_id: str = _id()
     role: str = wire_field(choices=ROLES)
     alive: bool
+    draining: bool = False  # being removed: gets no new requests, finishes the ones it has
+    node_id: str = wire_field("", max_len=MAX_ID_LEN)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -528,6 +531,27 @@ class Stats(Message):
     requests_in_flight: int = _count()
     queued_requests: int = _count()
     workers: list[WorkerStats] = wire_field()
+
+
+@dataclass(frozen=True, kw_only=True)
+class ScaleRequest(Message):
+    TYPE = "scale_request"
+    role: str = wire_field(choices=ROLES)
+    delta: int = wire_field(ge=-MAX_SCALE_DELTA, le=MAX_SCALE_DELTA)
+    nonce: int | None = None
+
+    def _check(self) -> None:
+        if self.delta == 0:
+            raise _bad("delta", "must not be 0")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ScaleReply(Message):
+    TYPE = "scale_reply"
+    nonce: int | None = None
+    ok: bool
+    message: str = wire_field("", max_len=MAX_MESSAGE_LEN)
+    workers: list[str] = wire_field(factory=list, max_len=MAX_SCALE_DELTA)  # the ids started or removed
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -663,8 +687,8 @@ class Shutdown(Message):
 
 
 # What each socket accepts, for `decode(frame, expect=...)`.
-CLIENT_TO_ROUTER = (Submit, Abort, Ping, Pong, StatsRequest)
-ROUTER_TO_CLIENT = (Delta, Result, Error, Ping, Pong, Stats)
+CLIENT_TO_ROUTER = (Submit, Abort, Ping, Pong, StatsRequest, ScaleRequest)
+ROUTER_TO_CLIENT = (Delta, Result, Error, Ping, Pong, Stats, ScaleReply)
 WORKER_TO_ROUTER = (WorkerHello, Reserved, TokenBatch, Heartbeat, HandoffAck, Error, Ping, Pong)
 ROUTER_TO_WORKER = (Reserve, PrefillTask, GenerateTask, AbortRequest, Shutdown, Ping, Pong)
 DATA_PLANE = (KVHandoff, HandoffAck)
@@ -795,13 +819,13 @@ def _recover_request_id(frame: bytes) -> str:
 __all__ = [
     "PROTOCOL_VERSION", "DEFAULT_ROUTER_ADDRESS",
     "MAX_FRAME_BYTES", "MAX_LIST_LEN", "MAX_STR_LEN", "MAX_MAP_LEN", "MAX_CONTAINERS", "MAX_ID_LEN",
-    "MAX_MESSAGE_LEN", "MAX_TOKEN_ID",
+    "MAX_MESSAGE_LEN", "MAX_TOKEN_ID", "MAX_SCALE_DELTA",
     "BAD_REQUEST", "UNSUPPORTED_VERSION", "UNKNOWN_TYPE", "TOO_LARGE", "NOT_FOUND", "OVERLOADED",
     "UNAVAILABLE", "TIMEOUT", "ABORTED", "UNAUTHORIZED", "INTERNAL", "ERROR_CODES",
     "ROLES", "FINISH_REASONS",
     "ProtocolError", "Record", "Message", "REGISTRY", "wire_field", "encode", "decode",
     "Sampling", "Usage", "Timings", "WorkerLoad", "WorkerStats", "KVLayout", "TokenUpdate",
-    "Submit", "Abort", "Ping", "Pong", "StatsRequest", "Stats", "Delta", "Result", "Error",
+    "Submit", "Abort", "Ping", "Pong", "StatsRequest", "Stats", "ScaleRequest", "ScaleReply", "Delta", "Result", "Error",
     "WorkerHello", "Reserve", "Reserved", "PrefillTask", "GenerateTask", "KVHandoff", "HandoffAck", "TokenBatch",
     "Heartbeat", "AbortRequest", "Shutdown",
     "CLIENT_TO_ROUTER", "ROUTER_TO_CLIENT", "WORKER_TO_ROUTER", "ROUTER_TO_WORKER", "DATA_PLANE",

@@ -37,6 +37,8 @@ from common.protocol import (
     Pong,
     ProtocolError,
     Result,
+    ScaleReply,
+    ScaleRequest,
     Stats,
     StatsRequest,
     Submit,
@@ -51,6 +53,7 @@ log = logging.getLogger(__name__)
 
 Prompt = Union[str, list[int]]
 SAMPLING_FIELDS = tuple(f.name for f in dataclasses.fields(SamplingParams))
+SCALE_TIMEOUT_S = 900.0  # `pdcluster scale`: workers load their model, or drain their requests
 READY_POLL_S = 0.2  # between stats polls in wait_ready
 READY_STATS_TIMEOUT_S = 1.0  # one stats request in wait_ready; a later one is sent if it expires
 
@@ -203,9 +206,9 @@ class _Demux:
                 log.debug("dropping %s for request %s, not in flight", msg.TYPE, request_id)
             else:
                 deliver(msg)
-        elif isinstance(msg, Pong):
+        elif isinstance(msg, (Pong, ScaleReply)):
             waiter = self.control.get(msg.nonce) if msg.nonce is not None else None
-            if waiter is not None and waiter.kind is Pong:
+            if waiter is not None and waiter.kind is type(msg):
                 del self.control[msg.nonce]
                 waiter.deliver(msg)
         elif isinstance(msg, (Stats, Error)):
@@ -346,6 +349,13 @@ class Client:
         stats = self._control(Stats, timeout, lambda token: StatsRequest())
         assert isinstance(stats, Stats)
         return stats
+
+    def scale(self, role: str, delta: int, timeout: float | None = None) -> ScaleReply:
+        """Adds (`delta` > 0) or drains and removes (< 0) workers of `role`; returns when done. Loading
+        a model takes a while: give it a long `timeout`."""
+        reply = self._control(ScaleReply, timeout, lambda token: ScaleRequest(role=role, delta=delta, nonce=token))
+        assert isinstance(reply, ScaleReply)
+        return reply
 
     def wait_ready(self, timeout: float) -> None:
         """Return once the router answers and has a live prefill and decode worker; else TimeoutError."""
@@ -585,6 +595,12 @@ class AsyncClient:
         assert isinstance(stats, Stats)
         return stats
 
+    async def scale(self, role: str, delta: int, timeout: float | None = None) -> ScaleReply:
+        reply = await self._control(ScaleReply, timeout,
+                                    lambda token: ScaleRequest(role=role, delta=delta, nonce=token))
+        assert isinstance(reply, ScaleReply)
+        return reply
+
     async def wait_ready(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout
         problem = "the router did not answer"
@@ -777,6 +793,39 @@ def add_client_parser(subparsers: Any) -> argparse.ArgumentParser:
     return p
 
 
+def add_scale_parser(subparsers: Any) -> argparse.ArgumentParser:
+    p = subparsers.add_parser("scale", help="add or remove workers of a running cluster, without a restart")
+    p.add_argument("--address", default=DEFAULT_ROUTER_ADDRESS, help="the router's address (default %(default)s)")
+    p.add_argument("--auth-token-file", default=None,
+                   help=f"file holding the cluster's shared secret (default: ${auth.TOKEN_FILE_ENV} or ${auth.TOKEN_ENV})")
+    what = p.add_mutually_exclusive_group(required=True)
+    what.add_argument("--prefill", type=int, help="prefill workers to add (+N) or remove (-N)")
+    what.add_argument("--decode", type=int, help="decode workers to add (+N) or remove (-N)")
+    what.add_argument("--workers", type=int, help="colocated workers to add (+N) or remove (-N)")
+    p.add_argument("--timeout", type=float, default=SCALE_TIMEOUT_S,
+                   help="seconds to wait for the workers to load or drain (default %(default)g)")
+    p.set_defaults(func=cmd_scale)
+    return p
+
+
+def cmd_scale(args: argparse.Namespace) -> None:
+    """Run `pdcluster scale`: one JSON line with the reply; exit 1 when the router could not do it all."""
+    role, delta = next((r, d) for r, d in (("prefill", args.prefill), ("decode", args.decode),
+                                           ("colocated", args.workers)) if d is not None)
+    with Client(args.address, auth_token=auth.load_token(args.auth_token_file)) as client:
+        try:
+            reply = client.scale(role, delta, timeout=args.timeout)
+        except ClientTimeout:
+            raise  # a TimeoutError: main prints it, exit 2
+        except ClientError as exc:
+            print(f"pdcluster: error: {exc}", file=sys.stderr)
+            raise SystemExit(1) from None
+    print(json.dumps(dataclasses.asdict(reply)), flush=True)
+    if not reply.ok:
+        print(f"pdcluster: error: {reply.message}", file=sys.stderr)
+        raise SystemExit(1)
+
+
 def cmd_client(args: argparse.Namespace) -> None:
     """Run `pdcluster client`. Raises SystemExit(1) when the router answered with an error."""
     from common.cli import UsageError
@@ -830,6 +879,7 @@ async def _generate_all(args: argparse.Namespace) -> bool:
 
 __all__ = [
     "Client", "AsyncClient", "Stream", "AsyncStream", "Completion", "ClientError", "ServerError",
-    "ClientTimeout", "readiness_problem", "build_submit", "add_client_parser", "cmd_client",
+    "ClientTimeout", "readiness_problem", "build_submit", "add_client_parser", "cmd_client", "add_scale_parser",
+    "cmd_scale",
     "SAMPLING_FIELDS", "RETRYABLE", "Usage", "Timings", "Delta", "Stats",
 ]

@@ -21,6 +21,8 @@ from router.router import Router, RouterConfig
 log = logging.getLogger(__name__)
 
 ROLES = {"prefill": PrefillWorker, "decode": DecodeWorker, "colocated": ColocatedWorker}
+ID_PREFIX = {"prefill": "p", "decode": "d", "colocated": "c"}
+WILDCARDS = ("0.0.0.0", "*", "::", "[::]")
 REPO_ROOT = str(Path(__file__).resolve().parent.parent)
 
 
@@ -42,6 +44,28 @@ class ServeConfig:
                                                                 "(-1: always); it then rejoins the router"})
     handoff_timeout: float = field(default=60.0, metadata={"help": "seconds KV blocks stay held for a handoff "
                                                                    "before the request fails with `timeout`"})
+    prefill_resource: str | None = field(default=None, metadata={
+        "help": "Ray custom resource each prefill worker needs, NAME or NAME:AMOUNT (amount 1 by default), "
+                "e.g. pd_prefill: places prefill workers on the nodes started with it (deploy/)"})
+    decode_resource: str | None = field(default=None, metadata={
+        "help": "Ray custom resource each decode worker needs, e.g. pd_decode"})
+    worker_resource: str | None = field(default=None, metadata={
+        "help": "Ray custom resource each colocated worker needs"})
+
+    def resources(self, role: str) -> dict[str, float]:
+        """The custom resources one worker of `role` asks Ray for."""
+        spec = {"prefill": self.prefill_resource, "decode": self.decode_resource,
+                "colocated": self.worker_resource}[role]
+        if not spec:
+            return {}
+        name, _, amount = spec.partition(":")
+        try:
+            value = float(amount) if amount else 1.0
+        except ValueError:
+            raise ConfigError(f"{role}_resource: {spec!r} is not NAME or NAME:AMOUNT") from None
+        if not name or value <= 0:
+            raise ConfigError(f"{role}_resource: {spec!r} is not NAME or NAME:AMOUNT with AMOUNT > 0")
+        return {name: value}
 
 
 class WorkerActor:
@@ -52,7 +76,9 @@ class WorkerActor:
 
         logging.basicConfig(stream=sys.stderr, level=logging.INFO,
                             format=f"%(asctime)s %(levelname)s {config.worker_id}: %(message)s")
-        config.node_id = ray.get_runtime_context().get_node_id()
+        config.node_id = ray.get_runtime_context().get_node_id()  # its Ray node's: pairs across nodes see it
+        if config.host in WILDCARDS:  # peers on other nodes reach this worker on its node's address
+            config.host = ray.util.get_node_ip_address()
         gpu_ids = ray.get_gpu_ids()
         config.device_index = int(gpu_ids[0]) if gpu_ids else 0
         self.worker = ROLES[role](config, engine_config)
@@ -78,24 +104,29 @@ class Cluster:
             raise ConfigError(f"kv_transport: {e}") from None
         # Asked for by name, a transport must work on every worker; otherwise each offers what it can.
         self.kv_transports = [] if router_config.kv_transport == "auto" else [router_config.kv_transport]
+        for role in ROLES:
+            serve.resources(role)  # a malformed resource is a usage error before anything starts
         self.router: Router | None = None
         self.actors: dict[str, object] = {}
         self.runs: dict[str, object] = {}
         self._own_ray = False
+        self._actor_cls = None
+        self._started = dict.fromkeys(ROLES, 0)  # workers ever started per role: new ids continue from here
 
     def worker_plan(self) -> list[tuple[str, str, EngineConfig]]:
         """(worker id, role, engine config) for each worker to start."""
-        s, e = self.serve_config, self.engine_config
+        s = self.serve_config
         if self.router_config.mode == "colocated":
-            roles = [("colocated", f"c{i}", None) for i in range(s.workers)]
-        else:
-            roles = ([("prefill", f"p{i}", s.prefill_gpu_memory_utilization) for i in range(s.prefill_workers)]
-                     + [("decode", f"d{i}", s.decode_gpu_memory_utilization) for i in range(s.decode_workers)])
-        plan = []
-        for role, worker_id, util in roles:
-            share = util or (e.gpu_memory_utilization * min(1.0, s.gpus_per_worker))
-            plan.append((worker_id, role, dataclasses.replace(e, gpu_memory_utilization=share)))
-        return plan
+            return self.plan("colocated", 0, s.workers)
+        return self.plan("prefill", 0, s.prefill_workers) + self.plan("decode", 0, s.decode_workers)
+
+    def plan(self, role: str, first: int, count: int) -> list[tuple[str, str, EngineConfig]]:
+        """(worker id, role, engine config) for workers `first` .. `first + count - 1` of `role`."""
+        s, e = self.serve_config, self.engine_config
+        util = {"prefill": s.prefill_gpu_memory_utilization, "decode": s.decode_gpu_memory_utilization}.get(role)
+        share = util or (e.gpu_memory_utilization * min(1.0, s.gpus_per_worker))
+        config = dataclasses.replace(e, gpu_memory_utilization=share)
+        return [(f"{ID_PREFIX[role]}{i}", role, config) for i in range(first, first + count)]
 
     def start_ray(self) -> None:
         import ray
@@ -109,33 +140,84 @@ class Cluster:
         if self.serve_config.ray_address:
             ray.init(address=self.serve_config.ray_address, **kwargs)
         else:
-            ray.init(num_cpus=len(plan) + 1, **kwargs)
+            # Room to scale up on this machine; each custom resource asked for exists here in plenty.
+            custom = {name: 1000.0 for role in ROLES for name in self.serve_config.resources(role)}
+            ray.init(num_cpus=max(len(plan), os.cpu_count() or 1) + 1, resources=custom, **kwargs)
             self._own_ray = True
 
     def start_workers(self) -> None:
         import ray
 
-        s, e = self.serve_config, self.engine_config
+        s = self.serve_config
         # A worker that dies is started again and `run` retried: it says hello and the router takes it back.
-        actor_cls = ray.remote(max_concurrency=2, max_restarts=s.worker_restarts,
-                               max_task_retries=s.worker_restarts)(WorkerActor)
+        self._actor_cls = ray.remote(max_concurrency=2, max_restarts=s.worker_restarts,
+                                     max_task_retries=s.worker_restarts)(WorkerActor)
         host = self.router_config.worker_host
+        if host in WILDCARDS:  # bound on every interface; workers on other nodes dial this node's address
+            self.router.worker_address = self.router.worker_address.replace(host, ray.util.get_node_ip_address(), 1)
+        self._fault_dir = faults.Faults.from_env().folder  # test-only; read once, here
+        plan = self.worker_plan()
+        for role in ROLES:
+            self._started[role] = sum(1 for _, r, _ in plan if r == role)
+        self._launch(plan)
+
+    def add_workers(self, role: str, count: int) -> list[str]:
+        """Starts `count` more workers of `role` (blocking until they have loaded); returns their ids."""
+        plan = self.plan(role, self._started[role], count)
+        self._started[role] += count
+        return self._launch(plan)
+
+    def _launch(self, plan: list[tuple[str, str, EngineConfig]]) -> list[str]:
+        import ray
+
+        s, e = self.serve_config, self.engine_config
         gpus = s.gpus_per_worker * e.tensor_parallel_size if e.device == "cuda" else 0
-        fault_dir = faults.Faults.from_env().folder  # test-only; read once, here
-        for worker_id, role, engine_config in self.worker_plan():
-            config = WorkerConfig(worker_id=worker_id, router_address=self.router.worker_address, host=host,
-                                  kv_transports=self.kv_transports, handoff_timeout=s.handoff_timeout,
-                                  auth_token=self.router.auth_token, fault_dir=fault_dir)
-            actor = actor_cls.options(name=f"pdcluster-{worker_id}", num_cpus=1, num_gpus=gpus).remote(
-                role, config, engine_config)
-            self.actors[worker_id] = actor
-        ids = ray.get([a.ready.remote() for a in self.actors.values()], timeout=s.startup_timeout)
+        actors = {}
+        for worker_id, role, engine_config in plan:
+            config = WorkerConfig(worker_id=worker_id, router_address=self.router.worker_address,
+                                  host=self.router_config.worker_host, kv_transports=self.kv_transports,
+                                  handoff_timeout=s.handoff_timeout, auth_token=self.router.auth_token,
+                                  fault_dir=self._fault_dir)
+            actors[worker_id] = self._actor_cls.options(
+                name=f"pdcluster-{worker_id}", num_cpus=1, num_gpus=gpus, resources=s.resources(role)
+            ).remote(role, config, engine_config)
+        self.actors.update(actors)
+        try:
+            ids = ray.get([a.ready.remote() for a in actors.values()], timeout=s.startup_timeout)
+        except ray.exceptions.GetTimeoutError:
+            for worker_id, actor in actors.items():
+                ray.kill(actor)
+                self.actors.pop(worker_id, None)
+            raise RuntimeError(f"{', '.join(actors)} did not load within {s.startup_timeout:g} s: does some node "
+                               f"have the resources they ask for ({plan[0][1]}: {s.resources(plan[0][1]) or 'none'}"
+                               f", {gpus:g} GPUs, 1 CPU)?") from None
         log.info("workers loaded: %s", ", ".join(ids))
-        self.runs = {wid: a.run.remote() for wid, a in self.actors.items()}
+        self.runs.update({wid: a.run.remote() for wid, a in actors.items()})
+        return ids
+
+    def remove_worker(self, worker_id: str, timeout: float = 30.0) -> None:
+        """Stops a (drained) worker: it leaves its loop and closes its sockets, then its actor goes."""
+        import ray
+
+        actor, run = self.actors.pop(worker_id, None), self.runs.pop(worker_id, None)
+        if actor is None:
+            return
+        actor.stop.remote()
+        if run is not None:
+            ray.wait([run], timeout=timeout)
+        ray.kill(actor)  # no restart: this one is meant to be gone
+
+    # ---- the router's Scaler ------------------------------------------------------------------------
+    async def add(self, role: str, count: int) -> list[str]:
+        return await asyncio.get_running_loop().run_in_executor(None, self.add_workers, role, count)
+
+    async def remove(self, worker_id: str) -> None:
+        await asyncio.get_running_loop().run_in_executor(None, self.remove_worker, worker_id)
 
     async def serve(self, stop: asyncio.Event) -> None:
         loop = asyncio.get_running_loop()
         self.router = Router(self.router_config)
+        self.router.scaler = self
         try:
             self.start_ray()
             # After ray.init, which installs a SIGTERM handler of its own that aborts the process.

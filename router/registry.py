@@ -38,8 +38,17 @@ class WorkerInfo:
     def accepting(self) -> bool:
         return self.alive and not self.draining
 
+    def idle_since(self, when: float) -> bool:
+        """Whether it holds nothing: no request assigned by the router, and a heartbeat after `when`
+        reporting nothing queued or running and every KV block free (a prefill worker keeps blocks
+        until the decode side acknowledges them)."""
+        load = self.load
+        return (not self.alive or not self.assigned and self.last_seen > when and load.queued_requests == 0
+                and load.running_requests == 0 and load.kv_blocks_free == load.kv_blocks_total)
+
     def stats(self) -> P.WorkerStats:
-        return P.WorkerStats(worker_id=self.worker_id, role=self.role, alive=self.alive,
+        return P.WorkerStats(worker_id=self.worker_id, role=self.role, alive=self.alive, draining=self.draining,
+                             node_id=self.hello.node_id,
                              **{k: getattr(self.load, k) for k in ("queued_requests", "queued_tokens",
                                                                    "running_requests", "kv_blocks_total",
                                                                    "kv_blocks_free")})
@@ -77,6 +86,22 @@ class WorkerRegistry:
         self.workers[hello.worker_id] = info
         self.identities[identity] = hello.worker_id
         return info
+
+    def forget(self, worker_id: str) -> None:
+        """Drops a worker that was removed on purpose (`pdcluster scale`)."""
+        info = self.workers.pop(worker_id, None)
+        if info is not None and self.identities.get(info.identity) == worker_id:
+            del self.identities[info.identity]
+
+    def pick_removal(self, role: str, count: int) -> list[WorkerInfo]:
+        """The `count` accepting workers of `role` to remove: fewest requests first, newest on a tie.
+        Raises ValueError when that would leave the role without an accepting worker."""
+        live = self.of_role(role)
+        if count >= len(live):
+            raise ValueError(f"cannot remove {count} of the {len(live)} accepting {role} workers: "
+                             f"at least one must stay")
+        order = sorted(enumerate(live), key=lambda iw: (len(iw[1].assigned), -iw[0]))
+        return [w for _, w in order[:count]]
 
     def by_identity(self, identity: bytes) -> WorkerInfo | None:
         worker_id = self.identities.get(identity)

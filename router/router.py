@@ -13,6 +13,7 @@ import os
 import time
 from collections import deque
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import zmq
 import zmq.asyncio
@@ -47,6 +48,9 @@ class RouterConfig:
                                                                   "worker counts as dead"})
     request_restarts: int = field(default=1, metadata={"help": "times a request is started over on other workers "
                                                                 "when one dies before the client saw a token"})
+    drain_timeout: float = field(default=120.0, metadata={"help": "seconds a worker being removed (`pdcluster "
+                                                                   "scale`) gets to finish its requests; those "
+                                                                   "left are then handled as if it died"})
     auth_token_file: str | None = field(default=None, metadata={
         "help": f"file holding the cluster's shared secret (or set {auth.TOKEN_ENV}); needed to bind a "
                 "non-loopback address; clients and workers must hold it too"})
@@ -75,6 +79,16 @@ class Request:
     def delivered(self) -> bool:
         """Whether the client has seen part of the completion (then it cannot be started over)."""
         return self.stream and bool(self.token_ids)
+
+
+class Scaler(Protocol):
+    """Starts and stops worker processes for the router (the launcher, which owns Ray)."""
+
+    async def add(self, role: str, count: int) -> list[str]:
+        """Starts `count` workers of `role`; returns their ids once they have loaded (they then say hello)."""
+
+    async def remove(self, worker_id: str) -> None:
+        """Stops a worker the router has drained."""
 
 
 class WaitQueue:
@@ -140,6 +154,10 @@ class Router:
         self.started = time.monotonic()
         self._ids = itertools.count()
         self._prefix = os.urandom(3).hex()
+        self.scaler: Scaler | None = None  # set by the launcher; without one, scale requests are refused
+        self._scaling = asyncio.Lock()  # one scale request at a time
+        self._scale_tasks: set[asyncio.Task] = set()
+        self._pairs: set[tuple[str, str]] = set()  # prefill -> decode pairs whose transport was logged
 
     def _socket(self, address: str, keys: auth.CurveKeys | None) -> zmq.asyncio.Socket:
         sock = self.ctx.socket(zmq.ROUTER)
@@ -159,6 +177,7 @@ class Router:
     async def serve(self, stop: asyncio.Event) -> None:
         tasks = [asyncio.create_task(c) for c in (self._client_loop(), self._worker_loop(), self._housekeeping())]
         await stop.wait()
+        tasks += self._scale_tasks
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
@@ -219,6 +238,61 @@ class Router:
             await self.to_client(identity, P.Pong(nonce=msg.nonce))
         elif isinstance(msg, P.StatsRequest):
             await self.to_client(identity, self.stats())
+        elif isinstance(msg, P.ScaleRequest):  # takes long: answered when done, other messages meanwhile
+            task = asyncio.create_task(self._answer_scale(identity, msg))
+            self._scale_tasks.add(task)
+            task.add_done_callback(self._scale_tasks.discard)
+
+    async def _answer_scale(self, identity: bytes, msg: P.ScaleRequest) -> None:
+        try:
+            ok, message, ids = await self.scale(msg.role, msg.delta)
+        except Exception as e:
+            log.exception("scaling %s by %+d failed", msg.role, msg.delta)
+            ok, message, ids = False, f"scaling failed: {e}", []
+        await self.to_client(identity, P.ScaleReply(nonce=msg.nonce, ok=ok, message=message[:P.MAX_MESSAGE_LEN],
+                                                    workers=ids))
+
+    # ---- scaling ------------------------------------------------------------------------------------
+    async def scale(self, role: str, delta: int) -> tuple[bool, str, list[str]]:
+        """Adds or removes `delta` workers of `role`: (ok, what happened, the ids added or removed)."""
+        roles = ("colocated",) if self.config.mode == "colocated" else ("prefill", "decode")
+        if role not in roles:
+            return False, f"a {self.config.mode} cluster has no {role} workers (it has: {', '.join(roles)})", []
+        if self.scaler is None:
+            return False, "this router was not started by `pdcluster serve`: nothing can start workers", []
+        async with self._scaling:
+            return await (self._add(role, delta) if delta > 0 else self._remove(role, -delta))
+
+    async def _add(self, role: str, count: int) -> tuple[bool, str, list[str]]:
+        ids = await self.scaler.add(role, count)
+        def joined() -> bool:
+            return all(i in self.registry.workers and self.registry.workers[i].accepting for i in ids)
+        if not await _wait_until(joined, self.config.drain_timeout):
+            return False, f"started {', '.join(ids)}, but not all joined within {self.config.drain_timeout:g} s", ids
+        log.info("scaled %s up by %d: %s", role, count, ", ".join(ids))
+        return True, f"added {role} workers {', '.join(ids)}", ids
+
+    async def _remove(self, role: str, count: int) -> tuple[bool, str, list[str]]:
+        """Drain, then stop: the router stops assigning to the workers, waits until they hold nothing
+        (bounded by `drain_timeout`), then the launcher stops them and they are forgotten."""
+        try:
+            victims = self.registry.pick_removal(role, count)
+        except ValueError as e:
+            return False, str(e), []
+        started = time.monotonic()
+        for worker in victims:
+            worker.draining = True
+        log.info("draining %s", ", ".join(w.worker_id for w in victims))
+        drained = await _wait_until(lambda: all(w.idle_since(started) for w in victims), self.config.drain_timeout)
+        for worker in victims:
+            if worker.assigned:  # past the timeout: as if it died (moved if unseen, else aborted)
+                await self.on_worker_lost(worker, f"was removed after the {self.config.drain_timeout:g} s drain timeout")
+            await self.scaler.remove(worker.worker_id)
+            self.registry.forget(worker.worker_id)
+        ids = [w.worker_id for w in victims]
+        log.info("scaled %s down by %d: %s", role, count, ", ".join(ids))
+        late = "" if drained else f" (the drain timed out after {self.config.drain_timeout:g} s)"
+        return True, f"removed {role} workers {', '.join(ids)}{late}", ids
 
     async def submit(self, identity: bytes, msg: P.Submit) -> None:
         """request -> router: validate, admit, tokenize, queue."""
@@ -355,6 +429,10 @@ class Router:
             transport = choose_transport(peer_info(prefill.hello), peer_info(decode.hello), self.config.kv_transport)
         except TransferError as e:  # --kv-transport names one these two workers cannot use
             return await self.fail(req, P.UNAVAILABLE, str(e))
+        if (prefill.worker_id, decode.worker_id) not in self._pairs:
+            self._pairs.add((prefill.worker_id, decode.worker_id))
+            log.info("KV transport %s -> %s: %s (nodes %s -> %s)", prefill.worker_id, decode.worker_id, transport,
+                     prefill.hello.node_id[:12] or "?", decode.hello.node_id[:12] or "?")
         req.phase = "prefilling"
         await self.to_worker(prefill, P.PrefillTask(
             request_id=req.rid, token_ids=req.prompt_ids, sampling=req.sampling, decode_worker_id=decode.worker_id,
@@ -512,3 +590,13 @@ class Router:
         for worker in self.registry.workers.values():
             if worker.alive:
                 await self.to_worker(worker, msg)
+
+
+async def _wait_until(condition, timeout: float, interval: float = 0.1) -> bool:
+    """Polls `condition` until it holds (True) or `timeout` seconds pass (False)."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        await asyncio.sleep(interval)
+    return True

@@ -45,6 +45,8 @@ from common.protocol import (
     Reserved,
     Result,
     Sampling,
+    ScaleReply,
+    ScaleRequest,
     Shutdown,
     Stats,
     StatsRequest,
@@ -81,9 +83,12 @@ SAMPLES: dict[str, Message] = {
                 WorkerStats(worker_id="p0", role="prefill", alive=True, queued_requests=1, queued_tokens=900,
                             running_requests=2, kv_blocks_total=1000, kv_blocks_free=10),
                 WorkerStats(worker_id="d0", role="decode", alive=False, queued_requests=0, queued_tokens=0,
-                            running_requests=0, kv_blocks_total=0, kv_blocks_free=0),
+                            running_requests=0, kv_blocks_total=0, kv_blocks_free=0, draining=True,
+                            node_id="node-b"),
             ],
         ),
+        ScaleRequest(role="decode", delta=-1, nonce=9),
+        ScaleReply(nonce=9, ok=True, message="removed d1", workers=["d1"]),
         Delta(request_id="req-1", token_ids=[5, 6], text="ab", index=3),
         Result(
             request_id="req-1", token_ids=[1, 2, 3], text="a b", finish_reason="length",
@@ -260,6 +265,9 @@ def test_messages_are_frozen_and_validated_on_construction():
         (wire(type="token_batch", updates=[{"request_id": "a", "token_ids": []}, {"request_id": "b", "token_ids": "x"}]),
          "bad_request", "updates[1].token_ids: expected an array"),
         (wire(type="stats_request", extra=1), "bad_request", "extra: unknown field"),
+        (wire(type="scale_request", role="decode", delta=0), "bad_request", "delta: must not be 0"),
+        (wire(type="scale_request", role="decode", delta=65), "bad_request", "delta: must be in [-64, 64]"),
+        (wire(type="scale_request", role="router", delta=1), "bad_request", "role: must be one of"),
     ],
 )
 def test_invalid_fields(frame, code, match):

@@ -656,3 +656,77 @@ def test_random_faults_lose_nothing_and_hang_nothing(make_router, ops):
         sim.check_clean()
 
     run(main())
+
+
+# --- scaling -------------------------------------------------------------------------------------
+
+
+class FakeScaler:
+    """Stands in for the launcher: new workers join the Sim at once; removed ones are recorded."""
+
+    def __init__(self, sim: Sim):
+        self.sim, self.removed = sim, []
+
+    async def add(self, role: str, count: int) -> list[str]:
+        ids = []
+        for _ in range(count):
+            w = FakeWorker(f"{role[0]}{len(self.sim.workers) + len(self.removed)}", role)
+            self.sim.workers[w.worker_id] = w
+            await self.sim.send(w, hello(w))
+            await self.sim.heartbeat(w)
+            ids.append(w.worker_id)
+        return ids
+
+    async def remove(self, worker_id: str) -> None:
+        self.removed.append(worker_id)
+        self.sim.workers.pop(worker_id)  # gone for good: the Sim must not revive it
+
+
+def test_removal_drains_the_worker_before_stopping_it_and_loses_nothing(make_router):
+    async def main():
+        sim = await disagg(make_router, prefill=1, decode=2, drain_timeout=10.0).start()
+        scaler = sim.router.scaler = FakeScaler(sim)
+        for i in range(6):
+            await sim.submit(f"r{i}", max_tokens=12, stream=True)
+        for w in list(sim.workers.values()):
+            await sim.step(w)
+        busy = {rid for w in ("d0", "d1") for rid in sim.workers[w].blocks}
+        assert len(busy) == 6
+        removal = asyncio.create_task(sim.router.scale("decode", -1))
+        await asyncio.sleep(0.15)
+        victim = next(w for w in sim.router.stats().workers if w.draining)
+        assert not removal.done() and scaler.removed == []  # still finishing its requests
+        for i in range(6, 10):  # new work goes to the other decode worker only
+            await sim.submit(f"r{i}", max_tokens=4)
+        while not removal.done():
+            for w in list(sim.workers.values()):
+                await sim.step(w)
+            await asyncio.sleep(0.05)
+        ok, message, ids = removal.result()
+        assert ok and ids == [victim.worker_id] == scaler.removed, message
+        assert victim.worker_id not in sim.router.registry.workers
+        await sim.drain()
+        sim.check_clean()
+        assert all(isinstance(sim.terminal(f"r{i}"), P.Result) for i in range(10))
+        ok, message, _ = await sim.router.scale("decode", -1)
+        assert not ok and "at least one must stay" in message
+
+    run(main())
+
+
+def test_added_workers_join_and_get_requests(make_router):
+    async def main():
+        sim = await disagg(make_router, prefill=1, decode=1).start()
+        sim.router.scaler = FakeScaler(sim)
+        ok, _, ids = await sim.router.scale("decode", 2)
+        assert ok and ids == ["d2", "d3"]
+        assert {w.worker_id for w in sim.router.stats().workers} == {"p0", "d0", "d2", "d3"}
+        for i in range(6):
+            await sim.submit(f"r{i}", max_tokens=4)
+        assert all(sim.router.registry.workers[w].assigned for w in ids)
+        await sim.drain()
+        sim.check_clean()
+        ok, message, _ = await sim.router.scale("colocated", 1)
+        assert not ok and "no colocated workers" in message
+
+    run(main())
