@@ -82,6 +82,15 @@ class RunningCluster:
                 self.proc.wait()
         return self.proc.returncode
 
+    def stop_cleanly(self) -> None:
+        """Stop; assert a clean exit and that nothing was left behind (orphans are killed first)."""
+        status = self.stop()
+        orphans = self.orphans()
+        for pid in orphans:
+            os.kill(pid, signal.SIGKILL)
+        assert status == 0, self.log()
+        assert not orphans, f"processes left behind: {orphans}"
+
     def orphans(self) -> list[int]:
         out = subprocess.run(["pgrep", "-g", str(self.proc.pid)], capture_output=True, text=True).stdout
         return [int(p) for p in out.split()]

@@ -3,8 +3,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import signal
 
 import msgpack
 import pytest
@@ -53,13 +51,7 @@ def cluster(case, tmp_path_factory):
     model, mode = case
     running = RunningCluster(model, mode, tmp_path_factory.mktemp("cluster") / "serve.log")
     yield running
-    status = running.stop()
-    orphans = running.orphans()
-    if orphans:
-        for pid in orphans:
-            os.kill(pid, signal.SIGKILL)
-    assert status == 0, running.log()
-    assert not orphans, f"processes left behind: {orphans}"
+    running.stop_cleanly()
 
 
 def test_greedy_output_equals_offline_generate(cluster, expected):

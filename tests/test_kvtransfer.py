@@ -381,7 +381,8 @@ def test_gloo_a_silent_peer_fails_the_transfer_and_the_next_send_opens_a_new_lin
 def test_gloo_out_of_order_metadata_breaks_the_link():
     pair = Pair(timeout=2.0)
     try:
-        first, second = pair.send("r1", [1], [2]), pair.send("r2", [3], [4])
+        pair.send("r1", [1], [2])  # its record is lost on the way
+        second = pair.send("r2", [3], [4])
         failed = pair.decode.receive("r2", "p0", [4], second.frames)  # r1's record never arrived
         with pytest.raises(TransferError, match="out of order: got 1, expected 0"):
             failed.result(timeout=30)

@@ -4,8 +4,6 @@ handoff, futures polled by the worker loops, aborts while blocks are held)."""
 from __future__ import annotations
 
 import asyncio
-import os
-import signal
 import time
 
 import pytest
@@ -34,12 +32,7 @@ def cluster(tiny_qwen3_dir, tmp_path_factory):
     running = RunningCluster(tiny_qwen3_dir, "disagg", tmp_path_factory.mktemp("cluster") / "serve.log",
                              "--kv-transport", "nccl")
     yield running
-    status = running.stop()
-    orphans = running.orphans()
-    for pid in orphans:
-        os.kill(pid, signal.SIGKILL)
-    assert status == 0, running.log()
-    assert not orphans, f"processes left behind: {orphans}"
+    running.stop_cleanly()
 
 
 def test_greedy_output_over_gloo_equals_offline_generate(cluster, expected):

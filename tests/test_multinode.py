@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import signal
 import threading
 
 import pytest
@@ -51,12 +49,7 @@ def cluster(ray_nodes, tiny_qwen3_dir, tmp_path_factory):
                              "--prefill-resource", "pd_prefill", "--decode-resource", "pd_decode",
                              "--drain-timeout", "120")
     yield running
-    status = running.stop()
-    orphans = running.orphans()
-    for pid in orphans:
-        os.kill(pid, signal.SIGKILL)
-    assert status == 0, running.log()
-    assert not orphans, f"processes left behind: {orphans}"
+    running.stop_cleanly()
 
 
 def node_of(stats) -> dict[str, str]:

@@ -52,12 +52,7 @@ def cluster(tiny_qwen3_dir, fault_dir, tmp_path_factory):
         "--max-worker-requests", str(MAX_WORKER_REQUESTS), "--retry-after", "0.2",
         env={"PDCLUSTER_FAULT_DIR": str(fault_dir), auth.TOKEN_ENV: TOKEN}, auth_token=TOKEN)
     yield running
-    status = running.stop()
-    orphans = running.orphans()
-    for pid in orphans:
-        os.kill(pid, signal.SIGKILL)
-    assert status == 0, running.log()
-    assert not orphans, f"processes left behind: {orphans}"
+    running.stop_cleanly()
 
 
 def arm(fault_dir, name: str, marker: int) -> None:
