@@ -129,8 +129,6 @@ class EngineConfig:
             self.device = "cuda" if torch.cuda.is_available() else "cpu"
         if self.device not in ("cpu", "cuda"):
             raise ConfigError(f"device: must be cpu or cuda, got {self.device!r}")
-        if self.device == "cuda" and not torch.cuda.is_available():
-            raise ConfigError("device: cuda asked for but torch sees no CUDA device")
         if self.dtype != "auto" and self.dtype not in DTYPES:
             raise ConfigError(f"dtype: must be one of auto, {', '.join(DTYPES)}, got {self.dtype!r}")
         limit = self.model_config.max_position_embeddings
@@ -138,10 +136,25 @@ class EngineConfig:
         for name in ("block_size", "max_num_seqs", "max_num_batched_tokens", "tensor_parallel_size"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name}: must be positive, got {getattr(self, name)}")
+        mc, tp = self.model_config, self.tensor_parallel_size
+        if mc.num_heads % tp or (mc.num_kv_heads % tp and tp % mc.num_kv_heads):
+            raise ConfigError(f"tensor_parallel_size: {tp} does not split {mc.num_heads} attention heads and "
+                              f"{mc.num_kv_heads} KV heads evenly")
         if self.max_num_batched_tokens < self.max_num_seqs:
             raise ConfigError("max_num_batched_tokens: must be at least max_num_seqs, so every decode fits a step")
         if not 0 < self.gpu_memory_utilization <= 1:
             raise ConfigError(f"gpu_memory_utilization: must be in (0, 1], got {self.gpu_memory_utilization}")
+
+    def check_device(self) -> None:
+        """Checked where the engine runs, not where the config is made: `serve` on a head node without a
+        GPU still starts CUDA workers elsewhere."""
+        if self.device != "cuda":
+            return
+        if not torch.cuda.is_available():
+            raise ConfigError("device: cuda asked for but torch sees no CUDA device")
+        if self.tensor_parallel_size > torch.cuda.device_count():
+            raise ConfigError(f"tensor_parallel_size: {self.tensor_parallel_size} ranks need as many GPUs, "
+                              f"torch sees {torch.cuda.device_count()}")
 
     @property
     def torch_dtype(self) -> torch.dtype:

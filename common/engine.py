@@ -37,6 +37,7 @@ class LLMEngine:
     """Requests in, tokens out: schedule -> run -> postprocess, one step at a time. Speaks token ids only."""
 
     def __init__(self, config: EngineConfig):
+        config.check_device()
         self.config = config
         self._procs: list[mp.Process] = []
         init_method = None

@@ -1,0 +1,57 @@
+"""Tensor parallelism on CPU (gloo): the same sharded layers and all-reduces the GPU runs over NCCL.
+
+tiny-qwen3 has 4 query heads and 2 KV heads, so tp=4 needs KV-head replication (PITFALLS: fewer KV
+heads than ranks), and tp=2 splits them.
+"""
+from __future__ import annotations
+
+import pytest
+
+from common.config import ConfigError
+from common.llm import LLM
+from common.sampling_params import SamplingParams
+
+PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time,", "1, 2, 3, 4, 5,"]
+GREEDY = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
+
+
+def run(model_dir, tp: int) -> tuple[list[list[int]], int]:
+    llm = LLM(str(model_dir), device="cpu", tensor_parallel_size=tp, kv_cache_memory=16 << 20)
+    try:
+        tokens = [o.token_ids for o in llm.generate(PROMPTS, GREEDY, use_tqdm=False)]
+        assert llm.engine.num_free_blocks == llm.engine.block_manager.num_blocks
+        return tokens, llm.engine.block_manager.num_blocks
+    finally:
+        llm.close()
+
+
+@pytest.fixture(scope="module")
+def single(tiny_qwen3_dir):
+    return run(tiny_qwen3_dir, 1)
+
+
+@pytest.mark.parametrize("tp", [2, 4])
+def test_tensor_parallel_equals_single_rank(tiny_qwen3_dir, single, tp):
+    tokens, num_blocks = run(tiny_qwen3_dir, tp)
+    assert tokens == single[0]
+    # Each rank holds 1/tp of the KV heads (but at least one), so the same memory holds more blocks.
+    assert num_blocks >= single[1]
+
+
+def test_tensor_parallel_size_must_divide_the_heads(tiny_qwen3_dir):
+    """Refused before any rank starts, naming the flag."""
+    with pytest.raises(ConfigError, match="tensor_parallel_size: 3 does not split 4 attention heads"):
+        LLM(str(tiny_qwen3_dir), device="cpu", tensor_parallel_size=3, kv_cache_memory=16 << 20)
+
+
+def test_cuda_is_checked_where_the_engine_runs_not_where_the_config_is_made(tiny_qwen3_dir):
+    """`serve --device cuda` on a head node without a GPU must start; the engine itself refuses."""
+    import torch
+
+    from common.config import EngineConfig
+
+    config = EngineConfig(model=str(tiny_qwen3_dir), device="cuda")  # a config alone is fine anywhere
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    with pytest.raises(ConfigError, match="device: cuda asked for but torch sees no CUDA device"):
+        LLM.from_config(config)
