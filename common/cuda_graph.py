@@ -20,14 +20,19 @@ def graph_batch_sizes(max_num_seqs: int) -> list[int]:
     return [s for s in sizes if s < max_num_seqs] + [max_num_seqs] if max_num_seqs <= 512 else sizes
 
 
+def block_table_width(max_model_len: int, block_size: int) -> int:
+    """Columns of the captured block table: one more than max_model_len needs, for a full-length prompt
+    plus its decoded token."""
+    return -(-max_model_len // block_size) + 1
+
+
 class DecodeGraphs:
     def __init__(self, model: torch.nn.Module, max_num_seqs: int, max_model_len: int, block_size: int,
                  hidden_size: int, dtype: torch.dtype, device: torch.device):
         self.model = model
         self.sizes = graph_batch_sizes(max_num_seqs)
         n = self.sizes[-1]
-        # One more column than max_model_len needs: a full-length prompt plus its decoded token.
-        width = -(-max_model_len // block_size) + 1
+        width = block_table_width(max_model_len, block_size)
         self.input_ids = torch.zeros(n, dtype=torch.int64, device=device)
         self.positions = torch.zeros(n, dtype=torch.int64, device=device)
         self.slot_mapping = torch.full((n,), -1, dtype=torch.int64, device=device)
