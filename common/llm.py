@@ -1,7 +1,6 @@
 from __future__ import annotations
 
 import itertools
-import time
 from dataclasses import dataclass
 
 from tqdm import tqdm
@@ -72,19 +71,24 @@ class LLM:
             self.engine.add_request(rid, ids, sp)
         results: list[RequestOutput | None] = [None] * len(prompts)
         bar = tqdm(total=len(prompts), desc="Generating", dynamic_ncols=True, disable=not use_tqdm)
+        # Throughput of each kind over the steps doing it: steps with prompt tokens count as prefill time.
         prefill_tokens = decode_tokens = 0
-        start = time.perf_counter()
+        prefill_time = decode_time = 1e-9
         try:
             while self.engine.has_unfinished():
                 for seq in self.engine.step():
                     if seq.is_finished:
                         results[index[seq.request_id]] = self._output(index[seq.request_id], seq)
                         bar.update(1)
-                prefill_tokens += self.engine.last_step.num_prefill_tokens
-                decode_tokens += self.engine.last_step.num_decode_tokens
-                elapsed = time.perf_counter() - start
-                bar.set_postfix_str(f"prefill {prefill_tokens / elapsed:.0f} tok/s, "
-                                    f"decode {decode_tokens / elapsed:.0f} tok/s", refresh=False)
+                step = self.engine.last_step
+                prefill_tokens += step.num_prefill_tokens
+                decode_tokens += step.num_decode_tokens
+                if step.num_prefill_tokens:
+                    prefill_time += step.seconds
+                else:
+                    decode_time += step.seconds
+                bar.set_postfix_str(f"prefill {prefill_tokens / prefill_time:.0f} tok/s, "
+                                    f"decode {decode_tokens / decode_time:.0f} tok/s", refresh=False)
         except BaseException:
             for rid in index:
                 self.engine.abort(rid)
