@@ -189,8 +189,11 @@ class ModelRunner:
         return self.launch(batch).tokens()
 
     def _upload(self, host: torch.Tensor) -> torch.Tensor:
+        """Host -> device without waiting: pinned (a pageable copy would wait for all queued GPU work), on the
+        copy stream, ordered before the compute stream's next use."""
         if self.device.type != "cuda":
             return host
+        host = host.pin_memory()
         compute = torch.cuda.current_stream(self.device)
         with torch.cuda.stream(self._copy_stream):
             dev = host.to(self.device, non_blocking=True)
@@ -274,9 +277,6 @@ class ModelRunner:
                                   tables.ravel(), qsl_arr[1:] - 1])
         payload = torch.from_numpy(payload)
         pending = torch.tensor([dst, src], dtype=torch.int64) if dst else None
-        if self.device.type == "cuda":
-            payload = payload.pin_memory()
-            pending = pending.pin_memory() if pending is not None else None
         return header, payload, pending
 
     def _unpack(self, header: torch.Tensor, payload: torch.Tensor) -> StepInputs:
@@ -298,4 +298,4 @@ class ModelRunner:
                 seq.generator = torch.Generator(self.device).manual_seed(seq.sampling.seed)
             generators.append(seq.generator)
         return SamplingBatch.build([s.sampling for s in seqs], generators, self.config.model_config.vocab_size,
-                                   self.device, [s.num_tokens for s in seqs])
+                                   self.device, [s.num_tokens for s in seqs], self._upload)

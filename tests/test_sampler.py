@@ -70,3 +70,20 @@ def test_invalid_sampling_params_name_the_field(field, value):
     with pytest.raises(InvalidRequest) as e:
         SamplingParams(**{field: value})
     assert e.value.field == field
+
+
+def test_fused_cuda_sampler_gets_seeds_only_when_it_will_run():
+    """Built for a CUDA device (with a host-only upload): the Philox seeds, and so the fused kernel, only
+    for batches it serves; seeded rows get the same seed for the same position on every run."""
+    pytest.importorskip("common.layers.fused")
+    cuda, host = torch.device("cuda"), (lambda t: t)
+
+    def build(params, positions=(5, 9)):
+        return SamplingBatch.build(params, [None] * len(params), 100, cuda, list(positions), host)
+    assert build([SamplingParams(temperature=0)] * 2).seeds is None  # all greedy: argmax
+    assert build([SamplingParams(), SamplingParams(top_p=0.9)]).seeds is None  # top-p: the torch path
+    assert build([SamplingParams(), SamplingParams(top_k=5)]).seeds is None
+    mixed = build([SamplingParams(temperature=0), SamplingParams(seed=3)])
+    assert mixed.seeds is not None and mixed.seeds.shape == (2,)
+    assert build([SamplingParams(seed=3)], [9]).seeds.tolist() == build([SamplingParams(seed=3)], [9]).seeds.tolist()
+    assert build([SamplingParams(seed=3)], [9]).seeds.tolist() != build([SamplingParams(seed=3)], [10]).seeds.tolist()

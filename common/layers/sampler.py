@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
@@ -21,34 +22,30 @@ class SamplingBatch:
     top_ps: torch.Tensor | None  # [B] float32; None if no row uses top-p
     generators: list[torch.Generator | None]  # per row: its own seeded generator, or None
     all_greedy: bool
-    seeds: torch.Tensor | None = None  # [B] int64 Philox seeds of the fused CUDA sampler
-
-    @property
-    def fused(self) -> bool:
-        return self.seeds is not None and self.top_ks is None and self.top_ps is None
+    seeds: torch.Tensor | None = None  # [B] int64 Philox seeds: set exactly when the fused sampler runs
 
     @classmethod
     def build(cls, params: list[SamplingParams], generators: list[torch.Generator | None], vocab_size: int,
-              device: torch.device, positions: list[int] | None = None) -> SamplingBatch:
-        """`positions` (each row's token count) seed the fused sampler's seeded rows: a request with a seed
+              device: torch.device, positions: list[int] | None = None,
+              upload: Callable[[torch.Tensor], torch.Tensor] | None = None) -> SamplingBatch:
+        """`upload` moves a host tensor to `device` (the model runner passes its pinned, copy-stream one);
+        `positions` (each row's token count) seed the fused CUDA sampler, so that a request with a seed
         draws the same tokens on every run."""
+        upload = upload or (lambda t: t.to(device))
         temps = [p.temperature for p in params]
+        all_greedy = all(t == 0.0 for t in temps)
         use_k = any(0 < p.top_k < vocab_size for p in params)
         use_p = any(p.top_p < 1.0 for p in params)
-
-        def upload(values: list, dtype: torch.dtype) -> torch.Tensor:
-            # Through pinned memory: a pageable copy would wait for all queued GPU work (no overlap).
-            host = torch.tensor(values, dtype=dtype)
-            return host.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else host
+        use_fused = (device.type == "cuda" and fused is not None and positions is not None
+                     and not (all_greedy or use_k or use_p))
         return cls(
-            temperatures=upload(temps, torch.float32),
-            top_ks=upload([p.top_k if 0 < p.top_k < vocab_size else vocab_size for p in params], torch.int64)
+            temperatures=upload(torch.tensor(temps, dtype=torch.float32)),
+            top_ks=upload(torch.tensor([p.top_k if 0 < p.top_k < vocab_size else vocab_size for p in params]))
             if use_k else None,
-            top_ps=upload([p.top_p for p in params], torch.float32) if use_p else None,
+            top_ps=upload(torch.tensor([p.top_p for p in params], dtype=torch.float32)) if use_p else None,
             generators=generators,
-            all_greedy=all(t == 0.0 for t in temps),
-            seeds=upload(_philox_seeds(params, positions), torch.int64)
-            if device.type == "cuda" and fused is not None and positions is not None else None,
+            all_greedy=all_greedy,
+            seeds=upload(torch.tensor(_philox_seeds(params, positions))) if use_fused else None,
         )
 
 
@@ -60,7 +57,7 @@ def _philox_seeds(params: list[SamplingParams], positions: list[int]) -> list[in
 
 def sample(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
     """Greedy rows take the argmax; the others the Gumbel-max trick: argmax(p / E) with E ~ Exp(1)."""
-    if batch.fused and not batch.all_greedy:
+    if batch.seeds is not None:
         return fused.gumbel_argmax(logits, batch.temperatures, batch.seeds)
     logits = logits.float()
     greedy = logits.argmax(dim=-1)
