@@ -36,7 +36,7 @@ import torch.distributed as dist
 
 from kvtransfer.cuda_ipc import gpu_uuid
 from kvtransfer.transport import (
-    Sent, TransferError, Transport, check_block_ids, check_layout, is_run, layout_record, pack, plan_segments,
+    BlockIds, Sent, TransferError, Transport, check_block_ids, check_layout, layout_record, pack, plan_segments,
     unpack,
 )
 
@@ -216,16 +216,10 @@ class NcclTransport(Transport):
             torch.cuda.current_stream().wait_event(ready)
         total = sum(n for _, n in segments) * self.pool.layout.block_bytes
         _post(link, "send", _header(seq, request_id, total, len(segments), kv.device)).wait()
-        index = None
+        blocks = BlockIds(kv, src)
         in_flight: deque = deque()
         for off, n in segments:
-            ids = src[off:off + n]
-            if is_run(ids):
-                data = kv[ids[0]:ids[0] + n]
-            else:
-                if index is None:
-                    index = torch.tensor(src, dtype=torch.int64).to(kv.device, non_blocking=True)
-                data = kv.index_select(0, index[off:off + n])
+            data = blocks.gather(off, n)
             in_flight.append((_post(link, "send", data), data))
             if len(in_flight) >= IN_FLIGHT:
                 in_flight.popleft()[0].wait()
@@ -295,24 +289,19 @@ class NcclTransport(Transport):
         if not torch.equal(header.cpu(), expected):
             raise TransferError(f"KV link {link.name} out of step: header {header.tolist()}, "
                                 f"expected {expected.tolist()}")
-        index = None
+        blocks = None if dst is None else BlockIds(kv, dst)
         scratch = None
         in_flight: deque = deque()
         off = 0
         for n in counts:
-            ids = None if dst is None else dst[off:off + n]
             scatter = None
-            if ids is None:  # refused: land it anywhere
+            if blocks is None:  # refused: land it anywhere
                 if scratch is None:
                     scratch = torch.empty(max(counts) * block_bytes, dtype=torch.uint8, device=kv.device)
                 data = scratch[:n * block_bytes]
-            elif is_run(ids):
-                data = kv[ids[0]:ids[0] + n]
-            else:
-                if index is None:
-                    index = torch.tensor(dst, dtype=torch.int64).to(kv.device, non_blocking=True)
+            elif (data := blocks.run(off, n)) is None:
                 data = torch.empty((n, *kv.shape[1:]), dtype=kv.dtype, device=kv.device)
-                scatter = (index[off:off + n], data)
+                scatter = (blocks.index(off, n), data)
             in_flight.append((_post(link, "recv", data), scatter))
             if len(in_flight) >= IN_FLIGHT:
                 _land(kv, *in_flight.popleft())

@@ -129,6 +129,30 @@ def is_run(ids: list[int]) -> bool:
     return all(b == a + 1 for a, b in zip(ids, ids[1:]))
 
 
+class BlockIds:
+    """One side's block ids of a transfer, cut into the transfer's segments: a segment whose ids are a run
+    is a view of the pool; otherwise its ids go to the pool's device (once per transfer) to gather or
+    scatter through."""
+
+    def __init__(self, kv: torch.Tensor, ids: list[int]):
+        self.kv, self.ids = kv, ids
+        self._index: torch.Tensor | None = None
+
+    def run(self, off: int, n: int) -> torch.Tensor | None:
+        """Blocks ids[off:off + n] as a view of the pool, if they are consecutive."""
+        ids = self.ids[off:off + n]
+        return self.kv[ids[0]:ids[0] + n] if is_run(ids) else None
+
+    def index(self, off: int, n: int) -> torch.Tensor:
+        if self._index is None:
+            self._index = torch.tensor(self.ids, dtype=torch.int64).to(self.kv.device, non_blocking=True)
+        return self._index[off:off + n]
+
+    def gather(self, off: int, n: int) -> torch.Tensor:
+        view = self.run(off, n)
+        return view if view is not None else self.kv.index_select(0, self.index(off, n))
+
+
 def check_block_ids(ids: list[int], num_blocks: int, whose: str) -> None:
     """A bad id must fail here, not as an out-of-bounds write into a pool (or a device assert)."""
     bad = [i for i in ids if not 0 <= i < num_blocks]
