@@ -5,13 +5,10 @@ test_triton_ops.py); bf16 runs on GPU only.
 """
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 import torch
+
+from tests.triton_interp import INTERPRETED, device, interpreter_suite  # noqa: F401 (device: a fixture)
 
 fused = pytest.importorskip("common.layers.fused")
 
@@ -19,25 +16,11 @@ from common.layers.activation import SiluAndMul  # noqa: E402
 from common.layers.norm import RMSNorm  # noqa: E402
 from common.layers.rotary import RotaryEmbedding  # noqa: E402
 
-INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
-ROOT = Path(__file__).resolve().parents[1]
-GPU = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 DTYPES = [torch.float32, torch.float16] + ([] if INTERPRETED else [torch.bfloat16])
 # One rounding step of the dtype: fused and torch may round an intermediate differently.
 TOL = {torch.float32: 1e-5, torch.float16: 1e-3, torch.bfloat16: 8e-3}
 
-
-@pytest.fixture(params=[pytest.param("cpu", id="interp") if INTERPRETED else pytest.param("cuda", marks=GPU)])
-def device(request: pytest.FixtureRequest) -> str:
-    return request.param
-
-
-@pytest.mark.skipif(INTERPRETED, reason="this is the interpreter run")
-def test_interpreter_suite() -> None:
-    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT)}
-    cmd = [sys.executable, "-m", "pytest", __file__, "-q", "-m", "not gpu", "-p", "no:cacheprovider"]
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stdout[-10000:] + proc.stderr[-3000:]
+test_interpreter_suite = interpreter_suite(__file__, timeout=600)
 
 
 def close(got: torch.Tensor, want: torch.Tensor) -> None:

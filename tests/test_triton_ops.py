@@ -7,22 +7,16 @@ garbage for bf16 operands.
 """
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from dataclasses import dataclass
-from pathlib import Path
 
 import pytest
 import torch
 
+from tests.triton_interp import INTERPRETED, device, interpreter_suite  # noqa: F401 (device: a fixture)
 from common.attention import torch_ops
 
 triton_ops = pytest.importorskip("common.attention.triton_ops")
 
-INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
-ROOT = Path(__file__).resolve().parents[1]
-GPU = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 DTYPES = [torch.float16, torch.float32] + ([] if INTERPRETED else [torch.bfloat16])
 TOL = {torch.float32: 1e-4, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
 # (Hq, Hkv, D): GQA ratios 1, 2, 3 (SmolLM2) and 4.
@@ -35,18 +29,7 @@ def heads_id(heads: tuple[int, int, int]) -> str:
 
 STORE_CASES = [(HEADS[0], 16), (HEADS[1], 256), (HEADS[2], 16), (HEADS[3], 256)]
 
-
-@pytest.fixture(params=[pytest.param("cpu", id="interp") if INTERPRETED else pytest.param("cuda", marks=GPU)])
-def device(request: pytest.FixtureRequest) -> str:
-    return request.param
-
-
-@pytest.mark.skipif(INTERPRETED, reason="this is the interpreter run")
-def test_interpreter_suite() -> None:
-    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT)}
-    cmd = [sys.executable, "-m", "pytest", __file__, "-q", "-m", "not gpu", "-p", "no:cacheprovider"]
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, proc.stdout[-10000:] + proc.stderr[-3000:]
+test_interpreter_suite = interpreter_suite(__file__, timeout=900)
 
 
 @dataclass
