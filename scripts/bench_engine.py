@@ -170,6 +170,49 @@ def decode_step_ms(llm: LLM, batch: int, context: int, steps: int = 30) -> float
     return dt * 1e3
 
 
+def decode_idle(llm: LLM, batch: int, context: int, steps: int = 30) -> tuple[float, float, float]:
+    """GPU idle between decode steps, read off CUDA events on the compute stream (no profiler): the share
+    of the wall time in which the stream had finished step N and the CPU had not yet queued step N+1's
+    launch (low), or its forward (high: also counts the step's input upload and PENDING-token gather, a
+    few microseconds of GPU work). Returns (ms per step, low, high)."""
+    engine, runner = llm.engine, llm.engine.runner
+    rids = start_decodes(llm, batch, context, DECODE_TOKENS)
+    marks: list[dict[str, torch.cuda.Event]] = []
+
+    def mark(name: str) -> None:
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        marks[-1][name] = event
+
+    launch, execute = runner.launch, runner.execute
+
+    def timed_launch(b):
+        marks.append({})
+        mark("launch")
+        out = launch(b)
+        mark("end")
+        return out
+
+    def timed_execute(inputs):
+        mark("forward")
+        return execute(inputs)
+
+    runner.launch, runner.execute = timed_launch, timed_execute
+    try:
+        t0 = sync_time()
+        for _ in range(steps):
+            engine.step()
+        wall = sync_time() - t0
+    finally:
+        runner.launch, runner.execute = launch, execute
+    for rid in rids:
+        engine.abort(rid)
+    span = marks[0]["launch"].elapsed_time(marks[-1]["end"])
+    low = sum(max(0.0, a["end"].elapsed_time(b["launch"])) for a, b in zip(marks, marks[1:]))
+    high = sum(max(0.0, a["end"].elapsed_time(b["forward"])) for a, b in zip(marks, marks[1:]))
+    return wall / steps * 1e3, low / span, high / span
+
+
 def decode_step_phases(llm: LLM, batch: int, context: int, steps: int = 20) -> dict[str, float]:
     """Where a decode step's time goes (ms, synchronised after each phase)."""
     from common.layers.sampler import sample
@@ -246,6 +289,11 @@ def bench_decode(root: Path, config: str, context: int) -> None:
                 roof = (wb + batch * (context + 20) * kv_per_token) / (bw * 1e9) * 1e3
                 log(f"{name:<20}{batch:>6}{ms:>10.3f}{roof:>13.3f}{ms / roof:>12.2f}{batch / ms * 1e3:>10.0f}")
                 assert llm.engine.num_free_blocks == llm.engine.block_manager.num_blocks
+            if name != "eager":
+                for batch in (1, 64, 256):
+                    ms, low, high = decode_idle(llm, batch, context)
+                    log(f"   {name} batch {batch}: GPU idle between steps {low:.1%} .. {high:.1%} of {ms:.3f} ms/step "
+                        "(CUDA events)")
             for batch in (1, 256) if name == "graphs, no overlap" else ():
                 phases = decode_step_phases(llm, batch, context)
                 log(f"   {name} batch {batch} phases (ms, synchronised): "

@@ -144,6 +144,17 @@ def time_transfer(sender, peer: Peer, descriptor: bytes, src_ids: list[int], dst
     return statistics.median(times) * 1e3
 
 
+def profile_transfer(sender, peer: Peer, descriptor: bytes, src_ids: list[int], dst_ids: list[int]) -> None:
+    """One more handoff under torch.profiler (CUDA activity): which copies and kernels it ran, and for how long."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        time_transfer(sender, peer, descriptor, src_ids, dst_ids, iters=1, warmup=0)
+    events = [e for e in prof.key_averages() if e.device_type == torch.autograd.DeviceType.CUDA]
+    for e in sorted(events, key=lambda e: -e.self_device_time_total)[:5]:
+        log(f"      {e.key[:70]:<72}{e.count:>5}x {e.self_device_time_total / 1e3:>9.3f} ms")
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="bench_transfer", description=__doc__.splitlines()[0])
     p.add_argument("--models", nargs="+", default=list(MODELS), choices=MODELS)
@@ -155,6 +166,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--transports", nargs="+", default=[c[0] for c in CASES], choices=[c[0] for c in CASES])
     p.add_argument("--iters", type=int, default=10)
     p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--profile", action="store_true", help="after each row, the CUDA work of one handoff")
     p.add_argument("--prefill-ms", nargs="+", type=float, default=None,
                    help="prefill time of each prompt length (one value for all): adds a +TTFT column")
     args = p.parse_args(argv)
@@ -221,6 +233,8 @@ def main(argv: list[str] | None = None) -> int:
                                     base = prefill_ms[t] if len(prefill_ms) > 1 else prefill_ms[0]
                                     row += f" {100 * ms / base:>6.1f}%"
                                 log(row)
+                                if args.profile:
+                                    profile_transfer(sender, peer, descriptor, src_ids, dst_ids)
                     sender.close()
                 del src
                 if SOURCE.startswith("cuda"):

@@ -111,13 +111,16 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
 
 
 @triton.jit
-def _gumbel_argmax_kernel(logits_ptr, temps_ptr, seeds_ptr, out_ptr, stride, V: tl.constexpr, BLOCK: tl.constexpr):
+def _gumbel_argmax_kernel(logits_ptr, temps_ptr, seeds_ptr, best_ptr, best_idx_ptr, stride, V: tl.constexpr,
+                          SPLIT: tl.constexpr, BLOCK: tl.constexpr):
+    """Grid (rows, splits): the best score and its index within one SPLIT-wide slice of the vocabulary."""
     row = tl.program_id(0).to(tl.int64)
+    split = tl.program_id(1)
     temp = tl.load(temps_ptr + row)
     seed = tl.load(seeds_ptr + row)
     best = float("-inf")
-    best_idx = 0
-    for start in range(0, V, BLOCK):
+    best_idx = split * SPLIT
+    for start in range(split * SPLIT, tl.minimum(split * SPLIT + SPLIT, V), BLOCK):
         offs = start + tl.arange(0, BLOCK)
         x = tl.load(logits_ptr + row * stride + offs, mask=offs < V, other=float("-inf")).to(tl.float32)
         if temp > 0:  # Gumbel-max: argmax(logits / T + G), G = -log(-log U), samples softmax(logits / T)
@@ -127,16 +130,22 @@ def _gumbel_argmax_kernel(logits_ptr, temps_ptr, seeds_ptr, out_ptr, stride, V: 
         if m > best:  # strict: the first maximum wins, as in torch.argmax
             best = m
             best_idx = start + tl.argmax(x, axis=0)
-    tl.store(out_ptr + row, best_idx.to(tl.int64))
+    tl.store(best_ptr + row * tl.num_programs(1) + split, best)
+    tl.store(best_idx_ptr + row * tl.num_programs(1) + split, best_idx.to(tl.int64))
 
 
 def gumbel_argmax(logits: torch.Tensor, temperatures: torch.Tensor, seeds: torch.Tensor) -> torch.Tensor:
     """One token per row in one pass over the logits: argmax where temperature is 0, else a sample of
-    softmax(logits / T) drawn with Philox from the row's seed (replaces softmax + noise + argmax)."""
+    softmax(logits / T) drawn with Philox from the row's seed (replaces softmax + noise + argmax). The
+    vocabulary is split across programs so that a small batch still fills the GPU."""
     assert logits.stride(-1) == 1
     rows, vocab = logits.shape
-    out = torch.empty(rows, dtype=torch.int64, device=logits.device)
+    block = min(2048, triton.next_power_of_2(vocab))
+    split = block * max(1, triton.cdiv(vocab, block * 32))  # about 32 slices per row
+    splits = triton.cdiv(vocab, split)
+    best = torch.empty(rows, splits, dtype=torch.float32, device=logits.device)
+    best_idx = torch.empty(rows, splits, dtype=torch.int64, device=logits.device)
     if rows:
-        _gumbel_argmax_kernel[(rows,)](logits, temperatures, seeds, out, logits.stride(0), V=vocab,
-                                       BLOCK=min(4096, triton.next_power_of_2(vocab)), num_warps=8)
-    return out
+        _gumbel_argmax_kernel[(rows, splits)](logits, temperatures, seeds, best, best_idx, logits.stride(0),
+                                              V=vocab, SPLIT=split, BLOCK=block, num_warps=4)
+    return best_idx.gather(1, best.argmax(dim=1, keepdim=True)).squeeze(1)
