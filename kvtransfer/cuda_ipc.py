@@ -58,6 +58,17 @@ def import_tensor(share: dict, device_index: int) -> torch.Tensor:
         share["event_sync_required"])
 
 
+def enable_peer_access(a: int, b: int) -> None:
+    """Let GPUs a and b of this process reach each other's memory, before a peer's pool is mapped. torch turns
+    peer access on lazily, one direction per first copy between two devices; a copy engine on GPU a writing
+    into IPC-mapped memory on GPU b without it is staged through the host (measured: 36 GB/s instead of
+    ~390 GB/s between two H200s)."""
+    if a == b or not torch.cuda.can_device_access_peer(a, b):
+        return
+    for dst, src in ((a, b), (b, a)):
+        torch.empty(1, device=f"cuda:{dst}").copy_(torch.empty(1, device=f"cuda:{src}"))
+
+
 def pair_problem(prefill: dict | None, decode: dict | None) -> str | None:
     """Why a prefill worker cannot write into a decode worker's pool by CUDA IPC (None: it can).
     Arguments are the workers' unpacked cuda_ipc descriptors."""
@@ -120,6 +131,7 @@ class CudaIPCTransport(Transport):
                 f"{os.environ.get('CUDA_VISIBLE_DEVICES', '<unset>')}): put both workers on one GPU or use nccl")
         share = d["pool"]
         kv = _EXPORTED.get(share["handle"]) if d["pid"] == os.getpid() else None
+        enable_peer_access(self.pool.kv.device.index, visible.index(d["gpu"]))
         if kv is None:
             try:
                 kv = import_tensor(share, visible.index(d["gpu"]))
