@@ -1,7 +1,6 @@
 """Benchmark the Triton attention kernels on one GPU (about 1-2 minutes on an H100).
 
-    python -m scripts.bench_attention            # every kernel, default launch settings
-    python -m scripts.bench_attention --sweep    # decode: launch settings (splits, tile, warps, stages) ranked
+    python -m scripts.bench_attention
 
 Every case first checks the kernel against torch_ops (max abs err), then times it with
 triton.testing.do_bench (median, L2 flushed between runs). K/V live in one shared pool laid out
@@ -142,66 +141,12 @@ def bench_store(copy_gbs: float) -> None:
             log(f"{block_size:>5} {tokens:>6} {err:>8.1e} {ms * 1e3:>8.1f} {gbs:>7.0f} {100 * gbs / copy_gbs:>5.0f}%")
 
 
-SWEEP = dict(splits=(1, 2, 4, 8), block_n=(32, 64, 128), num_warps=(4, 8), num_stages=(2, 3, 4))
-
-
-def sweep_decode(pool: Pool, copy_gbs: float, top: int = 5) -> None:
-    """The decode kernel's launch settings ranked by time, beside the defaults, at the shapes that set the
-    engine's decode step (Qwen3-0.6B heads, block 16, 1k contexts). Each setting is checked against torch_ops first."""
-    import itertools
-
-    log(f"\n== paged_decode_attention launch settings ({DTYPE}, block 16): fastest {top} and the default")
-    for model, num_heads in (("qwen3-0.6b", MODELS["qwen3-0.6b"][0]),):
-        k_cache, v_cache = pool.caches(16)
-        for batch, context in ((64, 1044), (256, 1044), (1, 1044)):
-            tables = pool.block_tables(batch, context, 16)
-            lens = torch.full((batch,), context, dtype=torch.int32, device="cuda")
-            q = torch.randn(batch, num_heads, HEAD_DIM, dtype=DTYPE, device="cuda")
-            out = torch.empty_like(q)
-            scale = HEAD_DIM ** -0.5
-            n = min(batch, CHECK_SEQS)
-            expected = torch_ops.paged_decode_attention(q[:n], k_cache, v_cache, tables[:n], lens[:n], scale).float()
-            nbytes = batch * context * 2 * NUM_KV_HEADS * HEAD_DIM * q.element_size()
-            default_splits = triton_ops.decode_num_splits(batch, NUM_KV_HEADS, tables.shape[1] * 16, q.device)
-            rows = []
-            grid = dict(SWEEP, splits=sorted({*SWEEP["splits"], default_splits}))
-            for splits, block_n, warps, stages in itertools.product(*grid.values()):
-                def run(kw=dict(num_splits=splits, block_n=block_n, num_warps=warps, num_stages=stages)):
-                    return triton_ops.paged_decode_attention(q, k_cache, v_cache, tables, lens, scale, out=out, **kw)
-                try:
-                    out.fill_(float("nan"))
-                    err = (run()[:n].float() - expected).abs().max().item()
-                    if not err < 0.05:
-                        log(f"   {model} b{batch} ctx{context} {splits}/{block_n}/{warps}/{stages}: error {err}")
-                        continue
-                    ms = bench_ms(run)
-                except Exception as e:  # out of resources (shared memory, registers) for this tile
-                    log(f"   {model} b{batch} ctx{context} {splits}/{block_n}/{warps}/{stages}: {type(e).__name__}")
-                    continue
-                is_default = (splits, block_n, warps, stages) == (default_splits, 64, 4, 2)
-                rows.append((ms, splits, block_n, warps, stages, is_default))
-            rows.sort()
-            log(f"{model} batch {batch} context {context} (default splits {default_splits}):")
-            for rank, (ms, splits, block_n, warps, stages, is_default) in enumerate(rows):
-                if rank < top or is_default:
-                    gbs = nbytes / ms / 1e6
-                    log(f"   {'*' if is_default else ' '} splits {splits:>2} block_n {block_n:>3} warps {warps} "
-                        f"stages {stages}: {ms * 1e3:8.1f} us {gbs:6.0f} GB/s {100 * gbs / copy_gbs:4.0f}%")
-                    if is_default:
-                        break
-
-
 def main() -> None:
-    import sys
-
     assert torch.cuda.is_available(), "needs a CUDA GPU"
     log(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, "
         f"{torch.cuda.get_device_properties(0).multi_processor_count} SMs")
     copy_gbs = copy_bandwidth()
     log(f"device-to-device copy: {copy_gbs:.0f} GB/s (read + write)")
-    if "--sweep" in sys.argv[1:]:
-        sweep_decode(Pool(256, 1044), copy_gbs)
-        return
     pool = Pool(max(DECODE_BATCHES), max(DECODE_CONTEXTS))
     bench_decode(pool, copy_gbs)
     bench_prefill(pool)

@@ -15,11 +15,8 @@ import triton.language as tl
 
 _LOG2E = 1.4426950408889634
 
-# Decode: a sequence is split only into pieces of at least this many tokens, each a whole number of
-# BLOCK_N-token tiles. Measured on an H200 (bench_attention --sweep, Qwen3-0.6B heads, 1044-token
-# contexts): one program per KV head ran 1.2x faster than two splits at batch 64 and 2.2x faster than
-# nine at batch 1; splits pay only for long contexts.
-_DECODE_MIN_SPLIT_TOKENS = 1024
+# Decode: a split covers a whole number of BLOCK_N-token tiles and, where splitting, at least this many.
+_DECODE_MIN_SPLIT_TOKENS = 128
 # Decode: aim for this many programs per SM before splitting the context further.
 _DECODE_PROGRAMS_PER_SM = 4
 DEFAULT_MAX_NUM_SPLITS = 64
@@ -78,12 +75,9 @@ def _attend_tile(q, acc, m_i, l_i, k_ptr, v_ptr, block_table_ptr, pos, load_mask
 
 
 @triton.jit
-def _split_tokens(seq_len, num_splits, BLOCK_N: tl.constexpr, MIN_SPLIT: tl.constexpr):
-    """Tokens per split of one sequence (a multiple of BLOCK_N); the decode and reduce kernels must agree.
-    A sequence uses up to `num_splits` splits (fixed by the launch, so graphs stay valid) of at least
-    MIN_SPLIT tokens; the programs of splits it does not use return at once."""
-    active = tl.minimum(num_splits, tl.maximum(seq_len // MIN_SPLIT, 1))
-    per_split = (seq_len + active - 1) // active
+def _split_tokens(seq_len, num_splits, BLOCK_N: tl.constexpr):
+    """Tokens per split of one sequence (a multiple of BLOCK_N); the decode and reduce kernels must agree."""
+    per_split = (seq_len + num_splits - 1) // num_splits
     return (per_split + BLOCK_N - 1) // BLOCK_N * BLOCK_N
 
 
@@ -93,15 +87,13 @@ def _decode_kernel(q_ptr, k_ptr, v_ptr, block_tables_ptr, seq_lens_ptr, out_ptr,
                    stride_qb, stride_qh, stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh,
                    stride_btb, stride_ob, stride_oh, stride_pb, stride_ph, stride_ps, stride_lb, stride_lh,
                    GROUP: tl.constexpr, BLOCK_G: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE: tl.constexpr,
-                   BLOCK_N: tl.constexpr, MIN_SPLIT: tl.constexpr, DIRECT: tl.constexpr,
-                   PRECISION: tl.constexpr):
-    """Grid (batch, kv_heads, splits). DIRECT (one split), or a sequence short enough for one split: write
-    the final output; else a partial + its lse."""
+                   BLOCK_N: tl.constexpr, DIRECT: tl.constexpr, PRECISION: tl.constexpr):
+    """Grid (batch, kv_heads, splits). DIRECT (one split): write the final output, else a partial + its lse."""
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
     seq_len = tl.load(seq_lens_ptr + seq)
-    split_tokens = _split_tokens(seq_len, num_splits, BLOCK_N, MIN_SPLIT)
+    split_tokens = _split_tokens(seq_len, num_splits, BLOCK_N)
     start = split * split_tokens
     if (split > 0) & (start >= seq_len):
         return
@@ -135,11 +127,9 @@ def _decode_kernel(q_ptr, k_ptr, v_ptr, block_tables_ptr, seq_lens_ptr, out_ptr,
 
     # l_i is 0 only for an empty sequence (a padded batch entry), whose output is then 0.
     o = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
-    out = out_ptr + seq * stride_ob + heads[:, None] * stride_oh + dims[None, :]
     if DIRECT:
-        tl.store(out, o.to(out_ptr.dtype.element_ty), mask=head_mask[:, None])
-    elif split_tokens >= seq_len:  # the sequence's only split: the reduce kernel skips it
-        tl.store(out, o.to(out_ptr.dtype.element_ty), mask=head_mask[:, None])
+        tl.store(out_ptr + seq * stride_ob + heads[:, None] * stride_oh + dims[None, :],
+                 o.to(out_ptr.dtype.element_ty), mask=head_mask[:, None])
     else:
         part = part_o_ptr + seq * stride_pb + heads[:, None] * stride_ph + split * stride_ps + dims[None, :]
         tl.store(part, o, mask=head_mask[:, None])
@@ -149,16 +139,13 @@ def _decode_kernel(q_ptr, k_ptr, v_ptr, block_tables_ptr, seq_lens_ptr, out_ptr,
 @triton.jit
 def _decode_reduce_kernel(part_o_ptr, part_lse_ptr, seq_lens_ptr, out_ptr, num_splits,
                           stride_pb, stride_ph, stride_ps, stride_lb, stride_lh, stride_ob, stride_oh,
-                          HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_N: tl.constexpr,
-                          MIN_SPLIT: tl.constexpr):
+                          HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_N: tl.constexpr):
     """Grid (batch, q_heads): combine the splits' partial outputs weighted by their log-sum-exp."""
     seq = tl.program_id(0)
     head = tl.program_id(1)
     seq_len = tl.load(seq_lens_ptr + seq)
-    split_tokens = tl.maximum(_split_tokens(seq_len, num_splits, BLOCK_N, MIN_SPLIT), 1)
+    split_tokens = tl.maximum(_split_tokens(seq_len, num_splits, BLOCK_N), 1)
     num_active = (seq_len + split_tokens - 1) // split_tokens
-    if num_active <= 1:  # the decode kernel wrote this sequence's output
-        return
     splits = tl.arange(0, BLOCK_S)
     active = splits < num_active
     lse = tl.load(part_lse_ptr + seq * stride_lb + head * stride_lh + splits, mask=active, other=float("-inf"))
@@ -275,8 +262,7 @@ def decode_num_splits(batch: int, num_kv_heads: int, max_context: int, device: t
 def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                            block_tables: torch.Tensor, seq_lens: torch.Tensor, scale: float, *,
                            out: torch.Tensor | None = None,
-                           max_num_splits: int = DEFAULT_MAX_NUM_SPLITS, num_splits: int | None = None,
-                           block_n: int | None = None, num_warps: int = 4, num_stages: int = 2) -> torch.Tensor:
+                           max_num_splits: int = DEFAULT_MAX_NUM_SPLITS) -> torch.Tensor:
     """Attention of one query per sequence over its `seq_lens[i]` cached keys; seq_len 0 gives 0.
 
     The split count depends on shapes and `max_num_splits` only, so a CUDA graph captured for a
@@ -291,9 +277,8 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     assert out.shape == q.shape and out.stride(-1) == 1
     if batch == 0:
         return out
-    block_n = block_n or (32 if q.dtype == torch.float32 else 64)
-    num_splits = num_splits or decode_num_splits(batch, num_kv_heads, block_tables.shape[1] * page, q.device,
-                                                 max_num_splits)
+    block_n = 32 if q.dtype == torch.float32 else 64
+    num_splits = decode_num_splits(batch, num_kv_heads, block_tables.shape[1] * page, q.device, max_num_splits)
     direct = num_splits == 1
     if direct:
         part_o = part_lse = out  # unused
@@ -308,13 +293,11 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), block_tables.stride(0),
         out.stride(0), out.stride(1), *part_strides,
         GROUP=group, BLOCK_G=max(16, triton.next_power_of_2(group)), HEAD_DIM=head_dim, PAGE=page,
-        BLOCK_N=block_n, MIN_SPLIT=_DECODE_MIN_SPLIT_TOKENS, DIRECT=direct, PRECISION=_precision(q.dtype),
-        num_warps=num_warps, num_stages=num_stages)
+        BLOCK_N=block_n, DIRECT=direct, PRECISION=_precision(q.dtype), num_warps=4, num_stages=2)
     if not direct:
         _decode_reduce_kernel[(batch, num_heads)](
             part_o, part_lse, seq_lens, out, num_splits, *part_strides, out.stride(0), out.stride(1),
-            HEAD_DIM=head_dim, BLOCK_S=triton.next_power_of_2(num_splits), BLOCK_N=block_n,
-            MIN_SPLIT=_DECODE_MIN_SPLIT_TOKENS, num_warps=4)
+            HEAD_DIM=head_dim, BLOCK_S=triton.next_power_of_2(num_splits), BLOCK_N=block_n, num_warps=4)
     return out
 
 
