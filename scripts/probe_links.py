@@ -10,6 +10,8 @@ Prints the topology, then payload GB/s of moving `--mb` MB from GPU 0 to GPU 1:
   flight (the nccl transport's pattern), and a two-rank broadcast; once per `--nccl-env` setting
   (`default` is NCCL's own choice).
 NCCL's own report of the channels and transport it chose is written to `--nccl-log` for the default run.
+The one-process copies run first and turn on peer access both ways, so the IPC rows show the link with
+it on (as `kvtransfer.cuda_ipc` does before mapping a peer's pool).
 """
 from __future__ import annotations
 
