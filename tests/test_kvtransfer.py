@@ -170,6 +170,60 @@ def test_nccl_send_refuses_a_peer_with_another_layout_before_connecting():
         decode.close()
 
 
+class _Work:
+    """A posted operation that completes after `polls` checks (never, if None); `wait` says whether it had."""
+
+    def __init__(self, polls: int | None):
+        self.polls, self.checks, self.waited_done = polls, 0, None
+
+    def is_completed(self) -> bool:
+        self.checks += 1
+        return self.polls is not None and self.checks > self.polls
+
+    def wait(self) -> None:
+        self.waited_done = self.polls is not None and self.checks > self.polls
+        if not self.waited_done:
+            raise TimeoutError("still running")
+
+
+def _link(backend: str, timeout: float):
+    from types import SimpleNamespace
+
+    return SimpleNamespace(backend=backend, timeout=timeout)
+
+
+def test_nccl_wait_polls_until_done_before_the_blocking_wait():
+    """NCCL's blocking wait sleeps ~1 ms between its own checks (capping 64 MiB segments at ~90 GB/s):
+    the link polls completion itself and calls wait only once the operation is done."""
+    from kvtransfer.nccl import _wait
+
+    work = _Work(polls=5)
+    _wait(_link("nccl", 10.0), work)
+    assert work.checks == 6 and work.waited_done
+
+
+def test_nccl_wait_gives_up_polling_at_the_deadline_and_lets_wait_raise():
+    import time
+
+    from kvtransfer.nccl import _wait
+
+    work = _Work(polls=None)
+    start = time.monotonic()
+    with pytest.raises(TimeoutError):
+        _wait(_link("nccl", 0.05), work)
+    assert 0.05 <= time.monotonic() - start < 5 and work.checks > 1
+
+
+def test_gloo_wait_does_not_poll():
+    """Gloo's send/recv work completes only inside wait: polling it would spin until the deadline."""
+    from kvtransfer.nccl import _wait
+
+    work = _Work(polls=None)
+    with pytest.raises(TimeoutError):
+        _wait(_link("gloo", 10.0), work)
+    assert work.checks == 0
+
+
 def test_sends_refuse_bad_block_ids():
     decode, prefill = NcclTransport(blank_pool(4)), NcclTransport(filled_pool(4, 0))
     try:
