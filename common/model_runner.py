@@ -222,17 +222,20 @@ class ModelRunner:
             payload = torch.empty(3 * t + 3 * b + 1 + b * width, dtype=torch.int64, device=self.device)
             dist.broadcast(payload, 0)
             self.execute(self._unpack(header, payload))
-        self.graphs = None  # NCCL cannot destroy a communicator that live CUDA graphs captured: both ranks hung
-        gc.collect()
-        dist.destroy_process_group()
+        self._leave_group()
 
     def stop_workers(self) -> None:
         if self.world > 1 and dist.is_initialized():
             header = torch.zeros(_HEADER, dtype=torch.int64)
             dist.broadcast(header.to(self.device), 0)
-            self.graphs = None  # as in serve_forever: graphs go before the communicator they captured
-            gc.collect()
-            dist.destroy_process_group()
+            self._leave_group()
+
+    def _leave_group(self) -> None:
+        """Destroy the tensor-parallel group, after the CUDA graphs that captured its all-reduces: destroying
+        it under live graphs hung every rank (2xH200)."""
+        self.graphs = None
+        gc.collect()
+        dist.destroy_process_group()
 
     def close(self) -> None:
         """Stop TP workers and give this runner's GPU memory back (weights, KV pool, graph pool)."""
