@@ -11,8 +11,11 @@ A transfer is a small header (sequence number, request id checksum, bytes, segme
 the blocks in destination order, cut into segments of at most CHUNK_BYTES (`plan_segments`). A side
 whose ids are consecutive within a segment sends (or receives) straight from (into) its pool;
 otherwise the sender gathers the segment into a buffer and the receiver receives into one and
-scatters it into the reserved blocks. At most two segments are in flight, so a gather or scatter
-overlaps the next message and scratch memory stays at two segments.
+scatters it into the reserved blocks. Segments that are views of a pool are all posted at once (the
+link stream runs them back to back); at most two that hold a scratch buffer are in flight on each side,
+so a gather or scatter overlaps the next message and scratch memory stays at two segments. The sender
+posts the header and the blocks together; the receiver checks the header before it posts any receive
+into its pool.
 
 `send` and `receive` return at once with futures; the worker holds the request's blocks until they
 resolve. A failed or timed-out operation breaks the link (its later transfers fail too, and the next
@@ -44,7 +47,7 @@ from kvtransfer.transport import (
 log = logging.getLogger(__name__)
 
 VERSION = 1
-IN_FLIGHT = 2  # segments posted ahead of the one being waited for
+IN_FLIGHT = 2  # segments holding a scratch buffer (gather or scatter) posted at once, per side
 _ENV_LOCK = threading.Lock()
 
 
@@ -216,16 +219,15 @@ class NcclTransport(Transport):
         if ready is not None:
             torch.cuda.current_stream().wait_event(ready)
         total = sum(n for _, n in segments) * self.pool.layout.block_bytes
-        _wait(link, _post(link, "send", _header(seq, request_id, total, len(segments), kv.device)))
+        header = _header(seq, request_id, total, len(segments), kv.device)
+        posted = _Posted(link)
+        posted.add(_post(link, "send", header), header)
         blocks = BlockIds(kv, src)
-        in_flight: deque = deque()
         for off, n in segments:
-            data = blocks.gather(off, n)
-            in_flight.append((_post(link, "send", data), data))
-            if len(in_flight) >= IN_FLIGHT:
-                _wait(link, in_flight.popleft()[0])
-        while in_flight:
-            _wait(link, in_flight.popleft()[0])
+            view = blocks.run(off, n)
+            data = view if view is not None else blocks.gather(off, n)
+            posted.add(_post(link, "send", data), data, scratch=view is None)
+        posted.drain()
 
     # ---- decode side --------------------------------------------------------------------------------
     def receive(self, request_id, peer_id, dst_block_ids, frames):
@@ -291,24 +293,23 @@ class NcclTransport(Transport):
             raise TransferError(f"KV link {link.name} out of step: header {header.tolist()}, "
                                 f"expected {expected.tolist()}")
         blocks = None if dst is None else BlockIds(kv, dst)
-        scratch = None
-        in_flight: deque = deque()
+        sink = None
+        posted = _Posted(link)
         off = 0
         for n in counts:
-            scatter = None
-            if blocks is None:  # refused: land it anywhere
-                if scratch is None:
-                    scratch = torch.empty(max(counts) * block_bytes, dtype=torch.uint8, device=kv.device)
-                data = scratch[:n * block_bytes]
-            elif (data := blocks.run(off, n)) is None:
+            if blocks is None:  # refused: land it anywhere (one buffer: nothing reads it)
+                if sink is None:
+                    sink = torch.empty(max(counts) * block_bytes, dtype=torch.uint8, device=kv.device)
+                posted.add(_post(link, "recv", sink[:n * block_bytes]), sink)
+            elif (view := blocks.run(off, n)) is not None:
+                posted.add(_post(link, "recv", view), view)
+            else:
                 data = torch.empty((n, *kv.shape[1:]), dtype=kv.dtype, device=kv.device)
-                scatter = (blocks.index(off, n), data)
-            in_flight.append((_post(link, "recv", data), scatter))
-            if len(in_flight) >= IN_FLIGHT:
-                _land(link, kv, *in_flight.popleft())
+                index = blocks.index(off, n)
+                posted.add(_post(link, "recv", data), data, scratch=True,
+                           then=lambda index=index, data=data: kv.index_copy_(0, index, data))
             off += n
-        while in_flight:
-            _land(link, kv, *in_flight.popleft())
+        posted.drain()
 
     # ---- both ---------------------------------------------------------------------------------------
     def _mark(self) -> torch.cuda.Event | None:
@@ -356,11 +357,33 @@ def _wait(link: _Link, work) -> None:
     work.wait()
 
 
-def _land(link: _Link, kv: torch.Tensor, work, scatter) -> None:
-    _wait(link, work)
-    if scatter is not None:
-        index, data = scatter
-        kv.index_copy_(0, index, data)
+class _Posted:
+    """One side's posted operations of a transfer, in order. Views of a pool and small tensors stay posted
+    until the end (the link stream runs them back to back, with no host round trip between); at most
+    IN_FLIGHT that hold a scratch buffer are outstanding, the oldest waited for (and its `then`, a scatter,
+    queued) before another is posted."""
+
+    def __init__(self, link: _Link):
+        self.link = link
+        self.ops: deque = deque()  # (work, tensor kept alive, holds scratch, then)
+        self.scratch = 0
+
+    def add(self, work, tensor: torch.Tensor, scratch: bool = False, then: Callable[[], object] | None = None):
+        self.ops.append((work, tensor, scratch, then))
+        self.scratch += scratch
+        while self.scratch >= IN_FLIGHT:
+            self._finish_oldest()
+
+    def drain(self) -> None:
+        while self.ops:
+            self._finish_oldest()
+
+    def _finish_oldest(self) -> None:
+        work, _, scratch, then = self.ops.popleft()
+        _wait(self.link, work)
+        self.scratch -= scratch
+        if then is not None:
+            then()
 
 
 def _header(seq: int, request_id: str, total_bytes: int, segments: int, device) -> torch.Tensor:

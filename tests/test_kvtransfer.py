@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 from concurrent.futures import Future
+from types import SimpleNamespace
 
 import msgpack
 import pytest
@@ -200,6 +201,37 @@ def test_nccl_wait_polls_until_done_before_the_blocking_wait():
     work = _Work(polls=5)
     _wait(_link("nccl", 10.0), work)
     assert work.checks == 6 and work.waited_done
+
+
+def test_posted_segments_bound_only_those_holding_scratch_memory(monkeypatch):
+    """Views of a pool stay posted (no host round trip between them); a third scratch segment waits for the
+    oldest one, and a scatter runs right after its own receive completes."""
+    from kvtransfer import nccl
+
+    events: list[str] = []
+
+    class Work:
+        def __init__(self, name):
+            self.name = name
+
+        def wait(self):
+            events.append(f"wait {self.name}")
+
+    monkeypatch.setattr(nccl, "IN_FLIGHT", 2)
+    posted = nccl._Posted(SimpleNamespace(backend="gloo", timeout=1.0))
+    t = torch.empty(1)
+    for name in ("header", "view0", "view1"):
+        posted.add(Work(name), t)
+    assert events == []
+    posted.add(Work("scratch0"), t, scratch=True, then=lambda: events.append("scatter0"))
+    assert events == []
+    posted.add(Work("scratch1"), t, scratch=True, then=lambda: events.append("scatter1"))
+    assert events == ["wait header", "wait view0", "wait view1", "wait scratch0", "scatter0"]
+    posted.add(Work("view2"), t)
+    posted.add(Work("scratch2"), t, scratch=True)
+    assert events[-2:] == ["wait scratch1", "scatter1"]
+    posted.drain()
+    assert events[-2:] == ["wait view2", "wait scratch2"] and not posted.ops and posted.scratch == 0
 
 
 def test_nccl_wait_gives_up_polling_at_the_deadline_and_lets_wait_raise():
