@@ -24,6 +24,9 @@ ROLES = {"prefill": PrefillWorker, "decode": DecodeWorker, "colocated": Colocate
 ID_PREFIX = {"prefill": "p", "decode": "d", "colocated": "c"}
 WILDCARDS = ("0.0.0.0", "*", "::", "[::]")
 REPO_ROOT = str(Path(__file__).resolve().parent.parent)
+# Set for the workers when they should see their node's GPUs: Ray then leaves CUDA_VISIBLE_DEVICES to us.
+NOSET_CUDA_VISIBLE_DEVICES = "RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES"
+GPU_VISIBILITY = ("node", "own")
 
 
 @dataclass
@@ -51,6 +54,9 @@ class ServeConfig:
         "help": "Ray custom resource each decode worker needs, e.g. pd_decode"})
     worker_resource: str | None = field(default=None, metadata={
         "help": "Ray custom resource each colocated worker needs"})
+    gpu_visibility: str = field(default="node", metadata={
+        "help": "GPUs a worker process sees: 'node' (its own first, then the rest of its node's: CUDA IPC "
+                "reaches a decode worker on another GPU) or 'own' (only its own, as Ray sets it: NCCL across GPUs)"})
 
     def resources(self, role: str) -> dict[str, float]:
         """The custom resources one worker of `role` asks Ray for."""
@@ -68,6 +74,14 @@ class ServeConfig:
         return {name: value}
 
 
+def own_gpus_first(assigned: list[str], node_visible: str | None, node_gpus: int) -> str:
+    """CUDA_VISIBLE_DEVICES for a worker that sees its node's GPUs: its own first, so that cuda:0 .. cuda:N-1
+    are still the GPUs Ray gave it (the engine's ranks use cuda:rank), then the node's others."""
+    node = [g.strip() for g in node_visible.split(",") if g.strip()] if node_visible else [
+        str(i) for i in range(node_gpus)]
+    return ",".join(assigned + [g for g in node if g not in assigned])
+
+
 class WorkerActor:
     """The Ray actor around one worker. `run` blocks in the actor's main thread until the worker stops."""
 
@@ -79,7 +93,9 @@ class WorkerActor:
         config.node_id = ray.get_runtime_context().get_node_id()  # its Ray node's: pairs across nodes see it
         if config.host in WILDCARDS:  # peers on other nodes reach this worker on its node's address
             config.host = ray.util.get_node_ip_address()
-        gpu_ids = ray.get_gpu_ids()
+        gpu_ids = [str(g) for g in ray.get_gpu_ids()]
+        if gpu_ids and os.environ.get(NOSET_CUDA_VISIBLE_DEVICES) == "1":
+            see_node_gpus(gpu_ids)
         config.device_index = int(gpu_ids[0]) if gpu_ids else 0
         self.worker = ROLES[role](config, engine_config)
 
@@ -91,6 +107,19 @@ class WorkerActor:
 
     def stop(self) -> None:
         self.worker.stop()
+
+
+def see_node_gpus(assigned: list[str]) -> None:
+    """Before CUDA starts in this process: show it the node's GPUs, its own first."""
+    import torch
+
+    if torch.cuda.is_initialized():
+        log.warning("CUDA already started: this worker sees only CUDA_VISIBLE_DEVICES=%s",
+                    os.environ.get("CUDA_VISIBLE_DEVICES"))
+        return
+    # Ray left the node's CUDA_VISIBLE_DEVICES (if any) alone; device_count reads it through NVML, uncached.
+    os.environ["CUDA_VISIBLE_DEVICES"] = own_gpus_first(
+        assigned, os.environ.get("CUDA_VISIBLE_DEVICES"), torch.cuda.device_count())
 
 
 class Cluster:
@@ -106,6 +135,9 @@ class Cluster:
         self.kv_transports = [] if router_config.kv_transport == "auto" else [router_config.kv_transport]
         for role in ROLES:
             serve.resources(role)  # a malformed resource is a usage error before anything starts
+        if serve.gpu_visibility not in GPU_VISIBILITY:
+            raise ConfigError(f"gpu_visibility: must be one of {', '.join(GPU_VISIBILITY)}, "
+                              f"got {serve.gpu_visibility!r}")
         self.router: Router | None = None
         self.actors: dict[str, object] = {}
         self.runs: dict[str, object] = {}
@@ -136,6 +168,8 @@ class Cluster:
         env = {"PYTHONPATH": os.pathsep.join(filter(None, [REPO_ROOT, os.environ.get("PYTHONPATH")]))}
         if self.engine_config.device == "cpu":
             env["OMP_NUM_THREADS"] = str(threads)
+        elif self.serve_config.gpu_visibility == "node":
+            env[NOSET_CUDA_VISIBLE_DEVICES] = "1"
         kwargs = dict(include_dashboard=False, logging_level=logging.WARNING, runtime_env={"env_vars": env})
         if self.serve_config.ray_address:
             ray.init(address=self.serve_config.ray_address, **kwargs)

@@ -249,10 +249,13 @@ def test_nccl_refuses_two_ranks_on_one_gpu():
 
 PROMPTS = ["The capital of France is", "def fibonacci(n):", "1, 2, 3, 4, 5,", "Hello, my name is"]
 GREEDY = dict(max_tokens=12, temperature=0.0, ignore_eos=True)
-CLUSTERS = {  # name: (serve flags, GPUs needed)
-    "cuda_ipc-one-gpu": (["--kv-transport", "cuda_ipc", "--gpus-per-worker", "0.5"], 1),
-    "auto-one-gpu": (["--gpus-per-worker", "0.5"], 1),
-    "nccl-two-gpus": (["--kv-transport", "nccl", "--gpus-per-worker", "1"], 2),
+CLUSTERS = {  # name: (serve flags, GPUs needed, the transport the router must pick)
+    "cuda_ipc-one-gpu": (["--kv-transport", "cuda_ipc", "--gpus-per-worker", "0.5"], 1, "cuda_ipc"),
+    "auto-one-gpu": (["--gpus-per-worker", "0.5"], 1, "cuda_ipc"),
+    "cuda_ipc-two-gpus": (["--kv-transport", "cuda_ipc", "--gpus-per-worker", "1"], 2, "cuda_ipc"),
+    "auto-two-gpus": (["--gpus-per-worker", "1"], 2, "cuda_ipc"),  # workers see their node's GPUs
+    "auto-two-gpus-own-visibility": (["--gpus-per-worker", "1", "--gpu-visibility", "own"], 2, "nccl"),
+    "nccl-two-gpus": (["--kv-transport", "nccl", "--gpus-per-worker", "1"], 2, "nccl"),
 }
 
 
@@ -275,7 +278,7 @@ def gpu_expected(tiny_qwen3_dir):
 def test_gpu_cluster_output_equals_offline_generate(name, tiny_qwen3_dir, gpu_expected, tmp_path, monkeypatch):
     from tests.cluster_harness import RunningCluster
 
-    flags, gpus = CLUSTERS[name]
+    flags, gpus, transport = CLUSTERS[name]
     if torch.cuda.device_count() < gpus:
         pytest.skip(f"needs {gpus} GPUs")
     if gpus == 1:  # Ray could spread two half-GPU workers over two GPUs: show it one
@@ -287,6 +290,7 @@ def test_gpu_cluster_output_equals_offline_generate(name, tiny_qwen3_dir, gpu_ex
         with cluster.client(timeout=120) as c:
             got = [c.generate(p, **GREEDY).token_ids for p in PROMPTS]
         assert got == gpu_expected, cluster.log()
+        assert f"p0 -> d0: {transport}" in cluster.log(), cluster.log()
         workers = cluster.wait_all_blocks_free()
         assert all(w.kv_blocks_free == w.kv_blocks_total for w in workers), workers
     finally:
