@@ -1,6 +1,7 @@
 """Benchmark the Triton attention kernels on one GPU (about 1-2 minutes on an H100).
 
-    python -m scripts.bench_attention
+    python -m scripts.bench_attention            # decode, prefill and store kernels vs copy bandwidth
+    python -m scripts.bench_attention --sweep    # decode launch settings at the engine's shapes (~3 min)
 
 Every case first checks the kernel against torch_ops (max abs err), then times it with
 triton.testing.do_bench (median, L2 flushed between runs). K/V live in one shared pool laid out
@@ -8,7 +9,13 @@ triton.testing.do_bench (median, L2 flushed between runs). K/V live in one share
 """
 from __future__ import annotations
 
+import argparse
+import itertools
+import json
+import os
+
 import torch
+import triton
 from triton.testing import do_bench
 
 from common.attention import torch_ops, triton_ops
@@ -141,12 +148,83 @@ def bench_store(copy_gbs: float) -> None:
             log(f"{block_size:>5} {tokens:>6} {err:>8.1e} {ms * 1e3:>8.1f} {gbs:>7.0f} {100 * gbs / copy_gbs:>5.0f}%")
 
 
+# ---- decode launch sweep ------------------------------------------------------------------------------
+# The engine's decode graphs see block tables as wide as max_model_len (bench_engine: context + 116 tokens),
+# not as the context: the launch heuristic must be judged at that width.
+SWEEP_SHAPES = [("qwen3-0.6b", b, c) for c in (1024, 4096) for b in (1, 16, 64, 256)] + [
+    ("qwen3-8b", b, 1024) for b in (1, 64)]
+SWEEP_BLOCK_N, SWEEP_WARPS, SWEEP_STAGES = (32, 64, 128), (4, 8), (2, 3, 4)
+
+
+def sweep_splits(batch: int, context: int) -> list[int]:
+    return [s for s in (1, 2, 3, 4, 8, 16, 32, 64) if batch * NUM_KV_HEADS * s <= 16384 and s * 64 <= context]
+
+
+def sweep_decode(pool: Pool, copy_gbs: float, out_dir: str | None) -> None:
+    log(f"\n== decode launch sweep (bf16, block 16, tables as wide as context + 116 tokens); copy {copy_gbs:.0f} GB/s")
+    rows, summary = [], []
+    k_cache, v_cache = pool.caches(16)
+    for model, batch, context in SWEEP_SHAPES:
+        num_heads = MODELS[model][0]
+        width = -(-(context + 116) // 16) + 1
+        tables = pool.block_tables(batch, width * 16, 16)
+        lens = torch.full((batch,), context, dtype=torch.int32, device="cuda")
+        q = torch.randn(batch, num_heads, HEAD_DIM, dtype=DTYPE, device="cuda")
+        out = torch.empty_like(q)
+        scale = HEAD_DIM ** -0.5
+        n = min(batch, 2)
+        expected = torch_ops.paged_decode_attention(q[:n], k_cache, v_cache, tables[:n], lens[:n], scale)
+        gbytes = batch * context * 2 * NUM_KV_HEADS * HEAD_DIM * q.element_size() / 1e9
+        default = triton_ops.decode_launch(batch, NUM_KV_HEADS, width * 16, DTYPE, q.device)
+        timed = {}
+        for splits, block_n, warps, stages in itertools.product(sweep_splits(batch, context), SWEEP_BLOCK_N,
+                                                                SWEEP_WARPS, SWEEP_STAGES):
+            launch = triton_ops.DecodeLaunch(splits, block_n, warps, stages)
+            run = lambda: triton_ops.paged_decode_attention(q, k_cache, v_cache, tables, lens, scale, out=out,
+                                                            launch=launch)
+            try:
+                out.fill_(float("nan"))
+                err = (run()[:n].float() - expected.float()).abs().max().item()
+            except triton.runtime.errors.OutOfResources:
+                continue
+            if not err <= 2e-2:  # NaN too
+                raise AssertionError(f"{model} b{batch} c{context} {launch}: max err {err}")
+            timed[launch] = do_bench(run, warmup=5, rep=25, return_mode="median")
+        if default not in timed:
+            timed[default] = bench_ms(lambda: triton_ops.paged_decode_attention(q, k_cache, v_cache, tables, lens,
+                                                                                 scale, out=out))
+        ranked = sorted(timed.items(), key=lambda kv: kv[1])
+        for launch, ms in ranked:
+            rows.append({"model": model, "batch": batch, "context": context, **launch.__dict__, "us": ms * 1e3,
+                         "gbs": gbytes / ms * 1e3})
+        best, best_ms = ranked[0]
+        summary.append((model, batch, context, default, timed[default], best, best_ms, gbytes))
+        top = ", ".join(f"s{l.splits}/n{l.block_n}/w{l.num_warps}/st{l.num_stages} {ms * 1e3:.1f}" for l, ms in ranked[:5])
+        log(f"{model} b{batch} c{context}: {len(timed)} launches; fastest (us): {top}")
+    if out_dir:
+        with open(os.path.join(out_dir, "decode_sweep.json"), "w") as f:
+            json.dump(rows, f)
+    log(f"\n{'model':<11}{'batch':>6}{'ctx':>6} | {'default (s/n/w/st)':>18}{'us':>8}{'%copy':>6} | "
+        f"{'best (s/n/w/st)':>16}{'us':>8}{'%copy':>6}{'gain':>6}")
+    for model, batch, context, d, d_ms, b, b_ms, gb in summary:
+        cfg = lambda l: f"{l.splits}/{l.block_n}/{l.num_warps}/{l.num_stages}"
+        log(f"{model:<11}{batch:>6}{context:>6} | {cfg(d):>18}{d_ms * 1e3:>8.1f}{100 * gb / d_ms * 1e3 / copy_gbs:>5.0f}% | "
+            f"{cfg(b):>16}{b_ms * 1e3:>8.1f}{100 * gb / b_ms * 1e3 / copy_gbs:>5.0f}%{d_ms / b_ms:>6.2f}")
+
+
 def main() -> None:
     assert torch.cuda.is_available(), "needs a CUDA GPU"
     log(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, "
         f"{torch.cuda.get_device_properties(0).multi_processor_count} SMs")
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--sweep", action="store_true", help="time decode launch settings at the engine's shapes")
+    ap.add_argument("--out", default=None, help="--sweep: write every timing to OUT/decode_sweep.json")
+    args = ap.parse_args()
     copy_gbs = copy_bandwidth()
     log(f"device-to-device copy: {copy_gbs:.0f} GB/s (read + write)")
+    if args.sweep:
+        sweep_decode(Pool(256, 4096 + 256), copy_gbs, args.out)
+        return
     pool = Pool(max(DECODE_BATCHES), max(DECODE_CONTEXTS))
     bench_decode(pool, copy_gbs)
     bench_prefill(pool)

@@ -106,7 +106,7 @@ def check(out: torch.Tensor, expected64: torch.Tensor, expected_torch: torch.Ten
 
 
 def run_decode(seq_lens: list[int], heads: tuple[int, int, int], block_size: int, dtype: torch.dtype, device: str,
-               **kwargs: int) -> None:
+               **kwargs) -> None:
     num_heads, num_kv_heads, head_dim = heads
     paged = make_paged_kv(seq_lens, num_kv_heads, head_dim, block_size, dtype, device)
     q = random_q(len(seq_lens), num_heads, num_kv_heads, head_dim, dtype, device)
@@ -164,6 +164,31 @@ def test_decode_split_counts(device: str, max_num_splits: int) -> None:
     """Split counts from none to more than a short sequence has tiles, long and short sequences in one launch."""
     torch.manual_seed(2)
     run_decode([5, 2100, 300, 5000, 129], HEADS[2], 16, torch.float16, device, max_num_splits=max_num_splits)
+
+
+@pytest.mark.parametrize("batch, context, splits", [
+    (64, 1024, 1),  # 512 programs already fill one wave: splitting made a second (sweep: 82.7 -> 77.1 us)
+    (16, 4096, 4),  # 512 programs; 5 splits made 640 (sweep: 93.5 -> 80.2 us)
+    (256, 4096, 1),
+    (1, 1024, 8),  # few programs: split as far as the context allows (128 tokens a split) ...
+    (1, 65536, 64),  # ... and the cap
+    (3, 100000, 22),
+])
+def test_decode_splits_fill_one_wave(monkeypatch, batch: int, context: int, splits: int) -> None:
+    monkeypatch.setattr(triton_ops, "_num_sms", lambda device: 132)
+    got = triton_ops.decode_num_splits(batch, 8, context, torch.device("cuda"))
+    assert got == splits
+    assert got == 1 or batch * 8 * got <= triton_ops._DECODE_PROGRAMS_PER_SM * 132
+
+
+LAUNCHES = [(1, 32, 4, 2), (2, 64, 4, 3), (5, 128, 8, 4), (16, 16, 2, 1)]  # (splits, block_n, warps, stages)
+
+
+@pytest.mark.parametrize("launch", LAUNCHES, ids=lambda l: "s{}-n{}-w{}-st{}".format(*l))
+def test_decode_any_launch_gives_the_same_attention(device: str, launch: tuple[int, int, int, int]) -> None:
+    """What a launch sweep may pick (scripts/bench_attention.py --sweep) changes speed, never the result."""
+    torch.manual_seed(6)
+    run_decode([1, 70, 300, 129, 16], HEADS[1], 16, torch.float16, device, launch=triton_ops.DecodeLaunch(*launch))
 
 
 @pytest.mark.parametrize("max_num_splits", [1, 8], ids=lambda n: f"splits{n}")

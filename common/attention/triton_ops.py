@@ -8,6 +8,7 @@ so each K/V tile is loaded once per GQA group.
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
 
 import torch
 import triton
@@ -17,7 +18,8 @@ _LOG2E = 1.4426950408889634
 
 # Decode: a split covers a whole number of BLOCK_N-token tiles and, where splitting, at least this many.
 _DECODE_MIN_SPLIT_TOKENS = 128
-# Decode: aim for this many programs per SM before splitting the context further.
+# Decode: programs per SM in one wave of the default launch. Split a context only as far as the grid still
+# fits in one wave: a partial second wave cost more than longer splits (bench_attention --sweep, H200).
 _DECODE_PROGRAMS_PER_SM = 4
 DEFAULT_MAX_NUM_SPLITS = 64
 
@@ -251,22 +253,40 @@ def store_kvcache(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor,
         num_warps=4)
 
 
+@dataclass(frozen=True)
+class DecodeLaunch:
+    """How the decode kernel runs: context splits per sequence, keys per tile, warps, pipeline stages."""
+
+    splits: int
+    block_n: int
+    num_warps: int = 4
+    num_stages: int = 2
+
+
 def decode_num_splits(batch: int, num_kv_heads: int, max_context: int, device: torch.device,
                       max_num_splits: int = DEFAULT_MAX_NUM_SPLITS) -> int:
-    """Context splits per sequence: enough programs to fill the GPU, from shapes only (graph-safe)."""
+    """Context splits per sequence: as many as fit the grid in one wave, from shapes only (graph-safe)."""
     programs = batch * num_kv_heads
-    wanted = triton.cdiv(_DECODE_PROGRAMS_PER_SM * _num_sms(device), programs)
+    wanted = _DECODE_PROGRAMS_PER_SM * _num_sms(device) // programs
     return max(1, min(wanted, max_num_splits, triton.cdiv(max_context, _DECODE_MIN_SPLIT_TOKENS)))
+
+
+def decode_launch(batch: int, num_kv_heads: int, max_context: int, dtype: torch.dtype, device: torch.device,
+                  max_num_splits: int = DEFAULT_MAX_NUM_SPLITS) -> DecodeLaunch:
+    """The launch for these shapes (shapes only: a captured graph stays valid for any seq_lens)."""
+    return DecodeLaunch(decode_num_splits(batch, num_kv_heads, max_context, device, max_num_splits),
+                        32 if dtype == torch.float32 else 64)
 
 
 def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                            block_tables: torch.Tensor, seq_lens: torch.Tensor, scale: float, *,
                            out: torch.Tensor | None = None,
-                           max_num_splits: int = DEFAULT_MAX_NUM_SPLITS) -> torch.Tensor:
+                           max_num_splits: int = DEFAULT_MAX_NUM_SPLITS,
+                           launch: DecodeLaunch | None = None) -> torch.Tensor:
     """Attention of one query per sequence over its `seq_lens[i]` cached keys; seq_len 0 gives 0.
 
-    The split count depends on shapes and `max_num_splits` only, so a CUDA graph captured for a
-    block_tables width stays valid for any values of seq_lens/block_tables."""
+    The launch (`decode_launch`, unless given) depends on shapes and `max_num_splits` only, so a CUDA graph
+    captured for a block_tables width stays valid for any values of seq_lens/block_tables."""
     _check_cache(k_cache, v_cache)
     batch, num_heads, head_dim = q.shape
     num_kv_heads, page = k_cache.shape[2], k_cache.shape[1]
@@ -277,8 +297,9 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     assert out.shape == q.shape and out.stride(-1) == 1
     if batch == 0:
         return out
-    block_n = 32 if q.dtype == torch.float32 else 64
-    num_splits = decode_num_splits(batch, num_kv_heads, block_tables.shape[1] * page, q.device, max_num_splits)
+    if launch is None:
+        launch = decode_launch(batch, num_kv_heads, block_tables.shape[1] * page, q.dtype, q.device, max_num_splits)
+    num_splits, block_n = launch.splits, launch.block_n
     direct = num_splits == 1
     if direct:
         part_o = part_lse = out  # unused
@@ -293,7 +314,8 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), block_tables.stride(0),
         out.stride(0), out.stride(1), *part_strides,
         GROUP=group, BLOCK_G=max(16, triton.next_power_of_2(group)), HEAD_DIM=head_dim, PAGE=page,
-        BLOCK_N=block_n, DIRECT=direct, PRECISION=_precision(q.dtype), num_warps=4, num_stages=2)
+        BLOCK_N=block_n, DIRECT=direct, PRECISION=_precision(q.dtype), num_warps=launch.num_warps,
+        num_stages=launch.num_stages)
     if not direct:
         _decode_reduce_kernel[(batch, num_heads)](
             part_o, part_lse, seq_lens, out, num_splits, *part_strides, out.stride(0), out.stride(1),
