@@ -3,6 +3,8 @@ and the nccl transport end to end on gloo (both ranks in this process, one link 
 from __future__ import annotations
 
 import random
+import sys
+import threading
 from concurrent.futures import Future
 from types import SimpleNamespace
 
@@ -232,6 +234,29 @@ def test_posted_segments_bound_only_those_holding_scratch_memory(monkeypatch):
     assert events[-2:] == ["wait scratch1", "scatter1"]
     posted.drain()
     assert events[-2:] == ["wait view2", "wait scratch2"] and not posted.ops and posted.scratch == 0
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="timer slack is Linux's")
+def test_link_threads_poll_with_a_fine_timer_slack():
+    """A 20 us poll must not sleep 70 us: the link thread drops its timer slack to 1 us; others keep theirs."""
+    import ctypes
+
+    from kvtransfer import nccl
+
+    def slack() -> int:  # PR_GET_TIMERSLACK: this thread's, in ns
+        return ctypes.CDLL(None).prctl(30, 0, 0, 0, 0)
+
+    seen: list[int] = []
+
+    def link_thread():
+        nccl._fine_timer_slack()
+        seen.append(slack())
+
+    before = slack()
+    thread = threading.Thread(target=link_thread)
+    thread.start()
+    thread.join()
+    assert seen == [1000] and slack() == before != 1000
 
 
 def test_nccl_wait_gives_up_polling_at_the_deadline_and_lets_wait_raise():
