@@ -75,6 +75,45 @@ def test_qk_norm_rope(device: str, dtype: torch.dtype, heads: tuple[int, int, in
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("heads, block_size", [((16, 8, 128), 16), ((9, 3, 64), 256)], ids=["qwen3", "smollm2"])
+@pytest.mark.parametrize("with_norm", [True, False])
+def test_qk_norm_rope_writes_the_kv_cache(device: str, dtype: torch.dtype, heads: tuple[int, int, int],
+                                          block_size: int, with_norm: bool) -> None:
+    """The fused kernel's cache write equals the torch rope + store_kvcache path: rotated k and raw v at each
+    token's slot, nothing for slot -1, every other slot untouched (NaN stays NaN)."""
+    from common.attention import torch_ops
+
+    torch.manual_seed(1)
+    hq, hkv, d = heads
+    t = 21
+    rope = RotaryEmbedding(d, 4096, 1e6, None)
+    norms = (RMSNorm(d, 1e-6), RMSNorm(d, 1e-6))
+    for norm in norms:
+        norm.weight.data = torch.randn(d).to(dtype)
+    qkv = torch.randn(t, (hq + 2 * hkv) * d).to(dtype)
+    positions = torch.randint(0, 4096, (t,))
+    num_blocks = 2 * (-(-t // block_size)) + 1
+    pool = torch.full((num_blocks, 2, 2, block_size, hkv, d), float("nan"), dtype=dtype)  # a layer's view is strided
+    slots = torch.randperm(num_blocks * block_size)[:t]
+    slots[::5] = -1
+    want_pool = pool.clone()
+    q, k, v = (x.view(t, -1, d) for x in qkv.split([hq * d, hkv * d, hkv * d], dim=-1))
+    want_q, want_k = rope(positions, q, k, *(norms if with_norm else (None, None)))
+    torch_ops.store_kvcache(want_k, v, want_pool[:, 1, 0], want_pool[:, 1, 1], slots)
+
+    qkv_dev, pool_dev = qkv.to(device), pool.to(device)
+    q, k, v = (x.view(t, -1, d) for x in qkv_dev.split([hq * d, hkv * d, hkv * d], dim=-1))
+    weights = [n.weight.to(device) for n in norms] if with_norm else [None, None]
+    fused.qk_norm_rope_(q, k, positions.to(device), rope.cos_sin.to(device), *weights, 1e-6, v,
+                        pool_dev[:, 1, 0], pool_dev[:, 1, 1], slots.to(device))
+    close(q, want_q)
+    close(k, want_k)
+    got, want = pool_dev.cpu(), want_pool
+    assert torch.equal(got.isnan(), want.isnan())  # written exactly where torch wrote, nowhere else
+    close(torch.nan_to_num(got), torch.nan_to_num(want))
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("n", [96, 3072, 1536])
 def test_silu_and_mul(device: str, dtype: torch.dtype, n: int) -> None:
     torch.manual_seed(0)

@@ -24,8 +24,10 @@ class AttentionBackend:
     prefill_paged: Callable  # paged_prefill_attention(q, k_cache, v_cache, qsl, seq_lens, block_tables, max_q, scale)
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor | None,
-                v_cache: torch.Tensor | None, md: AttentionMetadata, scale: float) -> torch.Tensor:
-        if k_cache is not None:
+                v_cache: torch.Tensor | None, md: AttentionMetadata, scale: float,
+                kv_stored: bool = False) -> torch.Tensor:
+        """`kv_stored`: k and v are in the cache already (written by the fused rope kernel)."""
+        if k_cache is not None and not kv_stored:
             self.store_kvcache(k, v, k_cache, v_cache, md.slot_mapping)
         nd = md.num_decodes
         if md.num_prefills == 0:

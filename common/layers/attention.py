@@ -5,10 +5,20 @@ from torch import nn
 
 from common.attention.backend import TORCH, AttentionBackend
 from common.context import get_attn_metadata
+from common.layers.norm import RMSNorm
+from common.layers.rotary import RotaryEmbedding
+
+try:
+    from common.layers import fused
+except ImportError:  # no triton (the CPU build of torch): the torch path serves
+    fused = None
 
 
 class Attention(nn.Module):
-    """Paged attention of one layer. The model runner hands it its cache views and the backend."""
+    """One layer's attention between the qkv and output projections: the per-head q/k norms (where the model
+    has them) and the rotary embedding, the K/V write into the paged cache, then the backend's kernels.
+    On CUDA the first three are one fused kernel. The model runner hands the layer its cache views and
+    the backend."""
 
     def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, scale: float):
         super().__init__()
@@ -17,5 +27,15 @@ class Attention(nn.Module):
         self.k_cache: torch.Tensor | None = None
         self.v_cache: torch.Tensor | None = None
 
-    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        return self.backend.forward(q, k, v, self.k_cache, self.v_cache, get_attn_metadata(), self.scale)
+    def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                rotary: RotaryEmbedding, q_norm: RMSNorm | None = None,
+                k_norm: RMSNorm | None = None) -> torch.Tensor:
+        md = get_attn_metadata()
+        if q.is_cuda and fused is not None:
+            store = self.k_cache is not None
+            fused.qk_norm_rope_(q, k, positions, rotary.cos_sin, q_norm.weight if q_norm else None,
+                                k_norm.weight if k_norm else None, q_norm.eps if q_norm else 0.0, v,
+                                self.k_cache, self.v_cache, md.slot_mapping if store else None)
+            return self.backend.forward(q, k, v, self.k_cache, self.v_cache, md, self.scale, kv_stored=store)
+        q, k = rotary(positions, q, k, q_norm, k_norm)
+        return self.backend.forward(q, k, v, self.k_cache, self.v_cache, md, self.scale)

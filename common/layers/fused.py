@@ -45,46 +45,93 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
 
 
 @triton.jit
-def _qk_norm_rope_kernel(q_ptr, k_ptr, pos_ptr, cos_sin_ptr, qw_ptr, kw_ptr, stride_qt, stride_qh,
-                         stride_kt, stride_kh, eps, NUM_Q_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
-                         HAS_NORM: tl.constexpr):
-    token = tl.program_id(0).to(tl.int64)
-    head = tl.program_id(1)
-    half = tl.arange(0, HEAD_DIM // 2)
-    if head < NUM_Q_HEADS:
-        base = q_ptr + token * stride_qt + head * stride_qh
-        w_ptr = qw_ptr
-    else:
-        base = k_ptr + token * stride_kt + (head - NUM_Q_HEADS) * stride_kh
-        w_ptr = kw_ptr
-    x1 = tl.load(base + half)
-    x2 = tl.load(base + HEAD_DIM // 2 + half)
+def _norm_rope_heads(base, stride_h, w_ptr, cos, sin, eps, H: tl.constexpr, BLOCK_H: tl.constexpr,
+                     HEAD_DIM: tl.constexpr, HAS_NORM: tl.constexpr):
+    """One token's H heads [H, D] in place: optional per-head RMSNorm, then rotate-half RoPE. Returns the
+    rotated halves."""
+    heads = tl.arange(0, BLOCK_H)[:, None]
+    half = tl.arange(0, HEAD_DIM // 2)[None, :]
+    mask = heads < H
+    ptr = base + heads * stride_h + half
+    x1 = tl.load(ptr, mask=mask, other=0.0)
+    x2 = tl.load(ptr + HEAD_DIM // 2, mask=mask, other=0.0)
     if HAS_NORM:  # Qwen3's per-head RMSNorm of q and k, before the rotation
         f1, f2 = x1.to(tl.float32), x2.to(tl.float32)
-        rstd = 1.0 / tl.sqrt((tl.sum(f1 * f1, axis=0) + tl.sum(f2 * f2, axis=0)) / HEAD_DIM + eps)
+        rstd = 1.0 / tl.sqrt((tl.sum(f1 * f1, axis=1) + tl.sum(f2 * f2, axis=1)) / HEAD_DIM + eps)
         w1 = tl.load(w_ptr + half).to(tl.float32)
         w2 = tl.load(w_ptr + HEAD_DIM // 2 + half).to(tl.float32)
-        x1 = (w1 * (f1 * rstd).to(x1.dtype).to(tl.float32)).to(x1.dtype)
-        x2 = (w2 * (f2 * rstd).to(x2.dtype).to(tl.float32)).to(x2.dtype)
+        x1 = (w1 * (f1 * rstd[:, None]).to(x1.dtype).to(tl.float32)).to(x1.dtype)
+        x2 = (w2 * (f2 * rstd[:, None]).to(x2.dtype).to(tl.float32)).to(x2.dtype)
+    f1, f2 = x1.to(tl.float32), x2.to(tl.float32)
+    y1 = (f1 * cos - f2 * sin).to(x1.dtype)
+    y2 = (f2 * cos + f1 * sin).to(x1.dtype)
+    tl.store(ptr, y1, mask=mask)
+    tl.store(ptr + HEAD_DIM // 2, y2, mask=mask)
+    return y1, y2
+
+
+@triton.jit
+def _qk_norm_rope_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, cos_sin_ptr, qw_ptr, kw_ptr, k_cache_ptr, v_cache_ptr,
+                         slot_ptr, stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
+                         stride_ckb, stride_ckt, stride_ckh, stride_cvb, stride_cvt, stride_cvh, eps,
+                         NUM_Q_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr, BLOCK_Q: tl.constexpr,
+                         BLOCK_KV: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE: tl.constexpr,
+                         HAS_NORM: tl.constexpr, STORE: tl.constexpr):
+    """Grid (tokens, 2): program 0 of a token rotates its q heads, program 1 its k heads and, with STORE,
+    writes k and v into the paged cache at the token's slot (slot < 0: not stored)."""
+    token = tl.program_id(0).to(tl.int64)
+    half = tl.arange(0, HEAD_DIM // 2)[None, :]
     pos = tl.load(pos_ptr + token)
     cos = tl.load(cos_sin_ptr + pos * HEAD_DIM + half)
     sin = tl.load(cos_sin_ptr + pos * HEAD_DIM + HEAD_DIM // 2 + half)
-    f1, f2 = x1.to(tl.float32), x2.to(tl.float32)
-    tl.store(base + half, (f1 * cos - f2 * sin).to(x1.dtype))
-    tl.store(base + HEAD_DIM // 2 + half, (f2 * cos + f1 * sin).to(x1.dtype))
+    if tl.program_id(1) == 0:
+        _norm_rope_heads(q_ptr + token * stride_qt, stride_qh, qw_ptr, cos, sin, eps, NUM_Q_HEADS, BLOCK_Q,
+                         HEAD_DIM, HAS_NORM)
+    else:
+        k1, k2 = _norm_rope_heads(k_ptr + token * stride_kt, stride_kh, kw_ptr, cos, sin, eps, NUM_KV_HEADS,
+                                  BLOCK_KV, HEAD_DIM, HAS_NORM)
+        if STORE:
+            slot = tl.load(slot_ptr + token).to(tl.int64)
+            if slot >= 0:
+                page, offset = slot // PAGE, slot % PAGE
+                heads = tl.arange(0, BLOCK_KV)[:, None]
+                mask = heads < NUM_KV_HEADS
+                k_dst = k_cache_ptr + page * stride_ckb + offset * stride_ckt + heads * stride_ckh + half
+                tl.store(k_dst, k1, mask=mask)
+                tl.store(k_dst + HEAD_DIM // 2, k2, mask=mask)
+                dims = tl.arange(0, HEAD_DIM)[None, :]
+                v = tl.load(v_ptr + token * stride_vt + heads * stride_vh + dims, mask=mask)
+                tl.store(v_cache_ptr + page * stride_cvb + offset * stride_cvt + heads * stride_cvh + dims, v,
+                         mask=mask)
 
 
 def qk_norm_rope_(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor,
-                  q_weight: torch.Tensor | None, k_weight: torch.Tensor | None, eps: float) -> None:
+                  q_weight: torch.Tensor | None, k_weight: torch.Tensor | None, eps: float,
+                  v: torch.Tensor | None = None, k_cache: torch.Tensor | None = None,
+                  v_cache: torch.Tensor | None = None, slot_mapping: torch.Tensor | None = None) -> None:
     """In place on q [T, Hq, D] and k [T, Hkv, D] (views into the qkv projection): optional per-head
-    RMSNorm, then the rotate-half RoPE with angles cos_sin[position] ([max_pos, D]: cos | sin halves)."""
+    RMSNorm, then the rotate-half RoPE with angles cos_sin[position] ([max_pos, D]: cos | sin halves).
+    Given the caches ([num_blocks, block_size, Hkv, D]), `v` and `slot_mapping`, also writes the rotated k
+    and v there, as store_kvcache would: one launch instead of two."""
     t, hq, d = q.shape
+    hkv = k.shape[1]
     assert q.stride(-1) == 1 and k.stride(-1) == 1 and cos_sin.is_contiguous() and cos_sin.shape[-1] == d
     has_norm = q_weight is not None
-    if t:
-        _qk_norm_rope_kernel[(t, hq + k.shape[1])](
-            q, k, positions, cos_sin, q_weight if has_norm else cos_sin, k_weight if has_norm else cos_sin,
-            q.stride(0), q.stride(1), k.stride(0), k.stride(1), eps, NUM_Q_HEADS=hq, HEAD_DIM=d, HAS_NORM=has_norm)
+    store = k_cache is not None
+    if store:
+        assert v is not None and slot_mapping is not None and v.stride(-1) == 1 and v.shape == k.shape
+        assert k_cache.shape == v_cache.shape and k_cache.shape[2:] == (hkv, d) and slot_mapping.shape == (t,)
+        assert k_cache.stride(-1) == 1 and v_cache.stride(-1) == 1
+    if not t:
+        return
+    cache_strides = (*k_cache.stride()[:3], *v_cache.stride()[:3]) if store else (0,) * 6
+    _qk_norm_rope_kernel[(t, 2)](
+        q, k, v if store else q, positions, cos_sin, q_weight if has_norm else cos_sin,
+        k_weight if has_norm else cos_sin, k_cache if store else q, v_cache if store else q,
+        slot_mapping if store else positions, q.stride(0), q.stride(1), k.stride(0), k.stride(1),
+        v.stride(0) if store else 0, v.stride(1) if store else 0, *cache_strides, eps,
+        NUM_Q_HEADS=hq, NUM_KV_HEADS=hkv, BLOCK_Q=triton.next_power_of_2(hq), BLOCK_KV=triton.next_power_of_2(hkv),
+        HEAD_DIM=d, PAGE=k_cache.shape[1] if store else 1, HAS_NORM=has_norm, STORE=store, num_warps=4)
 
 
 @triton.jit
@@ -111,25 +158,37 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
 
 
 @triton.jit
+def _gumbel_chunk(logits_ptr, row, stride, offs, u, temp, best, best_idx, V: tl.constexpr):
+    """Fold one chunk of the vocabulary into the running (best score, its index)."""
+    x = tl.load(logits_ptr + row * stride + offs, mask=offs < V, other=float("-inf")).to(tl.float32)
+    if temp > 0:  # Gumbel-max: argmax(logits / T + G), G = -log(-log U), samples softmax(logits / T)
+        x = x / temp - tl.log(-tl.log(tl.maximum(u, 1e-10)))
+    m = tl.max(x, axis=0)
+    if m > best:  # strict: the first maximum wins, as in torch.argmax (chunks come in index order)
+        best = m
+        best_idx = tl.min(tl.where(x == m, offs, V), axis=0)
+    return best, best_idx
+
+
+@triton.jit
 def _gumbel_argmax_kernel(logits_ptr, temps_ptr, seeds_ptr, best_ptr, best_idx_ptr, stride, V: tl.constexpr,
                           SPLIT: tl.constexpr, BLOCK: tl.constexpr):
-    """Grid (rows, splits): the best score and its index within one SPLIT-wide slice of the vocabulary."""
+    """Grid (rows, splits): the best score and its index within one SPLIT-wide slice of the vocabulary.
+    Philox is most of the cost: each call gives four uniforms, one for each quarter of a BLOCK."""
+    QUARTER: tl.constexpr = BLOCK // 4
     row = tl.program_id(0).to(tl.int64)
     split = tl.program_id(1)
     temp = tl.load(temps_ptr + row)
     seed = tl.load(seeds_ptr + row)
     best = float("-inf")
     best_idx = split * SPLIT
+    q = tl.arange(0, QUARTER)
     for start in range(split * SPLIT, tl.minimum(split * SPLIT + SPLIT, V), BLOCK):
-        offs = start + tl.arange(0, BLOCK)
-        x = tl.load(logits_ptr + row * stride + offs, mask=offs < V, other=float("-inf")).to(tl.float32)
-        if temp > 0:  # Gumbel-max: argmax(logits / T + G), G = -log(-log U), samples softmax(logits / T)
-            u = tl.maximum(tl.rand(seed, offs), 1e-10)
-            x = x / temp - tl.log(-tl.log(u))
-        m = tl.max(x, axis=0)
-        if m > best:  # strict: the first maximum wins, as in torch.argmax
-            best = m
-            best_idx = start + tl.argmax(x, axis=0)
+        u0, u1, u2, u3 = tl.rand4x(seed, start // 4 + q)  # counters unique per (row, position)
+        best, best_idx = _gumbel_chunk(logits_ptr, row, stride, start + q, u0, temp, best, best_idx, V)
+        best, best_idx = _gumbel_chunk(logits_ptr, row, stride, start + QUARTER + q, u1, temp, best, best_idx, V)
+        best, best_idx = _gumbel_chunk(logits_ptr, row, stride, start + 2 * QUARTER + q, u2, temp, best, best_idx, V)
+        best, best_idx = _gumbel_chunk(logits_ptr, row, stride, start + 3 * QUARTER + q, u3, temp, best, best_idx, V)
     tl.store(best_ptr + row * tl.num_programs(1) + split, best)
     tl.store(best_idx_ptr + row * tl.num_programs(1) + split, best_idx.to(tl.int64))
 
@@ -140,7 +199,7 @@ def gumbel_argmax(logits: torch.Tensor, temperatures: torch.Tensor, seeds: torch
     vocabulary is split across programs so that a small batch still fills the GPU."""
     assert logits.stride(-1) == 1
     rows, vocab = logits.shape
-    block = min(2048, triton.next_power_of_2(vocab))
+    block = min(2048, max(64, triton.next_power_of_2(vocab)))
     split = block * max(1, triton.cdiv(vocab, block * 32))  # about 32 slices per row
     splits = triton.cdiv(vocab, split)
     best = torch.empty(rows, splits, dtype=torch.float32, device=logits.device)

@@ -5,11 +5,6 @@ import math
 import torch
 from torch import nn
 
-try:
-    from common.layers import fused
-except ImportError:  # no triton (the CPU build of torch): the torch path below serves
-    fused = None
-
 
 def _inv_freq(head_dim: int, theta: float, scaling: dict | None) -> torch.Tensor:
     inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
@@ -39,13 +34,7 @@ class RotaryEmbedding(nn.Module):
     def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, q_norm: nn.Module | None = None,
                 k_norm: nn.Module | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Rotates q [T, Hq, D] and k [T, Hkv, D], after the per-head RMSNorms where the model has them.
-        On CUDA this is one fused kernel working in place on the qkv projection's output."""
-        if q.is_cuda and fused is not None:
-            if q_norm is None:
-                fused.qk_norm_rope_(q, k, positions, self.cos_sin, None, None, 0.0)
-            else:
-                fused.qk_norm_rope_(q, k, positions, self.cos_sin, q_norm.weight, k_norm.weight, q_norm.eps)
-            return q, k
+        (On CUDA, Attention runs this as one fused kernel with the KV-cache write: fused.qk_norm_rope_.)"""
         if q_norm is not None:
             q, k = q_norm(q), k_norm(k)
         cos, sin = self.cos_sin[positions].unsqueeze(1).chunk(2, dim=-1)

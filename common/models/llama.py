@@ -31,8 +31,7 @@ class SelfAttention(nn.Module):
         q = q.view(-1, self.num_heads, self.head_dim)
         k = k.view(-1, self.num_kv_heads, self.head_dim)
         v = v.view(-1, self.num_kv_heads, self.head_dim)
-        q, k = self.rotary_emb(positions, q, k, self.q_norm, self.k_norm)
-        return self.o_proj(self.attn(q, k, v).flatten(1))
+        return self.o_proj(self.attn(positions, q, k, v, self.rotary_emb, self.q_norm, self.k_norm).flatten(1))
 
 
 class MLP(nn.Module):
