@@ -1,5 +1,8 @@
 """The benchmark's report from its results.json: report.md (a table per load point, modes side by side) and plots.
 
+report.md also compares each load point's TPOT with the unloaded one (requests sent one at a time) and reads
+the target: where colocated TPOT p90 breaks its SLO, does disagg's stay within 1.2x of its unloaded TPOT?
+
     python -m scripts.bench_report OUT/results.json     # redraw report.md and the PNGs beside it
 """
 from __future__ import annotations
@@ -12,6 +15,10 @@ from pathlib import Path
 METRICS = (("ttft", "TTFT"), ("tpot", "TPOT"), ("itl", "ITL"), ("e2e", "E2E latency"))
 STATS = ("mean", "p50", "p90", "p99")
 PLOTS = ("latency.png", "goodput.png", "ttft_cdf.png", "tpot_cdf.png")
+TPOT_RATIO_TARGET = 1.2  # disagg TPOT p90 / its unloaded TPOT p50 where colocated breaks the TPOT SLO
+RATIO_ROW = "TPOT p90 / unloaded TPOT p50"
+
+Cell = Callable[[dict], str]  # a summary's entry in one row of a table
 
 
 def ms(value: float | None) -> str:
@@ -28,26 +35,104 @@ def point_of(run: dict, i: int) -> dict | None:
 
 
 # ---- report.md ----------------------------------------------------------------------------------
+SUMMARY_ROWS: list[tuple[str, Cell]] = [
+    ("requests", lambda s: str(s["requests"])),
+    ("completed / failed", lambda s: f"{s['completed']} / {s['failed']}"),
+    ("wrong output length", lambda s: str(s["wrong_length"])),
+    ("duration (s)", lambda s: f"{s['duration']:.2f}"),
+    ("throughput (req/s)", lambda s: f"{s['request_throughput']:.2f}"),
+    ("output tokens/s", lambda s: f"{s['output_throughput']:.1f}"),
+    ("goodput (req/s)", lambda s: f"{s['goodput']:.2f}"),
+    ("SLO attainment", lambda s: f"{100 * s['slo_attainment']:.1f}%"),
+]
+
+
+def latency_row(key: str, stat: str) -> tuple[str, Cell]:
+    return f"{dict(METRICS)[key]} {stat} (ms)", lambda s: ms(s[key][stat])
+
+
+def cells(summaries: list[dict | None], cell: Cell) -> list[str]:
+    return [cell(s) if s is not None else "not run" for s in summaries]
+
+
+def grid(runs: list[dict], rows: list[tuple[str, list[str]]]) -> list[str]:
+    lines = ["| | " + " | ".join(run["mode"] for run in runs) + " |", "|---|" + "---:|" * len(runs)]
+    return lines + [f"| {name} | " + " | ".join(row) + " |" for name, row in rows]
+
+
+def unloaded_tpot(run: dict) -> float | None:
+    """The run's unloaded TPOT p50: the pace of a request that has the cluster to itself."""
+    unloaded = run.get("unloaded")  # absent in results from before the unloaded reference
+    return unloaded["summary"]["tpot"]["p50"] if unloaded else None
+
+
+def tpot_ratio(run: dict, summary: dict | None) -> float | None:
+    """A load point's TPOT p90 as a multiple of the run's unloaded TPOT p50; None if either is missing."""
+    base = unloaded_tpot(run)
+    p90 = summary["tpot"]["p90"] if summary else None
+    return None if base is None or p90 is None or base <= 0 else p90 / base
+
+
+def times(ratio: float | None) -> str:
+    return "n/a" if ratio is None else f"{ratio:.2f}x"
+
+
 def table(results: dict, i: int) -> list[str]:
     runs = results["runs"]
-    rows: list[tuple[str, Callable[[dict], str]]] = [
-        ("requests", lambda s: str(s["requests"])),
-        ("completed / failed", lambda s: f"{s['completed']} / {s['failed']}"),
-        ("wrong output length", lambda s: str(s["wrong_length"])),
-        ("duration (s)", lambda s: f"{s['duration']:.2f}"),
-        ("throughput (req/s)", lambda s: f"{s['request_throughput']:.2f}"),
-        ("output tokens/s", lambda s: f"{s['output_throughput']:.1f}"),
-        ("goodput (req/s)", lambda s: f"{s['goodput']:.2f}"),
-        ("SLO attainment", lambda s: f"{100 * s['slo_attainment']:.1f}%"),
-    ]
-    for key, name in METRICS:
-        for stat in STATS:
-            rows.append((f"{name} {stat} (ms)", lambda s, key=key, stat=stat: ms(s[key][stat])))
-    lines = ["| | " + " | ".join(run["mode"] for run in runs) + " |", "|---|" + "---:|" * len(runs)]
-    for name, cell in rows:
-        cells = [cell(p["summary"]) if (p := point_of(run, i)) else "not run" for run in runs]
-        lines.append(f"| {name} | " + " | ".join(cells) + " |")
-    return lines
+    summaries = [p["summary"] if (p := point_of(run, i)) else None for run in runs]
+    rows = [(name, cells(summaries, cell)) for name, cell in SUMMARY_ROWS]
+    for key, _ in METRICS:
+        rows += [(name, cells(summaries, cell)) for name, cell in (latency_row(key, stat) for stat in STATS)]
+        if key == "tpot":
+            ratios = [times(tpot_ratio(run, s)) if s else "not run" for run, s in zip(runs, summaries)]
+            rows.append((RATIO_ROW, ratios))
+    return grid(runs, rows)
+
+
+def unloaded_table(results: dict) -> list[str]:
+    """Each mode's requests sent one at a time: the reference the load points' TPOT is compared with."""
+    runs = results["runs"]
+    summaries = [run["unloaded"]["summary"] if run.get("unloaded") else None for run in runs]
+    rows = SUMMARY_ROWS[:2] + [latency_row("ttft", "p50"), latency_row("tpot", "p50"), latency_row("tpot", "p90"),
+                               latency_row("itl", "p50")]
+    return grid(runs, [(name, cells(summaries, cell)) for name, cell in rows])
+
+
+def first_tpot_breach(run: dict, slo: float) -> int | None:
+    """The first load point (in load order) where the run's TPOT p90 exceeds `slo`."""
+    for i, p in enumerate(run["points"]):
+        p90 = p["summary"]["tpot"]["p90"]
+        if p90 is not None and p90 > slo:
+            return i
+    return None
+
+
+def slo_reading(results: dict) -> str:
+    """Where colocated TPOT p90 first breaks the TPOT SLO, and disagg's TPOT p90 there against its unloaded TPOT."""
+    slo = results["config"]["slo_tpot"]
+    target = f"the TPOT SLO ({slo * 1e3:g} ms)"
+    runs = {run["mode"]: run for run in results["runs"]}
+    missing = [mode for mode in ("disagg", "colocated") if mode not in runs]
+    if missing:
+        return f"No reading: it needs both modes, and this run has no {' and no '.join(missing)} results."
+    colocated, disagg = runs["colocated"], runs["disagg"]
+    i = first_tpot_breach(colocated, slo)
+    if i is None:
+        ran, total = len(colocated["points"]), len(results["load_points"])
+        of = "" if ran == total else f" (it ran {ran} of {total} load points)"
+        return (f"Colocated TPOT p90 never exceeded {target} in this run{of}: there is no breaking rate to read "
+                "disagg at.")
+    label, p90 = results["load_points"][i]["label"], colocated["points"][i]["summary"]["tpot"]["p90"]
+    text = f"Colocated TPOT p90 first exceeds {target} at **{label}** ({ms(p90)} ms)."
+    point = point_of(disagg, i)
+    ratio = tpot_ratio(disagg, point["summary"] if point else None)
+    if ratio is None:
+        why = ("no unloaded TPOT to compare with (run with --unloaded-requests > 0)" if unloaded_tpot(disagg) is None
+               else "no TPOT p90 there")
+        return f"{text} Disagg has {why}, so the ratio cannot be read."
+    verdict = "within" if ratio <= TPOT_RATIO_TARGET else "beyond"
+    return (f"{text} There disagg TPOT p90 is {ms(point['summary']['tpot']['p90'])} ms, **{times(ratio)}** its "
+            f"unloaded TPOT p50 ({ms(unloaded_tpot(disagg))} ms): {verdict} the {TPOT_RATIO_TARGET:g}x target.")
 
 
 def failures(results: dict) -> list[str]:
@@ -59,7 +144,8 @@ def failures(results: dict) -> list[str]:
         if warm.get("failed"):
             lines.append(f"- **{run['mode']}**, warm-up: {warm['failed']} of {warm['requests']} failed: "
                          + "; ".join(warm.get("errors", [])))
-        for p in run["points"]:
+        measured = [("unloaded", run["unloaded"])] if run.get("unloaded") else []
+        for label, p in measured + [(p["load"]["label"], p) for p in run["points"]]:
             errors = p["summary"]["errors"]
             if not errors:
                 continue
@@ -68,7 +154,7 @@ def failures(results: dict) -> list[str]:
                 if r["error_code"] and r["error_code"] not in first:
                     first[r["error_code"]] = r["error"]
             counts = ", ".join(f"{n} x {code} (e.g. {first.get(code, '')!r})" for code, n in errors.items())
-            lines.append(f"- **{run['mode']}**, {p['load']['label']}: {counts}")
+            lines.append(f"- **{run['mode']}**, {label}: {counts}")
     return lines
 
 
@@ -79,7 +165,8 @@ def markdown(results: dict) -> str:
         "",
         f"- started: {results['started']}; model: `{cfg.get('model') or results.get('address')}`",
         f"- workload: {results['workload']}; seed {cfg['seed']}; "
-        f"{cfg['warmup_requests']} warm-up requests per cluster, not counted",
+        f"{cfg['warmup_requests']} warm-up requests per cluster, not counted"
+        + (f"; then {n} unloaded requests, one at a time" if (n := cfg.get("unloaded_requests")) else ""),
         f"- SLO: TTFT <= {cfg['slo_ttft'] * 1e3:g} ms and TPOT <= {cfg['slo_tpot'] * 1e3:g} ms; "
         "goodput = requests/s meeting both",
         "- latencies measured at the client (see docs/benchmarks.md for definitions)",
@@ -90,6 +177,10 @@ def markdown(results: dict) -> str:
     for run in results["runs"]:
         where = " ".join(run["serve_command"]) if run.get("serve_command") else f"running cluster at {run['address']}"
         lines += [f"**{run['mode']}**:", "", "```", where, "```", ""]
+    if any(run.get("unloaded") for run in results["runs"]):
+        lines += ["## Unloaded reference", "", "Requests sent one at a time, before the load points.", ""]
+        lines += unloaded_table(results) + [""]
+    lines += ["## SLO reading", "", slo_reading(results), ""]
     for i, point in enumerate(results["load_points"]):
         lines += [f"## {point['label']}", ""] + table(results, i) + [""]
     problems = failures(results)

@@ -6,10 +6,11 @@
     python -m scripts.benchmark ...                                                     # the same
 
 For each mode it starts `pdcluster serve` (a subprocess, log in OUT/serve-MODE.log), waits until the
-cluster can serve, sends a few warm-up requests, then every load point in turn on one AsyncClient, and
-stops the cluster with SIGTERM. Prompts are random token ids, outputs run to exactly their length
-(ignore_eos, greedy), and a seed makes every request and arrival time repeatable. OUT gets results.json,
-report.md and PNG plots (scripts/bench_report.py); docs/benchmarks.md explains how to read them.
+cluster can serve, sends a few warm-up requests, then --unloaded-requests one at a time (the unloaded
+reference), then every load point in turn on one AsyncClient, and stops the cluster with SIGTERM.
+Prompts are random token ids, outputs run to exactly their length (ignore_eos, greedy), and a seed makes
+every request and arrival time repeatable. OUT gets results.json, report.md and PNG plots
+(scripts/bench_report.py); docs/benchmarks.md explains how to read them.
 
 Workloads (--workload): random (--input-len/--output-len, N or LO:HI), long-short (a --long-fraction of
 long-prompt/short-answer requests among ordinary ones), shared-prefix (--num-prefixes system prompts of
@@ -85,6 +86,8 @@ class BenchConfig:
     num_requests: int | None = _opt(None, f"requests per load point (default: {DEFAULT_NUM_REQUESTS}; "
                                           "a trace's: all its lines)")
     warmup_requests: int = _opt(4, "requests sent to each cluster before measuring, not counted")
+    unloaded_requests: int = _opt(8, "requests sent one at a time after the warm-up, before the load points: "
+                                     "each mode's unloaded reference (0: none)")
     workload: str = _opt("random", "random, long-short, shared-prefix or trace")
     input_len: str = _opt("512", "prompt tokens, N or LO:HI (uniform); shared-prefix: after the system prompt")
     output_len: str = _opt("128", "output tokens, N or LO:HI (uniform)")
@@ -138,8 +141,9 @@ class BenchConfig:
             value = getattr(self, name)
             if value is not None and not value > 0:
                 raise ValueError(f"--{name.replace('_', '-')}: must be > 0, got {value:g}")
-        if self.warmup_requests < 0:
-            raise ValueError(f"--warmup-requests: must be >= 0, got {self.warmup_requests}")
+        for name in ("warmup_requests", "unloaded_requests"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"--{name.replace('_', '-')}: must be >= 0, got {getattr(self, name)}")
         try:
             shlex.split(self.serve_args)
         except ValueError as e:
@@ -201,6 +205,9 @@ class LoadPoint:
         short = "trace" if self.kind == "trace" else f"{self.value:g}"
         value = self.value if math.isfinite(self.value) else None
         return {"kind": self.kind, "value": value, "label": self.label, "short": short, "axis": axis}
+
+
+UNLOADED = LoadPoint("concurrency", 1)  # one request at a time: nothing else shares the cluster
 
 
 def load_points(cfg: BenchConfig, trace: list[TraceEntry] | None) -> list[LoadPoint]:
@@ -416,8 +423,12 @@ async def run_point(client: Any, point: LoadPoint, requests: list[BenchRequest],
 
 
 async def bench_cluster(cfg: BenchConfig, run: dict, server: ServeProcess | None, points: list[LoadPoint],
-                        workloads: list[list[BenchRequest]], warmup: list[BenchRequest]) -> None:
-    """Warm up one cluster, then run every load point on it; results go into `run` as they come."""
+                        workloads: list[list[BenchRequest]], warmup: list[BenchRequest],
+                        unloaded: list[BenchRequest]) -> None:
+    """Warm up one cluster, serve the unloaded requests one at a time, then run every load point on it.
+
+    Results go into `run` as they come.
+    """
     from tqdm import tqdm
 
     from router.client import AsyncClient
@@ -426,6 +437,18 @@ async def bench_cluster(cfg: BenchConfig, run: dict, server: ServeProcess | None
 
     def alive() -> bool:
         return server is None or server.exited() is None
+
+    async def measure(label: str, point: LoadPoint, requests: list[BenchRequest], times: list[float] | None) -> dict:
+        with tqdm(total=len(requests), desc=f"{mode} {label}", file=sys.stderr, dynamic_ncols=True) as bar:
+            records = await run_point(client, point, requests, times, cfg.request_timeout, bar, alive)
+        result = {"load": point.to_json(), "summary": asdict(summarize(records, slo)),
+                  "requests": [r.to_json() for r in records]}
+        print(summary_line(mode, label, result["summary"]), flush=True)
+        return result
+
+    def check_alive(label: str) -> None:
+        if not alive():
+            raise ClusterError(f"serve exited with status {server.exited()} during {label} (log: {server.log_path})")
 
     async with AsyncClient(run["address"]) as client:
         await wait_ready(client, server, cfg.ready_timeout)
@@ -437,18 +460,13 @@ async def bench_cluster(cfg: BenchConfig, run: dict, server: ServeProcess | None
             failed = [r for r in records if not r.ok]
             run["warmup"] = {"requests": len(records), "failed": len(failed),
                              "errors": [f"{r.error_code}: {r.error}" for r in failed]}
+            if unloaded:
+                run["unloaded"] = await measure("unloaded", UNLOADED, unloaded, None)
+                check_alive("the unloaded requests")
             for i, (point, requests) in enumerate(zip(points, workloads)):
                 times = None if point.kind == "concurrency" else arrivals(cfg, point, i, requests)
-                with tqdm(total=len(requests), desc=f"{mode} {point.label}", file=sys.stderr,
-                          dynamic_ncols=True) as bar:
-                    records = await run_point(client, point, requests, times, cfg.request_timeout, bar, alive)
-                summary = summarize(records, slo)
-                run["points"].append({"load": point.to_json(), "summary": asdict(summary),
-                                      "requests": [r.to_json() for r in records]})
-                print(summary_line(mode, point, run["points"][-1]["summary"]), flush=True)
-                if not alive():
-                    raise ClusterError(f"serve exited with status {server.exited()} during {point.label} "
-                                       f"(log: {server.log_path})")
+                run["points"].append(await measure(point.label, point, requests, times))
+                check_alive(point.label)
         finally:
             if watchdog is not None:
                 watchdog.cancel()
@@ -462,11 +480,11 @@ async def watch(server: ServeProcess, client: Any) -> None:
     await client.close()
 
 
-def summary_line(mode: str, point: LoadPoint, s: dict) -> str:
+def summary_line(mode: str, label: str, s: dict) -> str:
     def ms(d: dict, stat: str) -> str:
         return "n/a" if d[stat] is None else f"{d[stat] * 1e3:.1f}"
 
-    return (f"{mode:<10} {point.label:<22} {s['completed']}/{s['requests']} ok"
+    return (f"{mode:<10} {label:<22} {s['completed']}/{s['requests']} ok"
             f"  ttft p50/p99 {ms(s['ttft'], 'p50')}/{ms(s['ttft'], 'p99')} ms"
             f"  tpot p50/p99 {ms(s['tpot'], 'p50')}/{ms(s['tpot'], 'p99')} ms"
             f"  {s['output_throughput']:.1f} tok/s  goodput {s['goodput']:.2f} req/s")
@@ -485,13 +503,15 @@ def run_benchmark(cfg: BenchConfig) -> dict:
     n = cfg.num_requests or (len(trace) if trace is not None else DEFAULT_NUM_REQUESTS)
     workloads = [build_requests(cfg, random.Random(f"{cfg.seed}:{i}"), n, vocab, trace) for i in range(len(points))]
     warmup = build_requests(cfg, random.Random(f"{cfg.seed}:warmup"), cfg.warmup_requests, vocab, trace)
+    unloaded = build_requests(cfg, random.Random(f"{cfg.seed}:unloaded"), cfg.unloaded_requests, vocab, trace)
     modes = cfg.mode_list() or [asyncio.run(infer_mode(cfg.address))]
     results = {"config": asdict(cfg), "started": datetime.now(timezone.utc).isoformat(timespec="seconds"),
                "workload": describe_workload(cfg, n), "address": cfg.address,
                "load_points": [p.to_json() for p in points], "runs": []}
     for mode in modes:
         address = cfg.address or f"tcp://127.0.0.1:{free_port()}"
-        run = {"mode": mode, "address": address, "serve_command": None, "error": None, "warmup": None, "points": []}
+        run = {"mode": mode, "address": address, "serve_command": None, "error": None, "warmup": None,
+               "unloaded": None, "points": []}
         results["runs"].append(run)
         server = None
         try:
@@ -499,7 +519,7 @@ def run_benchmark(cfg: BenchConfig) -> dict:
                 run["serve_command"] = serve_command(cfg, mode, address)
                 log.info("%s: starting %s", mode, shlex.join(run["serve_command"]))
                 server = ServeProcess(run["serve_command"], out / f"serve-{mode}.log")
-            asyncio.run(bench_cluster(cfg, run, server, points, workloads, warmup))
+            asyncio.run(bench_cluster(cfg, run, server, points, workloads, warmup, unloaded))
         except ClusterError as e:
             run["error"] = str(e)
             print(f"pdcluster: error: {mode}: {e}", file=sys.stderr)

@@ -18,10 +18,13 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from common.cli import main as cli_main
+from scripts import bench_report
 from scripts import bench_workloads as W
+from scripts import benchmark
 from scripts.bench_metrics import SLO, Dist, RequestRecord, percentile, summarize
 from scripts.bench_report import PLOTS, markdown, write_report
-from scripts.benchmark import BenchConfig, LoadPoint, arrivals, build_requests, load_points, run_point
+from scripts.benchmark import (UNLOADED, BenchConfig, LoadPoint, arrivals, bench_cluster, build_requests, load_points,
+                               run_benchmark, run_point)
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -193,6 +196,7 @@ def test_bench_reports_a_bad_trace_line_in_one_line(tmp_path, capsys):
     (["--workload", "trace"], "--trace FILE goes with --workload trace"),
     (["--input-len", "9:3"], "--input-len: expected 1 <= LO <= HI"),
     (["--slo-tpot", "0"], "--slo-tpot: must be > 0"),
+    (["--unloaded-requests", "-1"], "--unloaded-requests: must be >= 0, got -1"),
 ])
 def test_bad_flags_exit_2_with_one_line(flags, problem, tmp_path, capsys):
     assert cli_main(["bench", "--model", str(tmp_path), "--out", str(tmp_path / "o"), *flags]) == 2
@@ -208,6 +212,13 @@ def test_model_or_address_is_required(tmp_path, capsys):
 
 def config(tmp_path: Path, **kw) -> BenchConfig:
     return BenchConfig(out=str(tmp_path), model=str(tmp_path), vocab_size=100, **kw)
+
+
+def test_unloaded_requests_default_to_8_and_0_skips_them(tmp_path):
+    assert config(tmp_path).unloaded_requests == 8
+    assert config(tmp_path, unloaded_requests=0).unloaded_requests == 0
+    with pytest.raises(ValueError, match="--unloaded-requests: must be >= 0"):
+        config(tmp_path, unloaded_requests=-2)
 
 
 def test_load_points_and_arrivals(tmp_path):
@@ -233,14 +244,15 @@ def test_load_points_and_arrivals(tmp_path):
 
 # ---- the load generator against a fake cluster --------------------------------------------------
 class FakeStream:
-    def __init__(self, client: FakeClient, n: int, fail: bool):
-        self.client, self.n, self.fail, self.result = client, n, fail, None
+    def __init__(self, client: FakeClient, prompt_len: int, n: int, fail: bool):
+        self.client, self.prompt_len, self.n, self.fail, self.result = client, prompt_len, n, fail, None
 
     async def __aiter__(self):
         from router.client import Completion, Delta, ServerError, Timings, Usage
 
         self.client.in_flight += 1
         self.client.peak = max(self.client.peak, self.client.in_flight)
+        self.client.events.append(("start", self.prompt_len))
         try:
             await asyncio.sleep(0.01)
             if self.fail:
@@ -253,17 +265,32 @@ class FakeStream:
                                      Timings(queued=0, ttft=0, e2e=0, itl=[]))
         finally:
             self.client.in_flight -= 1
+            self.client.events.append(("end", self.prompt_len))
 
 
 class FakeClient:
     def __init__(self):
         self.sent: list[tuple[float, int]] = []
+        self.events: list[tuple[str, int]] = []  # ("start" or "end", prompt length), in order
         self.in_flight = self.peak = 0
 
     def stream(self, prompt_ids, *, timeout, max_tokens, **sampling):
         assert sampling == {"ignore_eos": True, "temperature": 0.0}
         self.sent.append((time.perf_counter(), len(prompt_ids)))
-        return FakeStream(self, max_tokens, fail=len(prompt_ids) == 13)
+        return FakeStream(self, len(prompt_ids), max_tokens, fail=len(prompt_ids) == 13)
+
+
+class FakeCluster(FakeClient):
+    """What bench_cluster opens as `AsyncClient(address)`: ready at once."""
+
+    async def __aenter__(self) -> FakeCluster:
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        pass
+
+    async def wait_ready(self, timeout: float) -> None:
+        pass
 
 
 class Bar:
@@ -293,6 +320,70 @@ def test_closed_loop_keeps_concurrency_requests_in_flight():
     reqs = [W.BenchRequest([1] * 5, 2) for _ in range(9)]
     records = asyncio.run(run_point(client, LoadPoint("concurrency", 3), reqs, None, 5.0, bar))
     assert client.peak == 3 and [r.index for r in records] == list(range(9)) and all(r.ok for r in records)
+
+
+def test_unloaded_requests_go_one_at_a_time_between_warm_up_and_load_points(tmp_path, monkeypatch, capsys):
+    import router.client
+
+    client = FakeCluster()
+    monkeypatch.setattr(router.client, "AsyncClient", lambda address: client)
+    # prompt lengths tell the phases apart: 3 warm-up, 4 unloaded, 5 load points
+    warmup = [W.BenchRequest([1] * 3, 2) for _ in range(3)]
+    unloaded = [W.BenchRequest([1] * 4, 3) for _ in range(4)]
+    points = [LoadPoint("rate", math.inf), LoadPoint("concurrency", 3)]
+    workloads = [[W.BenchRequest([1] * 5, 2) for _ in range(6)] for _ in points]
+    run = {"mode": "disagg", "address": "tcp://fake", "warmup": None, "unloaded": None, "points": []}
+    asyncio.run(bench_cluster(config(tmp_path), run, None, points, workloads, warmup, unloaded))
+
+    lens = [n for _, n in client.events]
+    first = lens.index(4)
+    assert client.events[first:first + 8] == [("start", 4), ("end", 4)] * 4  # each ends before the next starts
+    assert set(lens[:first]) == {3} and set(lens[first + 8:]) == {5}  # nothing else in flight meanwhile
+    assert client.peak > 1  # the load points do overlap
+
+    u = run["unloaded"]
+    assert u["load"] == UNLOADED.to_json() == LoadPoint("concurrency", 1).to_json()
+    assert (u["summary"]["requests"], u["summary"]["completed"], len(u["requests"])) == (4, 4, 4)
+    assert u["summary"]["tpot"]["p50"] > 0
+    assert [p["load"]["label"] for p in run["points"]] == ["all at once", "concurrency 3"]
+    assert capsys.readouterr().out.splitlines()[0].split()[:3] == ["disagg", "unloaded", "4/4"]
+
+
+def test_no_unloaded_requests_leave_no_unloaded_record(tmp_path, monkeypatch):
+    import router.client
+
+    client = FakeCluster()
+    monkeypatch.setattr(router.client, "AsyncClient", lambda address: client)
+    run = {"mode": "colocated", "address": "tcp://fake", "warmup": None, "unloaded": None, "points": []}
+    point = LoadPoint("concurrency", 2)
+    asyncio.run(bench_cluster(config(tmp_path), run, None, [point], [[W.BenchRequest([1] * 5, 2)] * 3], [], []))
+    assert run["unloaded"] is None and len(run["points"]) == 1 and len(client.events) == 6
+
+
+class FakeServe:
+    def __init__(self, command: list[str], log_path: Path):
+        pass
+
+    def stop(self) -> int:
+        return 0
+
+
+def test_both_modes_get_the_same_unloaded_requests_from_their_own_seed(tmp_path, monkeypatch):
+    given: dict[str, tuple] = {}
+
+    async def fake_bench_cluster(cfg, run, server, points, workloads, warmup, unloaded):
+        given[run["mode"]] = (unloaded, warmup, workloads)
+
+    monkeypatch.setattr(benchmark, "bench_cluster", fake_bench_cluster)
+    monkeypatch.setattr(benchmark, "ServeProcess", FakeServe)
+    monkeypatch.setattr(bench_report, "write_report", lambda out, results: [])
+    cfg = config(tmp_path, unloaded_requests=3, input_len="8", output_len="2", rates="1,2", num_requests=5)
+    results = run_benchmark(cfg)
+    unloaded, warmup, workloads = given["disagg"]
+    assert len(unloaded) == 3 and given["colocated"][0] == unloaded
+    assert unloaded == build_requests(cfg, random.Random("0:unloaded"), 3, 100, None)
+    assert all(unloaded != reqs[:3] for reqs in [warmup, *workloads])
+    assert [run["unloaded"] for run in results["runs"]] == [None, None]  # until bench_cluster measures them
 
 
 # ---- report -------------------------------------------------------------------------------------
@@ -326,13 +417,100 @@ def test_report_from_results_without_a_cluster(tmp_path):
     assert sorted(p.name for p in tmp_path.glob("*.png")) == sorted(PLOTS)
 
 
+def measured(point: LoadPoint, tpot: float, n: int = 5, failures: int = 0) -> dict:
+    """A load point's record where every request took `tpot` per token after the first."""
+    records = [record(i, 0.5 * i, 0.1, 0.1 + 3 * tpot) for i in range(n)]
+    records += [failed(n + i, 0.0, 1.0) for i in range(failures)]
+    return {"load": point.to_json(), "summary": asdict(summarize(records, SLO(0.5, 0.05))),
+            "requests": [r.to_json() for r in records]}
+
+
+RATES = [LoadPoint("rate", r) for r in (1.0, 2.0, 4.0)]
+
+
+def tpot_results(tmp_path: Path, tpots: dict[str, list[float]], unloaded: dict[str, float] | None) -> dict:
+    """results.json as the benchmark writes it, TPOT SLO 50 ms; without `unloaded`, as it was written before it."""
+    runs = []
+    for mode, values in tpots.items():
+        run = {"mode": mode, "address": "a", "serve_command": ["pdcluster", "serve"], "error": None,
+               "warmup": {"requests": 2, "failed": 0, "errors": []},
+               "points": [measured(p, t) for p, t in zip(RATES, values)]}
+        if unloaded is not None:
+            run["unloaded"] = measured(UNLOADED, unloaded[mode], n=4, failures=mode == "disagg")
+        runs.append(run)
+    cfg = asdict(config(tmp_path, slo_ttft=0.5, slo_tpot=0.05))
+    if unloaded is None:
+        del cfg["unloaded_requests"]
+    return {"config": cfg, "started": "now", "workload": "random", "address": None,
+            "load_points": [p.to_json() for p in RATES], "runs": runs}
+
+
+def section(text: str, title: str) -> list[str]:
+    lines = text.splitlines()
+    start = lines.index(f"## {title}") + 1
+    end = next((i for i in range(start, len(lines)) if lines[i].startswith("## ")), len(lines))
+    return [line for line in lines[start:end] if line]
+
+
+@pytest.mark.parametrize("disagg_at_2,ratio,verdict", [(0.022, "1.10x", "within"), (0.03, "1.50x", "beyond")])
+def test_report_reads_disagg_where_colocated_breaks_the_tpot_slo(tmp_path, disagg_at_2, ratio, verdict):
+    results = tpot_results(tmp_path, {"disagg": [0.021, disagg_at_2, 0.04], "colocated": [0.03, 0.06, 0.1]},
+                           unloaded={"disagg": 0.02, "colocated": 0.025})
+    text = markdown(results)
+    assert "then 8 unloaded requests, one at a time" in text
+    assert section(text, "Unloaded reference")[1:] == [
+        "| | disagg | colocated |", "|---|---:|---:|",
+        "| requests | 5 | 4 |",
+        "| completed / failed | 4 / 1 | 4 / 0 |",
+        "| TTFT p50 (ms) | 100.0 | 100.0 |",
+        "| TPOT p50 (ms) | 20.0 | 25.0 |",
+        "| TPOT p90 (ms) | 20.0 | 25.0 |",
+        "| ITL p50 (ms) | 20.0 | 25.0 |",
+    ]
+    assert "| TPOT p90 / unloaded TPOT p50 | 1.05x | 1.20x |" in section(text, "1 req/s")
+    assert f"| TPOT p90 / unloaded TPOT p50 | {ratio} | 2.40x |" in section(text, "2 req/s")
+    rows = section(text, "4 req/s")
+    after_tpot = rows.index("| TPOT p99 (ms) | 40.0 | 100.0 |") + 1
+    assert rows[after_tpot] == "| TPOT p90 / unloaded TPOT p50 | 2.00x | 4.00x |"
+    assert section(text, "SLO reading") == [
+        "Colocated TPOT p90 first exceeds the TPOT SLO (50 ms) at **2 req/s** (60.0 ms). There disagg TPOT p90 is "
+        f"{disagg_at_2 * 1e3:.1f} ms, **{ratio}** its unloaded TPOT p50 (20.0 ms): {verdict} the 1.2x target."]
+    assert "- **disagg**, unloaded: 1 x overloaded (e.g. 'overloaded: no room')" in section(text, "Failures")
+
+
+def test_report_says_when_colocated_never_breaks_the_tpot_slo(tmp_path):
+    results = tpot_results(tmp_path, {"disagg": [0.02, 0.02, 0.02], "colocated": [0.03, 0.04, 0.05]},
+                           unloaded={"disagg": 0.02, "colocated": 0.025})
+    assert section(markdown(results), "SLO reading") == [
+        "Colocated TPOT p90 never exceeded the TPOT SLO (50 ms) in this run: there is no breaking rate to read "
+        "disagg at."]
+    results["runs"] = results["runs"][:1]
+    assert section(markdown(results), "SLO reading") == [
+        "No reading: it needs both modes, and this run has no colocated results."]
+
+
+def test_old_results_without_unloaded_still_render(tmp_path, capsys):
+    results = tpot_results(tmp_path, {"disagg": [0.02, 0.02, 0.02], "colocated": [0.03, 0.06, 0.1]}, unloaded=None)
+    assert all("unloaded" not in run for run in results["runs"])
+    path = tmp_path / "results.json"
+    path.write_text(json.dumps(results))
+    assert bench_report.main([str(path)]) == 0
+    text = (tmp_path / "report.md").read_text()
+    assert "## Unloaded reference" not in text and "unloaded requests, one at a time" not in text
+    assert "| TPOT p90 / unloaded TPOT p50 | n/a | n/a |" in section(text, "2 req/s")
+    assert section(text, "SLO reading")[0].endswith(
+        "at **2 req/s** (60.0 ms). Disagg has no unloaded TPOT to compare with (run with --unloaded-requests > 0), "
+        "so the ratio cannot be read.")
+    assert sorted(p.name for p in tmp_path.glob("*.png")) == sorted(PLOTS)
+
+
 # ---- the real thing, on CPU ---------------------------------------------------------------------
 @pytest.mark.slow
 def test_cpu_smoke_run_of_both_modes(tiny_qwen3_dir, tmp_path):
     out = tmp_path / "bench"
     cmd = [sys.executable, "-m", "common.cli", "bench", "--model", str(tiny_qwen3_dir), "--device", "cpu",
            "--modes", "disagg,colocated", "--rates", "2", "--num-requests", "12", "--input-len", "64",
-           "--output-len", "16", "--out", str(out)]
+           "--output-len", "16", "--unloaded-requests", "2", "--out", str(out)]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=400)
     assert proc.returncode == 0, proc.stderr[-4000:]
@@ -342,6 +520,9 @@ def test_cpu_smoke_run_of_both_modes(tiny_qwen3_dir, tmp_path):
     assert [run["mode"] for run in results["runs"]] == ["disagg", "colocated"]
     for run in results["runs"]:
         assert run["error"] is None and run["warmup"] == {"requests": 4, "failed": 0, "errors": []}
+        unloaded = run["unloaded"]
+        assert (unloaded["summary"]["requests"], unloaded["summary"]["completed"]) == (2, 2)
+        assert all(r["error_code"] is None and r["output_tokens"] == 16 for r in unloaded["requests"])
         (point,) = run["points"]
         assert point["load"]["kind"] == "rate" and point["load"]["value"] == 2.0
         reqs, s = point["requests"], point["summary"]
