@@ -146,12 +146,14 @@ def test_gumbel_argmax_greedy_rows_are_argmax(device: str) -> None:
     torch.manual_seed(0)
     logits = torch.randn(9, 5000)  # not a multiple of the 4096 block
     logits[3, 4999] = 50.0  # the maximum in the last, partial block
+    logits[2] = 1.0  # ties everywhere: the first index, as torch.argmax
+    logits[4, 100] = logits[4, 3000] = logits[4, 2100] = 60.0  # equal maxima in other lanes and chunks
     temps = torch.tensor([0.0, 1.0] * 4 + [0.0])
     seeds = torch.arange(9, dtype=torch.int64)
     out = fused.gumbel_argmax(logits.to(device), temps.to(device), seeds.to(device)).cpu()
     greedy = temps == 0
     assert torch.equal(out[greedy], logits.argmax(-1)[greedy])
-    assert out[3] == 4999
+    assert out[3] == 4999 and out[2] == 0 and out[4] == 100
 
 
 def test_gumbel_argmax_follows_the_distribution_and_its_seeds(device: str) -> None:

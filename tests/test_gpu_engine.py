@@ -92,20 +92,32 @@ def test_bf16_matches_hf(model_dir):
 
 
 def test_cuda_graphs_equal_eager_and_triton_equals_torch(qwen3_06b_dir):
+    """Graphs replay the eager kernels exactly (bf16). The triton backend follows the torch one: first-step
+    logits close in bf16 (flash prefill vs math), greedy tokens in float32. Token agreement in bf16 says little
+    with random weights: one near-tie argmax flips a whole sequence (seen: one of the 8 prompts flipping at
+    its first token whatever the decode split rule)."""
     prompts = PROMPTS * 4  # 32 sequences: a graph bucket with padding
-    outputs = {}
-    for name, kw in {"graphs": {}, "eager": {"enforce_eager": True},
-                     "torch": {"enforce_eager": True, "attention_backend": "torch"}}.items():
+    outputs, logits = {}, {}
+    runs = {"graphs": {}, "eager": {"enforce_eager": True},
+            "torch": {"enforce_eager": True, "attention_backend": "torch"},
+            "eager fp32": {"enforce_eager": True, "dtype": "float32"},
+            "torch fp32": {"enforce_eager": True, "attention_backend": "torch", "dtype": "float32"}}
+    for name, kw in runs.items():
         llm = LLM(str(qwen3_06b_dir), device="cuda", gpu_memory_utilization=0.3, **kw)
         try:
             assert (llm.engine.runner.graphs is not None) == (name == "graphs")
+            if name in ("eager", "torch"):
+                logits[name] = [first_step_logits(llm.engine, llm.tokenizer.encode(p)) for p in PROMPTS]
             outputs[name] = [o.token_ids for o in llm.generate(prompts, GREEDY, use_tqdm=False)]
             assert llm.engine.num_free_blocks == llm.engine.block_manager.num_blocks
         finally:
             llm.close()
     assert outputs["graphs"] == outputs["eager"]
-    agree = sum(a == b for a, b in zip(outputs["eager"], outputs["torch"]))
-    assert agree >= 0.75 * len(prompts), f"triton vs torch backends agree on {agree}/{len(prompts)}"
+    for p, ours, ref in zip(PROMPTS, logits["eager"], logits["torch"]):
+        rel = (ours - ref).norm() / ref.norm()
+        assert rel < 2e-2, f"{p!r}: triton vs torch backend, relative first-step logit error {rel:.3g}"
+    agree = sum(a == b for a, b in zip(outputs["eager fp32"], outputs["torch fp32"]))
+    assert agree >= 0.75 * len(prompts), f"triton vs torch backends (float32) agree on {agree}/{len(prompts)}"
 
 
 def test_prefix_cache_and_preemption_on_gpu(qwen3_06b_dir):

@@ -45,29 +45,39 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
 
 
 @triton.jit
-def _norm_rope_heads(base, stride_h, w_ptr, cos, sin, eps, H: tl.constexpr, BLOCK_H: tl.constexpr,
-                     HEAD_DIM: tl.constexpr, HAS_NORM: tl.constexpr):
-    """One token's H heads [H, D] in place: optional per-head RMSNorm, then rotate-half RoPE. Returns the
-    rotated halves."""
+def _load_heads(base, stride_h, w_ptr, H: tl.constexpr, BLOCK_H: tl.constexpr, HEAD_DIM: tl.constexpr,
+                HAS_NORM: tl.constexpr):
+    """One token's H heads as two halves [BLOCK_H, D/2], with the norm weight's halves (if any)."""
     heads = tl.arange(0, BLOCK_H)[:, None]
     half = tl.arange(0, HEAD_DIM // 2)[None, :]
     mask = heads < H
     ptr = base + heads * stride_h + half
     x1 = tl.load(ptr, mask=mask, other=0.0)
     x2 = tl.load(ptr + HEAD_DIM // 2, mask=mask, other=0.0)
-    if HAS_NORM:  # Qwen3's per-head RMSNorm of q and k, before the rotation
+    w1, w2 = x1, x2  # unused without a norm
+    if HAS_NORM:
+        w1 = tl.load(w_ptr + half)
+        w2 = tl.load(w_ptr + HEAD_DIM // 2 + half)
+    return ptr, mask, x1, x2, w1, w2
+
+
+@triton.jit
+def _norm_rope(x1, x2, w1, w2, cos, sin, eps, HEAD_DIM: tl.constexpr, HAS_NORM: tl.constexpr):
+    """Optional per-head RMSNorm (Qwen3's, before the rotation), then rotate-half RoPE, rounded as torch does."""
+    if HAS_NORM:
         f1, f2 = x1.to(tl.float32), x2.to(tl.float32)
         rstd = 1.0 / tl.sqrt((tl.sum(f1 * f1, axis=1) + tl.sum(f2 * f2, axis=1)) / HEAD_DIM + eps)
-        w1 = tl.load(w_ptr + half).to(tl.float32)
-        w2 = tl.load(w_ptr + HEAD_DIM // 2 + half).to(tl.float32)
-        x1 = (w1 * (f1 * rstd[:, None]).to(x1.dtype).to(tl.float32)).to(x1.dtype)
-        x2 = (w2 * (f2 * rstd[:, None]).to(x2.dtype).to(tl.float32)).to(x2.dtype)
+        x1 = (w1.to(tl.float32) * (f1 * rstd[:, None]).to(x1.dtype).to(tl.float32)).to(x1.dtype)
+        x2 = (w2.to(tl.float32) * (f2 * rstd[:, None]).to(x2.dtype).to(tl.float32)).to(x2.dtype)
     f1, f2 = x1.to(tl.float32), x2.to(tl.float32)
-    y1 = (f1 * cos - f2 * sin).to(x1.dtype)
-    y2 = (f2 * cos + f1 * sin).to(x1.dtype)
-    tl.store(ptr, y1, mask=mask)
-    tl.store(ptr + HEAD_DIM // 2, y2, mask=mask)
-    return y1, y2
+    return (f1 * cos - f2 * sin).to(x1.dtype), (f2 * cos + f1 * sin).to(x1.dtype)
+
+
+@triton.jit
+def _angles(cos_sin_ptr, pos_ptr, token, HEAD_DIM: tl.constexpr):
+    half = tl.arange(0, HEAD_DIM // 2)[None, :]
+    pos = tl.load(pos_ptr + token)
+    return tl.load(cos_sin_ptr + pos * HEAD_DIM + half), tl.load(cos_sin_ptr + pos * HEAD_DIM + HEAD_DIM // 2 + half)
 
 
 @triton.jit
@@ -78,29 +88,35 @@ def _qk_norm_rope_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, cos_sin_ptr, qw_ptr, kw_p
                          BLOCK_KV: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE: tl.constexpr,
                          HAS_NORM: tl.constexpr, STORE: tl.constexpr):
     """Grid (tokens, 2): program 0 of a token rotates its q heads, program 1 its k heads and, with STORE,
-    writes k and v into the paged cache at the token's slot (slot < 0: not stored)."""
+    writes k and v into the paged cache at the token's slot (slot < 0: not stored). Every load that does not
+    wait on the position is issued before the position's angles: a decode step is latency, not bytes."""
     token = tl.program_id(0).to(tl.int64)
-    half = tl.arange(0, HEAD_DIM // 2)[None, :]
-    pos = tl.load(pos_ptr + token)
-    cos = tl.load(cos_sin_ptr + pos * HEAD_DIM + half)
-    sin = tl.load(cos_sin_ptr + pos * HEAD_DIM + HEAD_DIM // 2 + half)
     if tl.program_id(1) == 0:
-        _norm_rope_heads(q_ptr + token * stride_qt, stride_qh, qw_ptr, cos, sin, eps, NUM_Q_HEADS, BLOCK_Q,
-                         HEAD_DIM, HAS_NORM)
+        ptr, mask, x1, x2, w1, w2 = _load_heads(q_ptr + token * stride_qt, stride_qh, qw_ptr, NUM_Q_HEADS,
+                                                BLOCK_Q, HEAD_DIM, HAS_NORM)
+        cos, sin = _angles(cos_sin_ptr, pos_ptr, token, HEAD_DIM)
+        y1, y2 = _norm_rope(x1, x2, w1, w2, cos, sin, eps, HEAD_DIM, HAS_NORM)
+        tl.store(ptr, y1, mask=mask)
+        tl.store(ptr + HEAD_DIM // 2, y2, mask=mask)
     else:
-        k1, k2 = _norm_rope_heads(k_ptr + token * stride_kt, stride_kh, kw_ptr, cos, sin, eps, NUM_KV_HEADS,
-                                  BLOCK_KV, HEAD_DIM, HAS_NORM)
+        ptr, mask, x1, x2, w1, w2 = _load_heads(k_ptr + token * stride_kt, stride_kh, kw_ptr, NUM_KV_HEADS,
+                                                BLOCK_KV, HEAD_DIM, HAS_NORM)
+        heads = tl.arange(0, BLOCK_KV)[:, None]
+        dims = tl.arange(0, HEAD_DIM)[None, :]
         if STORE:
             slot = tl.load(slot_ptr + token).to(tl.int64)
+            v = tl.load(v_ptr + token * stride_vt + heads * stride_vh + dims, mask=mask)
+        cos, sin = _angles(cos_sin_ptr, pos_ptr, token, HEAD_DIM)
+        y1, y2 = _norm_rope(x1, x2, w1, w2, cos, sin, eps, HEAD_DIM, HAS_NORM)
+        tl.store(ptr, y1, mask=mask)
+        tl.store(ptr + HEAD_DIM // 2, y2, mask=mask)
+        if STORE:
             if slot >= 0:
                 page, offset = slot // PAGE, slot % PAGE
-                heads = tl.arange(0, BLOCK_KV)[:, None]
-                mask = heads < NUM_KV_HEADS
+                half = tl.arange(0, HEAD_DIM // 2)[None, :]
                 k_dst = k_cache_ptr + page * stride_ckb + offset * stride_ckt + heads * stride_ckh + half
-                tl.store(k_dst, k1, mask=mask)
-                tl.store(k_dst + HEAD_DIM // 2, k2, mask=mask)
-                dims = tl.arange(0, HEAD_DIM)[None, :]
-                v = tl.load(v_ptr + token * stride_vt + heads * stride_vh + dims, mask=mask)
+                tl.store(k_dst, y1, mask=mask)
+                tl.store(k_dst + HEAD_DIM // 2, y2, mask=mask)
                 tl.store(v_cache_ptr + page * stride_cvb + offset * stride_cvt + heads * stride_cvh + dims, v,
                          mask=mask)
 
@@ -159,15 +175,12 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
 
 @triton.jit
 def _gumbel_chunk(logits_ptr, row, stride, offs, u, temp, best, best_idx, V: tl.constexpr):
-    """Fold one chunk of the vocabulary into the running (best score, its index)."""
+    """Fold one chunk of the vocabulary into each lane's running (best score, its index): elementwise only."""
     x = tl.load(logits_ptr + row * stride + offs, mask=offs < V, other=float("-inf")).to(tl.float32)
     if temp > 0:  # Gumbel-max: argmax(logits / T + G), G = -log(-log U), samples softmax(logits / T)
         x = x / temp - tl.log(-tl.log(tl.maximum(u, 1e-10)))
-    m = tl.max(x, axis=0)
-    if m > best:  # strict: the first maximum wins, as in torch.argmax (chunks come in index order)
-        best = m
-        best_idx = tl.min(tl.where(x == m, offs, V), axis=0)
-    return best, best_idx
+    better = x > best  # strict: a lane keeps its first maximum (chunks come in index order)
+    return tl.where(better, x, best), tl.where(better, offs, best_idx)
 
 
 @triton.jit
@@ -180,17 +193,21 @@ def _gumbel_argmax_kernel(logits_ptr, temps_ptr, seeds_ptr, best_ptr, best_idx_p
     split = tl.program_id(1)
     temp = tl.load(temps_ptr + row)
     seed = tl.load(seeds_ptr + row)
-    best = float("-inf")
-    best_idx = split * SPLIT
     q = tl.arange(0, QUARTER)
+    best = tl.full([QUARTER], float("-inf"), dtype=tl.float32)
+    best_idx = tl.full([QUARTER], V, dtype=tl.int32)
     for start in range(split * SPLIT, tl.minimum(split * SPLIT + SPLIT, V), BLOCK):
         u0, u1, u2, u3 = tl.rand4x(seed, start // 4 + q)  # counters unique per (row, position)
         best, best_idx = _gumbel_chunk(logits_ptr, row, stride, start + q, u0, temp, best, best_idx, V)
         best, best_idx = _gumbel_chunk(logits_ptr, row, stride, start + QUARTER + q, u1, temp, best, best_idx, V)
         best, best_idx = _gumbel_chunk(logits_ptr, row, stride, start + 2 * QUARTER + q, u2, temp, best, best_idx, V)
         best, best_idx = _gumbel_chunk(logits_ptr, row, stride, start + 3 * QUARTER + q, u3, temp, best, best_idx, V)
-    tl.store(best_ptr + row * tl.num_programs(1) + split, best)
-    tl.store(best_idx_ptr + row * tl.num_programs(1) + split, best_idx.to(tl.int64))
+    m = tl.max(best, axis=0)
+    # The first maximum: the smallest index among the lanes that hold it (a slice of all -inf keeps its first).
+    first = tl.min(tl.where(best == m, best_idx, V), axis=0)
+    first = tl.where(first == V, split * SPLIT, first)
+    tl.store(best_ptr + row * tl.num_programs(1) + split, m)
+    tl.store(best_idx_ptr + row * tl.num_programs(1) + split, first.to(tl.int64))
 
 
 def gumbel_argmax(logits: torch.Tensor, temperatures: torch.Tensor, seeds: torch.Tensor) -> torch.Tensor:
