@@ -81,6 +81,41 @@ def _angles(cos_sin_ptr, pos_ptr, token, HEAD_DIM: tl.constexpr):
 
 
 @triton.jit
+def _rope_q(base, stride_h, w_ptr, cos_sin_ptr, pos_ptr, token, eps, H: tl.constexpr, BLOCK_H: tl.constexpr,
+            HEAD_DIM: tl.constexpr, HAS_NORM: tl.constexpr):
+    ptr, mask, x1, x2, w1, w2 = _load_heads(base, stride_h, w_ptr, H, BLOCK_H, HEAD_DIM, HAS_NORM)
+    cos, sin = _angles(cos_sin_ptr, pos_ptr, token, HEAD_DIM)
+    y1, y2 = _norm_rope(x1, x2, w1, w2, cos, sin, eps, HEAD_DIM, HAS_NORM)
+    tl.store(ptr, y1, mask=mask)
+    tl.store(ptr + HEAD_DIM // 2, y2, mask=mask)
+
+
+@triton.jit
+def _rope_k_store(base, stride_h, w_ptr, cos_sin_ptr, pos_ptr, token, eps, v_base, stride_vh, k_cache_ptr,
+                  v_cache_ptr, slot_ptr, stride_ckb, stride_ckt, stride_ckh, stride_cvb, stride_cvt, stride_cvh,
+                  H: tl.constexpr, BLOCK_H: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE: tl.constexpr,
+                  HAS_NORM: tl.constexpr, STORE: tl.constexpr):
+    ptr, mask, x1, x2, w1, w2 = _load_heads(base, stride_h, w_ptr, H, BLOCK_H, HEAD_DIM, HAS_NORM)
+    heads = tl.arange(0, BLOCK_H)[:, None]
+    dims = tl.arange(0, HEAD_DIM)[None, :]
+    if STORE:
+        slot = tl.load(slot_ptr + token).to(tl.int64)
+        v = tl.load(v_base + heads * stride_vh + dims, mask=mask)
+    cos, sin = _angles(cos_sin_ptr, pos_ptr, token, HEAD_DIM)
+    y1, y2 = _norm_rope(x1, x2, w1, w2, cos, sin, eps, HEAD_DIM, HAS_NORM)
+    tl.store(ptr, y1, mask=mask)
+    tl.store(ptr + HEAD_DIM // 2, y2, mask=mask)
+    if STORE:
+        if slot >= 0:
+            page, offset = slot // PAGE, slot % PAGE
+            half = tl.arange(0, HEAD_DIM // 2)[None, :]
+            k_dst = k_cache_ptr + page * stride_ckb + offset * stride_ckt + heads * stride_ckh + half
+            tl.store(k_dst, y1, mask=mask)
+            tl.store(k_dst + HEAD_DIM // 2, y2, mask=mask)
+            tl.store(v_cache_ptr + page * stride_cvb + offset * stride_cvt + heads * stride_cvh + dims, v, mask=mask)
+
+
+@triton.jit
 def _qk_norm_rope_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, cos_sin_ptr, qw_ptr, kw_ptr, k_cache_ptr, v_cache_ptr,
                          slot_ptr, stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
                          stride_ckb, stride_ckt, stride_ckh, stride_cvb, stride_cvt, stride_cvh, eps,
@@ -92,33 +127,13 @@ def _qk_norm_rope_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, cos_sin_ptr, qw_ptr, kw_p
     wait on the position is issued before the position's angles: a decode step is latency, not bytes."""
     token = tl.program_id(0).to(tl.int64)
     if tl.program_id(1) == 0:
-        ptr, mask, x1, x2, w1, w2 = _load_heads(q_ptr + token * stride_qt, stride_qh, qw_ptr, NUM_Q_HEADS,
-                                                BLOCK_Q, HEAD_DIM, HAS_NORM)
-        cos, sin = _angles(cos_sin_ptr, pos_ptr, token, HEAD_DIM)
-        y1, y2 = _norm_rope(x1, x2, w1, w2, cos, sin, eps, HEAD_DIM, HAS_NORM)
-        tl.store(ptr, y1, mask=mask)
-        tl.store(ptr + HEAD_DIM // 2, y2, mask=mask)
+        _rope_q(q_ptr + token * stride_qt, stride_qh, qw_ptr, cos_sin_ptr, pos_ptr, token, eps, NUM_Q_HEADS,
+                BLOCK_Q, HEAD_DIM, HAS_NORM)
     else:
-        ptr, mask, x1, x2, w1, w2 = _load_heads(k_ptr + token * stride_kt, stride_kh, kw_ptr, NUM_KV_HEADS,
-                                                BLOCK_KV, HEAD_DIM, HAS_NORM)
-        heads = tl.arange(0, BLOCK_KV)[:, None]
-        dims = tl.arange(0, HEAD_DIM)[None, :]
-        if STORE:
-            slot = tl.load(slot_ptr + token).to(tl.int64)
-            v = tl.load(v_ptr + token * stride_vt + heads * stride_vh + dims, mask=mask)
-        cos, sin = _angles(cos_sin_ptr, pos_ptr, token, HEAD_DIM)
-        y1, y2 = _norm_rope(x1, x2, w1, w2, cos, sin, eps, HEAD_DIM, HAS_NORM)
-        tl.store(ptr, y1, mask=mask)
-        tl.store(ptr + HEAD_DIM // 2, y2, mask=mask)
-        if STORE:
-            if slot >= 0:
-                page, offset = slot // PAGE, slot % PAGE
-                half = tl.arange(0, HEAD_DIM // 2)[None, :]
-                k_dst = k_cache_ptr + page * stride_ckb + offset * stride_ckt + heads * stride_ckh + half
-                tl.store(k_dst, y1, mask=mask)
-                tl.store(k_dst + HEAD_DIM // 2, y2, mask=mask)
-                tl.store(v_cache_ptr + page * stride_cvb + offset * stride_cvt + heads * stride_cvh + dims, v,
-                         mask=mask)
+        _rope_k_store(k_ptr + token * stride_kt, stride_kh, kw_ptr, cos_sin_ptr, pos_ptr, token, eps,
+                      v_ptr + token * stride_vt, stride_vh, k_cache_ptr, v_cache_ptr, slot_ptr, stride_ckb,
+                      stride_ckt, stride_ckh, stride_cvb, stride_cvt, stride_cvh, NUM_KV_HEADS, BLOCK_KV, HEAD_DIM,
+                      PAGE, HAS_NORM, STORE)
 
 
 def qk_norm_rope_(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor,

@@ -1,0 +1,55 @@
+"""Every Triton kernel of the engine compiles for Hopper (sm_90), on a machine without a GPU.
+
+Triton's interpreter (the CPU runs of test_fused.py and test_triton_ops.py) checks what a kernel computes
+but never compiles it: a kernel that type-checks only in the interpreter (say, one name bound to tensors
+of two shapes in the two branches of a runtime `if`) passes there and fails on every GPU.
+"""
+from __future__ import annotations
+
+import pytest
+
+triton = pytest.importorskip("triton")
+try:
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+except ImportError:  # an older Triton: the GPU host runs these kernels anyway
+    pytest.skip("this Triton cannot compile ahead of time", allow_module_level=True)
+
+from common.attention import triton_ops  # noqa: E402
+from common.layers import fused  # noqa: E402
+
+HOPPER = GPUTarget("cuda", 90, 32)
+# Argument types by name; other pointers are the activations' bf16, other scalars are int32 strides and sizes.
+TYPES = {"slot_ptr": "*i64", "pos_ptr": "*i64", "seeds_ptr": "*i64", "best_idx_ptr": "*i64",
+         "block_tables_ptr": "*i32", "seq_lens_ptr": "*i32", "query_start_loc_ptr": "*i32",
+         "cos_sin_ptr": "*fp32", "temps_ptr": "*fp32", "best_ptr": "*fp32", "part_o_ptr": "*fp32",
+         "part_lse_ptr": "*fp32", "eps": "fp32", "qk_scale": "fp32"}
+ROPE = dict(NUM_Q_HEADS=16, NUM_KV_HEADS=8, BLOCK_Q=16, BLOCK_KV=8, HEAD_DIM=128, PAGE=16)
+CASES = {  # name: (kernel, constexprs)
+    "rms_norm": (fused._rms_norm_kernel, dict(N=1024, BLOCK=1024, HAS_RESIDUAL=True)),
+    "rms_norm-576": (fused._rms_norm_kernel, dict(N=576, BLOCK=1024, HAS_RESIDUAL=False)),
+    "qk_norm_rope_store": (fused._qk_norm_rope_kernel, dict(ROPE, HAS_NORM=True, STORE=True)),
+    "qk_norm_rope": (fused._qk_norm_rope_kernel, dict(ROPE, HAS_NORM=True, STORE=False)),
+    "rope_store-smollm2": (fused._qk_norm_rope_kernel, dict(NUM_Q_HEADS=9, NUM_KV_HEADS=3, BLOCK_Q=16, BLOCK_KV=4,
+                                                            HEAD_DIM=64, PAGE=256, HAS_NORM=False, STORE=True)),
+    "silu_and_mul": (fused._silu_and_mul_kernel, dict(N=3072, BLOCK=1024)),
+    "gumbel_argmax": (fused._gumbel_argmax_kernel, dict(V=151936, SPLIT=6144, BLOCK=2048)),
+    "store_kvcache": (triton_ops._store_kvcache_kernel, dict(NUM_HEADS=8, HEAD_DIM=128, BLOCK_H=8, PAGE=16)),
+    "decode-split": (triton_ops._decode_kernel, dict(GROUP=2, BLOCK_G=16, HEAD_DIM=128, PAGE=16, BLOCK_N=64,
+                                                     DIRECT=False, PRECISION="tf32")),
+    "decode-direct": (triton_ops._decode_kernel, dict(GROUP=4, BLOCK_G=16, HEAD_DIM=128, PAGE=256, BLOCK_N=64,
+                                                      DIRECT=True, PRECISION="tf32")),
+    "decode_reduce": (triton_ops._decode_reduce_kernel, dict(HEAD_DIM=128, BLOCK_S=4, BLOCK_N=64)),
+    "prefill": (triton_ops._prefill_kernel, dict(GROUP=2, HEAD_DIM=128, PAGE=16, BLOCK_M=128, BLOCK_N=64,
+                                                 PRECISION="tf32")),
+}
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_kernel_compiles_for_hopper(name: str) -> None:
+    kernel, constexprs = CASES[name]
+    assert set(constexprs) == {kernel.arg_names[i] for i in kernel.constexprs}, "give every constexpr"
+    signature = {a: "constexpr" if a in constexprs else TYPES.get(a, "*bf16" if a.endswith("_ptr") else "i32")
+                 for a in kernel.arg_names}
+    compiled = triton.compile(ASTSource(fn=kernel, signature=signature, constexprs=constexprs), target=HOPPER)
+    assert compiled.asm["cubin"], f"{name}: no machine code"
