@@ -271,14 +271,18 @@ def profile_decode(root: Path, config: str, context: int, batch: int, overlap: b
         llm.close()
 
 
-def bench_decode(root: Path, config: str, context: int) -> None:
+# --modes name: (row label, engine settings)
+DECODE_MODES = {"graphs": ("graphs", {}), "no-overlap": ("graphs, no overlap", {"overlap_scheduling": False}),
+                "eager": ("eager", {"enforce_eager": True})}
+
+
+def bench_decode(root: Path, config: str, context: int, modes: list[str] = list(DECODE_MODES)) -> None:
     path = model_dir(config, root)
     bw = copy_bandwidth_gbs()
     log(f"== decode step, {config} bf16, context {context} tokens/seq; device copy bandwidth {bw:.0f} GB/s")
     log("   roofline = (weight bytes + KV bytes read) / copy bandwidth")
     log(f"{'mode':<20}{'batch':>6}{'step ms':>10}{'roofline ms':>13}{'x roofline':>12}{'tok/s':>10}")
-    modes = (("graphs", {}), ("graphs, no overlap", {"overlap_scheduling": False}), ("eager", {"enforce_eager": True}))
-    for name, kw in modes:
+    for name, kw in (DECODE_MODES[m] for m in modes):
         llm = make_llm(path, max_num_seqs=256, max_model_len=context + DECODE_TOKENS + 16, **kw)
         try:
             layout = llm.engine.runner.layout
@@ -351,6 +355,8 @@ def main() -> None:
     ap.add_argument("--config", default=None, help="model config (default: qwen3-0.6b decode, qwen3-8b prefill)")
     ap.add_argument("--context", type=int, default=1024)
     ap.add_argument("--tp", type=int, default=1, help="throughput: tensor-parallel size (no eager or HF runs)")
+    ap.add_argument("--modes", default=",".join(DECODE_MODES),
+                    help=f"decode: comma list of {', '.join(DECODE_MODES)} (default: all)")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("bench_engine: needs a CUDA GPU")
@@ -360,7 +366,10 @@ def main() -> None:
         if args.what == "profile":
             profile_decode(root, args.config or "qwen3-0.6b", args.context, args.batch, not args.no_overlap)
         if args.what in ("decode", "all"):
-            bench_decode(root, args.config or "qwen3-0.6b", args.context)
+            modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+            if not modes or any(m not in DECODE_MODES for m in modes):
+                raise SystemExit(f"bench_engine: --modes takes {', '.join(DECODE_MODES)}, got {args.modes!r}")
+            bench_decode(root, args.config or "qwen3-0.6b", args.context, modes)
         if args.what in ("prefill", "all"):
             bench_prefill(root, args.config or "qwen3-8b")
         if args.what in ("throughput", "all"):
