@@ -14,8 +14,8 @@ otherwise the sender gathers the segment into a buffer and the receiver receives
 scatters it into the reserved blocks. Segments that are views of a pool are all posted at once (the
 link stream runs them back to back); at most two that hold a scratch buffer are in flight on each side,
 so a gather or scatter overlaps the next message and scratch memory stays at two segments. The sender
-posts the header and the blocks together; so does the receiver, into the reserved blocks (or scratch),
-and it checks the header when it arrives: a link out of step fails the transfer before it is acknowledged.
+posts the header and the blocks together; the receiver checks the header before it posts any receive
+into its pool (posting them with the header measured no faster: within the run-to-run spread).
 
 `send` and `receive` return at once with futures; the worker holds the request's blocks until they
 resolve. A failed or timed-out operation breaks the link (its later transfers fail too, and the next
@@ -290,20 +290,14 @@ class NcclTransport(Transport):
             torch.cuda.current_stream().wait_event(ready)
         block_bytes, counts = meta["block_bytes"], meta["segments"]
         header = torch.empty(4, dtype=torch.int64, device=kv.device)
+        _wait(link, _post(link, "recv", header))
         expected = _header(meta["seq"], meta["request_id"], sum(counts) * block_bytes, len(counts), "cpu")
-
-        def check_header() -> None:  # runs before anything after it is waited for (and any scatter)
-            if not torch.equal(header.cpu(), expected):
-                raise TransferError(f"KV link {link.name} out of step: header {header.tolist()}, "
-                                    f"expected {expected.tolist()}")
-
+        if not torch.equal(header.cpu(), expected):
+            raise TransferError(f"KV link {link.name} out of step: header {header.tolist()}, "
+                                f"expected {expected.tolist()}")
         blocks = None if dst is None else BlockIds(kv, dst)
         sink = None
         posted = _Posted(link)
-        # The blocks' receives go out with the header's, not after it (a host round trip on the critical path):
-        # they only ever land in this request's reserved blocks or in scratch, and the header is checked before
-        # the transfer can succeed.
-        posted.add(_post(link, "recv", header), header, then=check_header)
         off = 0
         for n in counts:
             if blocks is None:  # refused: land it anywhere (one buffer: nothing reads it)
