@@ -8,7 +8,8 @@ the copy before `send` returns. The `kv_handoff` record goes out only after that
 never reads incomplete KV and has nothing to do on receive but acknowledge.
 
 The peer's pool must be on a GPU this process can see: two workers sharing one GPU, or workers that
-see every GPU of the node. Ray gives each actor only its own GPUs; across GPUs there use `nccl`.
+see every GPU of the node (`pdcluster serve --gpu-visibility node`; by default Ray shows each actor only
+its own GPUs, and pairs across GPUs use `nccl`).
 """
 from __future__ import annotations
 
@@ -76,7 +77,8 @@ def pair_problem(prefill: dict | None, decode: dict | None) -> str | None:
         return "a worker published no cuda_ipc descriptor (not on CUDA)"
     if decode.get("gpu") not in prefill.get("visible", []):
         return (f"the decode worker's GPU ({decode.get('gpu')}) is not visible to the prefill worker: "
-                "give both workers one GPU (e.g. --gpus-per-worker 0.5) or use nccl")
+                "give both workers one GPU (e.g. --gpus-per-worker 0.5), let workers see their node's GPUs "
+                "(--gpu-visibility node) or use nccl")
     return None
 
 
@@ -128,7 +130,8 @@ class CudaIPCTransport(Transport):
         if d["gpu"] not in visible:
             raise TransferError(
                 f"{peer_id}'s KV pool is on GPU {d['gpu']}, which this process cannot see (CUDA_VISIBLE_DEVICES="
-                f"{os.environ.get('CUDA_VISIBLE_DEVICES', '<unset>')}): put both workers on one GPU or use nccl")
+                f"{os.environ.get('CUDA_VISIBLE_DEVICES', '<unset>')}): put both workers on one GPU, start them with "
+                f"--gpu-visibility node or use nccl")
         share = d["pool"]
         kv = _EXPORTED.get(share["handle"]) if d["pid"] == os.getpid() else None
         enable_peer_access(self.pool.kv.device.index, visible.index(d["gpu"]))

@@ -54,9 +54,10 @@ class ServeConfig:
         "help": "Ray custom resource each decode worker needs, e.g. pd_decode"})
     worker_resource: str | None = field(default=None, metadata={
         "help": "Ray custom resource each colocated worker needs"})
-    gpu_visibility: str = field(default="node", metadata={
-        "help": "GPUs a worker process sees: 'node' (its own first, then the rest of its node's: CUDA IPC "
-                "reaches a decode worker on another GPU) or 'own' (only its own, as Ray sets it: NCCL across GPUs)"})
+    gpu_visibility: str = field(default="own", metadata={
+        "help": "GPUs a worker process sees: 'own' (only its own, as Ray sets it: KV goes over NCCL across GPUs) "
+                "or 'node' (its own first, then the rest of its node's: CUDA IPC reaches a decode worker on another "
+                "GPU; faster for contiguous blocks, slower for scattered 16-token blocks, see docs/benchmarks.md)"})
 
     def resources(self, role: str) -> dict[str, float]:
         """The custom resources one worker of `role` asks Ray for."""

@@ -252,9 +252,10 @@ GREEDY = dict(max_tokens=12, temperature=0.0, ignore_eos=True)
 CLUSTERS = {  # name: (serve flags, GPUs needed, the transport the router must pick)
     "cuda_ipc-one-gpu": (["--kv-transport", "cuda_ipc", "--gpus-per-worker", "0.5"], 1, "cuda_ipc"),
     "auto-one-gpu": (["--gpus-per-worker", "0.5"], 1, "cuda_ipc"),
-    "cuda_ipc-two-gpus": (["--kv-transport", "cuda_ipc", "--gpus-per-worker", "1"], 2, "cuda_ipc"),
-    "auto-two-gpus": (["--gpus-per-worker", "1"], 2, "cuda_ipc"),  # workers see their node's GPUs
-    "auto-two-gpus-own-visibility": (["--gpus-per-worker", "1", "--gpu-visibility", "own"], 2, "nccl"),
+    "cuda_ipc-two-gpus": (["--kv-transport", "cuda_ipc", "--gpus-per-worker", "1", "--gpu-visibility", "node"], 2,
+                          "cuda_ipc"),
+    "auto-two-gpus-node-visibility": (["--gpus-per-worker", "1", "--gpu-visibility", "node"], 2, "cuda_ipc"),
+    "auto-two-gpus": (["--gpus-per-worker", "1"], 2, "nccl"),  # each worker sees its own GPU only
     "nccl-two-gpus": (["--kv-transport", "nccl", "--gpus-per-worker", "1"], 2, "nccl"),
 }
 
