@@ -18,9 +18,18 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class StepStats:
+    """One step's work or, as `LLMEngine.totals`, the sum over every step that ran or collected a batch."""
+
     num_prefill_tokens: int = 0
     num_decode_tokens: int = 0
     seconds: float = 0.0
+    steps: int = 0
+
+    def add(self, step: StepStats) -> None:
+        self.num_prefill_tokens += step.num_prefill_tokens
+        self.num_decode_tokens += step.num_decode_tokens
+        self.seconds += step.seconds
+        self.steps += step.steps
 
 
 def _tp_worker(config: EngineConfig, rank: int, init_method: str) -> None:
@@ -63,6 +72,7 @@ class LLMEngine:
         self.reserved: dict[str, Sequence] = {}
         self.held: dict[str, Sequence] = {}
         self.last_step = StepStats()
+        self.totals = StepStats()  # since start: what a benchmark diffs over a load point (via heartbeats)
         # With overlap: the batch whose tokens are still on their way (batch, tokens, computed counts before).
         self._in_flight: tuple[ScheduledBatch, InFlight, list[int]] | None = None
 
@@ -144,7 +154,10 @@ class LLMEngine:
             done = launched
         updated = self._collect(*done) if done else []
         nd = batch.num_decodes if batch else 0
-        self.last_step = StepStats(batch.num_tokens - nd if batch else 0, nd, time.perf_counter() - start)
+        busy = batch is not None or done is not None
+        self.last_step = StepStats(batch.num_tokens - nd if batch else 0, nd, time.perf_counter() - start, int(busy))
+        if busy:
+            self.totals.add(self.last_step)
         return updated
 
     def _collect(self, batch: ScheduledBatch, in_flight: InFlight, olds: list[int]) -> list[Sequence]:
@@ -163,8 +176,8 @@ class LLMEngine:
     def num_free_blocks(self) -> int:
         return self.block_manager.num_free_blocks
 
-    def load(self) -> dict[str, int]:
-        """What a router needs to balance work: queue depths and KV use."""
+    def load(self) -> dict[str, int | float]:
+        """What a router needs to balance work (queue depths and KV use), and the busy steps' totals."""
         sched = self.scheduler
         return dict(
             queued_requests=len(sched.waiting),
@@ -173,6 +186,10 @@ class LLMEngine:
             running_requests=len(sched.running),
             kv_blocks_total=self.block_manager.num_blocks,
             kv_blocks_free=self.block_manager.num_free_blocks,
+            busy_steps=self.totals.steps,
+            busy_seconds=self.totals.seconds,
+            prefill_tokens_run=self.totals.num_prefill_tokens,
+            decode_tokens_run=self.totals.num_decode_tokens,
         )
 
     def close(self) -> None:

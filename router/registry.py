@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass, field
 
@@ -49,9 +50,7 @@ class WorkerInfo:
     def stats(self) -> P.WorkerStats:
         return P.WorkerStats(worker_id=self.worker_id, role=self.role, alive=self.alive, draining=self.draining,
                              node_id=self.hello.node_id,
-                             **{k: getattr(self.load, k) for k in ("queued_requests", "queued_tokens",
-                                                                   "running_requests", "kv_blocks_total",
-                                                                   "kv_blocks_free")})
+                             **{f.name: getattr(self.load, f.name) for f in dataclasses.fields(P.WorkerLoad)})
 
 
 class WorkerRegistry:
@@ -108,9 +107,7 @@ class WorkerRegistry:
         return None if worker_id is None else self.workers.get(worker_id)
 
     def heartbeat(self, worker: WorkerInfo, hb: P.Heartbeat) -> None:
-        worker.load = P.WorkerLoad(queued_requests=hb.queued_requests, queued_tokens=hb.queued_tokens,
-                                   running_requests=hb.running_requests, kv_blocks_total=hb.kv_blocks_total,
-                                   kv_blocks_free=hb.kv_blocks_free)
+        worker.load = P.WorkerLoad(**{f.name: getattr(hb, f.name) for f in dataclasses.fields(P.WorkerLoad)})
         worker.last_seen = time.monotonic()
         worker.blocks_promised = 0
 

@@ -77,6 +77,33 @@ def times(ratio: float | None) -> str:
     return "n/a" if ratio is None else f"{ratio:.2f}x"
 
 
+def decode_engines(point: dict | None) -> dict | None:
+    """The decoding engines' work over a load point (decode workers, or colocated ones): mean step, mean
+    decode batch, busy share of the point. None when the results hold no engine totals."""
+    rows = [e for e in (point or {}).get("engines") or [] if e["role"] in ("decode", "colocated")]
+    steps = sum(e["busy_steps"] for e in rows)
+    if not rows or not steps:
+        return None
+    seconds = sum(e["busy_seconds"] for e in rows)
+    duration = point["summary"]["duration"]
+    return {"step_ms": 1e3 * seconds / steps, "batch": sum(e["decode_tokens_run"] for e in rows) / steps,
+            "busy": seconds / (len(rows) * duration) if duration else None}
+
+
+ENGINE_ROWS: list[tuple[str, Cell]] = [
+    ("decode step, mean (ms)", lambda d: f"{d['step_ms']:.2f}"),
+    ("decode batch, mean", lambda d: f"{d['batch']:.1f}"),
+    ("decode engines busy", lambda d: "n/a" if d["busy"] is None else f"{100 * d['busy']:.0f}%"),
+]
+
+
+def engine_rows(points: list[dict | None]) -> list[tuple[str, list[str]]]:
+    engines = [decode_engines(p) for p in points]
+    if all(e is None for e in engines):
+        return []
+    return [(name, [cell(e) if e else "n/a" for e in engines]) for name, cell in ENGINE_ROWS]
+
+
 def table(results: dict, i: int) -> list[str]:
     runs = results["runs"]
     summaries = [p["summary"] if (p := point_of(run, i)) else None for run in runs]
@@ -86,7 +113,7 @@ def table(results: dict, i: int) -> list[str]:
         if key == "tpot":
             ratios = [times(tpot_ratio(run, s)) if s else "not run" for run, s in zip(runs, summaries)]
             rows.append((RATIO_ROW, ratios))
-    return grid(runs, rows)
+    return grid(runs, rows + engine_rows([point_of(run, i) for run in runs]))
 
 
 def unloaded_table(results: dict) -> list[str]:
@@ -95,7 +122,8 @@ def unloaded_table(results: dict) -> list[str]:
     summaries = [run["unloaded"]["summary"] if run.get("unloaded") else None for run in runs]
     rows = SUMMARY_ROWS[:2] + [latency_row("ttft", "p50"), latency_row("tpot", "p50"), latency_row("tpot", "p90"),
                                latency_row("itl", "p50")]
-    return grid(runs, [(name, cells(summaries, cell)) for name, cell in rows])
+    return grid(runs, [(name, cells(summaries, cell)) for name, cell in rows]
+                + engine_rows([run.get("unloaded") for run in runs]))
 
 
 def first_tpot_breach(run: dict, slo: float) -> int | None:

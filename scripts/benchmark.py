@@ -422,6 +422,30 @@ async def run_point(client: Any, point: LoadPoint, requests: list[BenchRequest],
     return sorted((r for records in done for r in records), key=lambda r: r.index)
 
 
+# Two worker heartbeats: the router's stats then hold every step of what just ran.
+HEARTBEAT_WAIT_S = 1.0
+TOTALS = ("busy_steps", "busy_seconds", "prefill_tokens_run", "decode_tokens_run")
+
+
+async def engine_totals(client: Any) -> dict[str, dict] | None:
+    """Each worker's engine totals (`WorkerStats`), after the heartbeats settle; None if stats fail."""
+    await asyncio.sleep(HEARTBEAT_WAIT_S)
+    try:
+        stats = await client.stats(timeout=10)
+    except Exception as e:  # a benchmark of a cluster that cannot say this still measures latencies
+        log.warning("no engine totals from the cluster's stats: %s", e)
+        return None
+    return {w.worker_id: {"role": w.role, **{k: getattr(w, k) for k in TOTALS}} for w in stats.workers}
+
+
+def engine_activity(before: dict[str, dict] | None, after: dict[str, dict] | None) -> list[dict] | None:
+    """What each worker's engine ran over a load point: the differences of its totals."""
+    if before is None or after is None:
+        return None
+    return [{"worker_id": wid, "role": a["role"], **{k: a[k] - before[wid][k] for k in TOTALS}}
+            for wid, a in sorted(after.items()) if wid in before]
+
+
 async def bench_cluster(cfg: BenchConfig, run: dict, server: ServeProcess | None, points: list[LoadPoint],
                         workloads: list[list[BenchRequest]], warmup: list[BenchRequest],
                         unloaded: list[BenchRequest]) -> None:
@@ -439,10 +463,12 @@ async def bench_cluster(cfg: BenchConfig, run: dict, server: ServeProcess | None
         return server is None or server.exited() is None
 
     async def measure(label: str, point: LoadPoint, requests: list[BenchRequest], times: list[float] | None) -> dict:
+        before = await engine_totals(client)
         with tqdm(total=len(requests), desc=f"{mode} {label}", file=sys.stderr, dynamic_ncols=True) as bar:
             records = await run_point(client, point, requests, times, cfg.request_timeout, bar, alive)
         result = {"load": point.to_json(), "summary": asdict(summarize(records, slo)),
-                  "requests": [r.to_json() for r in records]}
+                  "requests": [r.to_json() for r in records],
+                  "engines": engine_activity(before, await engine_totals(client))}
         print(summary_line(mode, label, result["summary"]), flush=True)
         return result
 

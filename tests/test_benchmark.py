@@ -243,6 +243,13 @@ def test_load_points_and_arrivals(tmp_path):
 
 
 # ---- the load generator against a fake cluster --------------------------------------------------
+@pytest.fixture(autouse=True)
+def no_heartbeat_wait(monkeypatch):
+    """Fake clusters answer stats at once: no heartbeats to wait for."""
+    monkeypatch.setattr(benchmark, "HEARTBEAT_WAIT_S", 0.0)
+
+
+
 class FakeStream:
     def __init__(self, client: FakeClient, prompt_len: int, n: int, fail: bool):
         self.client, self.prompt_len, self.n, self.fail, self.result = client, prompt_len, n, fail, None
@@ -260,6 +267,7 @@ class FakeStream:
             for i in range(self.n):
                 yield Delta(request_id="r", token_ids=[7], text="x", index=i)
                 await asyncio.sleep(0.002)
+            self.client.tokens += self.n
             usage = Usage(prompt_tokens=1, completion_tokens=self.n, cached_tokens=0)
             self.result = Completion("r", "x" * self.n, [7] * self.n, "length", usage,
                                      Timings(queued=0, ttft=0, e2e=0, itl=[]))
@@ -272,7 +280,7 @@ class FakeClient:
     def __init__(self):
         self.sent: list[tuple[float, int]] = []
         self.events: list[tuple[str, int]] = []  # ("start" or "end", prompt length), in order
-        self.in_flight = self.peak = 0
+        self.in_flight = self.peak = self.tokens = 0
 
     def stream(self, prompt_ids, *, timeout, max_tokens, **sampling):
         assert sampling == {"ignore_eos": True, "temperature": 0.0}
@@ -291,6 +299,14 @@ class FakeCluster(FakeClient):
 
     async def wait_ready(self, timeout: float) -> None:
         pass
+
+    async def stats(self, timeout: float | None = None):
+        """One decode worker whose engine ran a step of one token for each token streamed so far."""
+        from types import SimpleNamespace
+
+        worker = SimpleNamespace(worker_id="d0", role="decode", busy_steps=self.tokens, busy_seconds=0.002 * self.tokens,
+                                 prefill_tokens_run=0, decode_tokens_run=self.tokens)
+        return SimpleNamespace(workers=[worker])
 
 
 class Bar:
@@ -347,6 +363,39 @@ def test_unloaded_requests_go_one_at_a_time_between_warm_up_and_load_points(tmp_
     assert u["summary"]["tpot"]["p50"] > 0
     assert [p["load"]["label"] for p in run["points"]] == ["all at once", "concurrency 3"]
     assert capsys.readouterr().out.splitlines()[0].split()[:3] == ["disagg", "unloaded", "4/4"]
+
+
+def test_each_point_records_what_the_engines_ran_during_it(tmp_path, monkeypatch):
+    """Engine totals are cumulative; a point keeps the differences over its own span only."""
+    import router.client
+
+    client = FakeCluster()
+    monkeypatch.setattr(router.client, "AsyncClient", lambda address: client)
+    points = [LoadPoint("concurrency", 2), LoadPoint("rate", math.inf)]
+    workloads = [[W.BenchRequest([1] * 5, 2)] * 6, [W.BenchRequest([1] * 5, 4)] * 3]
+    run = {"mode": "disagg", "address": "tcp://fake", "warmup": None, "unloaded": None, "points": []}
+    warmup, unloaded = [W.BenchRequest([1] * 3, 7)], [W.BenchRequest([1] * 4, 5)] * 2
+    asyncio.run(bench_cluster(config(tmp_path), run, None, points, workloads, warmup, unloaded))
+    ran = [r["engines"] for r in (run["unloaded"], *run["points"])]
+    assert [[(e["worker_id"], e["role"], e["busy_steps"], e["decode_tokens_run"]) for e in r] for r in ran] == [
+        [("d0", "decode", 10, 10)], [("d0", "decode", 12, 12)], [("d0", "decode", 12, 12)]]
+    assert ran[1][0]["busy_seconds"] == pytest.approx(0.024)
+
+
+def test_report_shows_the_decode_engines_step_and_batch():
+    point = {"summary": {"duration": 2.0}, "engines": [
+        {"worker_id": "p0", "role": "prefill", "busy_steps": 50, "busy_seconds": 1.9, "prefill_tokens_run": 9000,
+         "decode_tokens_run": 0},
+        {"worker_id": "d0", "role": "decode", "busy_steps": 300, "busy_seconds": 1.5, "prefill_tokens_run": 0,
+         "decode_tokens_run": 3000},
+        {"worker_id": "d1", "role": "decode", "busy_steps": 100, "busy_seconds": 0.5, "prefill_tokens_run": 0,
+         "decode_tokens_run": 600}]}
+    engines = bench_report.decode_engines(point)
+    assert engines == pytest.approx({"step_ms": 5.0, "batch": 9.0, "busy": 0.5})  # prefill workers left out
+    rows = dict(bench_report.engine_rows([point, None]))
+    assert rows == {"decode step, mean (ms)": ["5.00", "n/a"], "decode batch, mean": ["9.0", "n/a"],
+                    "decode engines busy": ["50%", "n/a"]}
+    assert bench_report.engine_rows([{"summary": {"duration": 1.0}}, None]) == []  # results from before the totals
 
 
 def test_no_unloaded_requests_leave_no_unloaded_record(tmp_path, monkeypatch):
@@ -533,8 +582,12 @@ def test_cpu_smoke_run_of_both_modes(tiny_qwen3_dir, tmp_path):
             d = s[key]
             assert 0 < d["p50"] <= d["p90"] <= d["p99"], (key, d)
         assert s["output_throughput"] == pytest.approx(12 * 16 / s["duration"])
+        decoders = [e for e in point["engines"] if e["role"] in ("decode", "colocated")]
+        # the first token of each request comes from its prefill; with overlap a step may run one more
+        assert 12 * 15 <= sum(e["decode_tokens_run"] for e in decoders) <= 12 * 16
+        assert sum(e["prefill_tokens_run"] for e in point["engines"]) == 12 * 64
         assert 0 < s["goodput"] <= s["request_throughput"]
     report = (out / "report.md").read_text()
-    assert "| | disagg | colocated |" in report and "## 2 req/s" in report
+    assert "| | disagg | colocated |" in report and "## 2 req/s" in report and "| decode batch, mean |" in report
     for name in PLOTS:
         assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -117,3 +117,26 @@ def test_token_ids_outside_the_vocabulary_are_refused(llm):
 def test_missing_model_dir_is_a_clear_error(tmp_path):
     with pytest.raises(ConfigError, match="config.json"):
         LLM(str(tmp_path / "nope"), device="cpu")
+
+
+@pytest.mark.parametrize("overlap", [True, False])
+def test_step_totals_count_the_work_the_router_sees(tiny_qwen3_dir, overlap):
+    """The busy-step totals a worker puts in its heartbeats (and a benchmark diffs over a load point): every
+    prompt token prefilled once, one decode token per generated token after the first (with overlap, at most
+    one more per request: a step launched before its finish was known), no idle step counted."""
+    llm = LLM(str(tiny_qwen3_dir), device="cpu", kv_cache_memory=64 << 20, overlap_scheduling=overlap,
+              enable_prefix_caching=False)
+    try:
+        prompts = [[1, 2, 3, 4, 5], list(range(10, 40)), [7] * 17]
+        sampling = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
+        llm.generate(prompts, sampling, use_tqdm=False)
+        totals, load = llm.engine.totals, llm.engine.load()
+        assert totals.num_prefill_tokens == sum(map(len, prompts))
+        assert 3 * 5 <= totals.num_decode_tokens <= 3 * 6
+        assert 6 <= totals.steps <= 6 + 2 and totals.seconds > 0
+        assert (load["busy_steps"], load["decode_tokens_run"]) == (totals.steps, totals.num_decode_tokens)
+        before = (totals.steps, totals.seconds)
+        llm.engine.step()  # nothing to run: not a busy step, and not busy time
+        assert (llm.engine.totals.steps, llm.engine.totals.seconds) == before
+    finally:
+        llm.close()
