@@ -26,3 +26,36 @@ def test_unknown_gpu_visibility_is_a_usage_error():
     engine = SimpleNamespace(device="cuda", kv_transport="auto")
     with pytest.raises(ConfigError, match="gpu_visibility: must be one of node, own, got 'all'"):
         Cluster(ServeConfig(gpu_visibility="all"), RouterConfig(model="unused"), engine)
+
+
+@pytest.mark.parametrize("visibility, device, noset", [("node", "cuda", True), ("own", "cuda", False),
+                                                       ("node", "cpu", False)])
+def test_ray_leaves_cuda_visible_devices_to_workers_only_for_node_visibility(tiny_qwen3_dir, monkeypatch, visibility,
+                                                                             device, noset):
+    import ray
+
+    from common.config import EngineConfig
+    from router.launcher import NOSET_CUDA_VISIBLE_DEVICES
+
+    seen: dict = {}
+    monkeypatch.setattr(ray, "init", lambda **kw: seen.update(kw))
+    engine = EngineConfig(model=str(tiny_qwen3_dir), device=device)
+    Cluster(ServeConfig(gpu_visibility=visibility), RouterConfig(model="unused"), engine).start_ray()
+    assert (seen["runtime_env"]["env_vars"].get(NOSET_CUDA_VISIBLE_DEVICES) == "1") == noset
+
+
+def test_a_worker_shown_its_node_sees_its_own_gpus_first_unless_cuda_started(monkeypatch):
+    import os
+
+    import torch
+
+    from router.launcher import see_node_gpus
+
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    see_node_gpus(["2"])  # too late: CUDA has read the variable already
+    assert "CUDA_VISIBLE_DEVICES" not in os.environ
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: False)
+    see_node_gpus(["2"])
+    assert os.environ["CUDA_VISIBLE_DEVICES"] == "2,0,1,3"
