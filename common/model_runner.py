@@ -10,6 +10,7 @@ import torch.distributed as dist
 
 from common.attention.backend import select_backend
 from common.attention.metadata import AttentionMetadata
+from common.attention.decode_plan import PLAN_ROWS, DecodePlan, plan_capacity, plan_units, wave_units
 from common.config import EngineConfig
 from common.context import forward_context
 from common.cuda_graph import DecodeGraphs
@@ -22,7 +23,8 @@ from common.sequence import PENDING, Sequence
 
 log = logging.getLogger(__name__)
 
-_HEADER = 9  # cmd, T, B, block-table width, num_decodes, max_query_len, max_seq_len, prefix_cached, max_prefill_q
+# cmd, T, B, block-table width, num_decodes, max_query_len, max_seq_len, prefix_cached, max_prefill_q, plan units
+_HEADER = 10
 _RUN, _STOP = 1, 0
 
 
@@ -107,7 +109,7 @@ class ModelRunner:
         if config.device == "cuda" and not config.enforce_eager and self.backend.name != "torch":
             max_len = min(config.max_model_len, self.num_blocks * config.block_size)
             self.graphs = DecodeGraphs(self.model, config.max_num_seqs, max_len, config.block_size,
-                                       mc.hidden_size, self.dtype, self.device)
+                                       mc.hidden_size, self.layout.num_kv_heads, self.dtype, self.device)
             self.graphs.capture()
 
     @property
@@ -156,7 +158,7 @@ class ModelRunner:
         positions = np.concatenate([np.arange(n) for n in lens])
         payload = (np.zeros(qsl[-1], np.int64), positions, np.full(qsl[-1], -1), qsl, np.asarray(lens),
                    np.zeros((len(lens), 0), np.int64), qsl[1:] - 1)
-        header = [_RUN, int(qsl[-1]), len(lens), 0, 0, max(lens), max(lens), 0, max(lens)]
+        header = [_RUN, int(qsl[-1]), len(lens), 0, 0, max(lens), max(lens), 0, max(lens), 0]
         return self._unpack(torch.tensor(header), torch.from_numpy(np.concatenate([np.ravel(p) for p in payload])).to(self.device))
 
     # ---- one step -----------------------------------------------------------------------------------
@@ -219,7 +221,9 @@ class ModelRunner:
             if header[0] == _STOP:
                 break
             t, b, width = (int(x) for x in header[1:4])
-            payload = torch.empty(3 * t + 3 * b + 1 + b * width, dtype=torch.int64, device=self.device)
+            units = int(header[9])
+            payload = torch.empty(3 * t + 3 * b + 1 + b * width + PLAN_ROWS * units, dtype=torch.int64,
+                                  device=self.device)
             dist.broadcast(payload, 0)
             self.execute(self._unpack(header, payload))
         self._leave_group()
@@ -277,25 +281,40 @@ class ModelRunner:
         nd = batch.num_decodes
         prefill_q = [n for n in batch.num_new_tokens[nd:]]
         prefix_cached = any(l > n for l, n in zip(seq_lens[nd:], prefill_q))
+        plan = self._decode_plan(seq_lens[:nd], nd == len(seq_lens))
         header = torch.tensor([_RUN, qsl[-1], len(seq_lens), width, nd, max(batch.num_new_tokens), max(seq_lens),
-                               int(prefix_cached), max(prefill_q, default=0)])
+                               int(prefix_cached), max(prefill_q, default=0), plan.shape[1]])
         qsl_arr = np.asarray(qsl)
         payload = np.concatenate([np.asarray(ids + positions + slots, np.int64), qsl_arr, np.asarray(seq_lens),
-                                  tables.ravel(), qsl_arr[1:] - 1])
+                                  tables.ravel(), qsl_arr[1:] - 1, plan.ravel()])
         payload = torch.from_numpy(payload)
         pending = torch.tensor([dst, src], dtype=torch.int64) if dst else None
         return header, payload, pending
 
+    def _decode_plan(self, decode_lens: list[int], decode_only: bool) -> np.ndarray:
+        """How the Triton decode kernel cuts these contexts ([5, units]; no columns: one unit a sequence), for
+        the batch it will see: a CUDA graph's padded one when the step replays a graph."""
+        if not decode_lens or self.backend.name == "torch":
+            return np.zeros((PLAN_ROWS, 0), np.int64)
+        batch = len(decode_lens)
+        if decode_only and self.graphs is not None and batch <= self.graphs.max_batch_size:
+            batch = self.graphs.bucket(batch)
+        target = wave_units(self.layout.num_kv_heads, self.device)
+        table, split = plan_units(decode_lens, target, plan_capacity(batch, self.layout.num_kv_heads, self.device))
+        return table if split else table[:, :0]
+
     def _unpack(self, header: torch.Tensor, payload: torch.Tensor) -> StepInputs:
-        _, t, b, width, nd, max_q, max_k, prefix_cached, max_prefill_q = (int(x) for x in header.tolist())
-        ids, positions, slots, qsl, seq_lens, tables, logits_idx = payload.split([t, t, t, b + 1, b, b * width, b])
+        _, t, b, width, nd, max_q, max_k, prefix_cached, max_prefill_q, units = (int(x) for x in header.tolist())
+        ids, positions, slots, qsl, seq_lens, tables, logits_idx, plan = payload.split(
+            [t, t, t, b + 1, b, b * width, b, PLAN_ROWS * units])
         qsl32 = qsl.int()
         prefill_qsl = (qsl32[nd:] - nd) if nd < b else None
         attn = AttentionMetadata(
             num_decodes=nd, num_decode_tokens=nd, slot_mapping=slots, query_start_loc=qsl32,
             seq_lens=seq_lens.int(), block_tables=tables.view(b, width).int(), max_query_len=max_q,
             max_seq_len=max_k, prefix_cached=bool(prefix_cached), prefill_query_start_loc=prefill_qsl,
-            max_prefill_query_len=max_prefill_q)
+            max_prefill_query_len=max_prefill_q,
+            decode_plan=DecodePlan(plan.view(PLAN_ROWS, units).int(), True) if units else DecodePlan(None, False))
         return StepInputs(ids, positions, logits_idx, attn)
 
     def _sampling_batch(self, seqs: list[Sequence]) -> SamplingBatch:

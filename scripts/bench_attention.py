@@ -1,6 +1,7 @@
 """Benchmark the Triton attention kernels on one GPU (about 1-2 minutes on an H100).
 
     python -m scripts.bench_attention            # decode, prefill and store kernels vs copy bandwidth
+    python -m scripts.bench_attention --mixed    # decode of one long context among short ones: plan vs even splits
     python -m scripts.bench_attention --sweep    # decode launch settings at the engine's shapes (~3 min)
 
 Every case first checks the kernel against torch_ops (max abs err), then times it with
@@ -19,6 +20,7 @@ import triton
 from triton.testing import do_bench
 
 from common.attention import torch_ops, triton_ops
+from common.attention.decode_plan import DecodePlan, plan_decode, wave_units
 
 DTYPE = torch.bfloat16
 MODELS = {"qwen3-0.6b": (16, 8, 128), "qwen3-8b": (32, 8, 128)}  # (Hq, Hkv, D)
@@ -69,7 +71,7 @@ class Pool:
 
 def bench_decode(pool: Pool, copy_gbs: float) -> None:
     log(f"\n== paged_decode_attention ({DTYPE}), KV read GB/s vs copy {copy_gbs:.0f} GB/s")
-    log(f"{'model':<11} {'block':>5} {'batch':>5} {'context':>7} {'splits':>6} {'max_err':>8} "
+    log(f"{'model':<11} {'block':>5} {'batch':>5} {'context':>7} {'units':>6} {'max_err':>8} "
         f"{'us':>9} {'GB/s':>7} {'%copy':>6}")
     for model, (num_heads, _, _) in MODELS.items():
         for block_size in BLOCK_SIZES:
@@ -81,18 +83,74 @@ def bench_decode(pool: Pool, copy_gbs: float) -> None:
                     q = torch.randn(batch, num_heads, HEAD_DIM, dtype=DTYPE, device="cuda")
                     out = torch.empty_like(q)
                     scale = HEAD_DIM ** -0.5
+                    plan = plan_decode([context] * batch, NUM_KV_HEADS, q.device)
 
                     def run() -> torch.Tensor:
-                        return triton_ops.paged_decode_attention(q, k_cache, v_cache, tables, lens, scale, out=out)
+                        return triton_ops.paged_decode_attention(q, k_cache, v_cache, tables, lens, scale, out=out,
+                                                                 plan=plan)
 
                     n = min(batch, CHECK_SEQS)
                     expected = torch_ops.paged_decode_attention(q[:n], k_cache, v_cache, tables[:n], lens[:n], scale)
                     err = (run()[:n].float() - expected.float()).abs().max().item()
                     ms = bench_ms(run)
                     gbs = batch * context * 2 * NUM_KV_HEADS * HEAD_DIM * q.element_size() / ms / 1e6
-                    splits = triton_ops.decode_num_splits(batch, NUM_KV_HEADS, tables.shape[1] * block_size, q.device)
-                    log(f"{model:<11} {block_size:>5} {batch:>5} {context:>7} {splits:>6} {err:>8.1e} "
+                    units = batch if not plan.split else int((plan.units[0] >= 0).sum())
+                    log(f"{model:<11} {block_size:>5} {batch:>5} {context:>7} {units:>6} {err:>8.1e} "
                         f"{ms * 1e3:>9.1f} {gbs:>7.0f} {100 * gbs / copy_gbs:>5.0f}%")
+
+
+# One long context among short ones, as a serving batch holds them (long-prompt requests decoding beside
+# chat turns): the plan against every sequence cut the same number of ways (the rule before decode plans).
+MIXED = [(b, short, long) for b in (4, 16, 64) for short, long in ((400, 8192), (400, 32768))]
+
+
+def even_plan(lens: list[int], splits: int, device: torch.device) -> DecodePlan:
+    """Every sequence cut into `splits` equal units (tiles of 64): the split rule before decode plans."""
+    rows = [[], [], [], [], []]
+    for i, n in enumerate(lens):
+        per = -(-(-(-n // splits)) // 64) * 64
+        units = -(-n // per)
+        rows[3].append(len(rows[0]))
+        rows[4].append(units)
+        for k in range(units):
+            rows[0].append(i), rows[1].append(k * per), rows[2].append(min((k + 1) * per, n))
+    width = len(rows[0])
+    table = torch.full((5, width), -1, dtype=torch.int32)
+    for r, values in enumerate(rows):
+        table[r, :len(values)] = torch.tensor(values, dtype=torch.int32)
+    return DecodePlan(table.to(device), splits > 1)
+
+
+def bench_mixed(copy_gbs: float) -> None:
+    log(f"\n== paged_decode_attention, one long context among short ones ({DTYPE}, qwen3-8b heads, block 16)")
+    log(f"{'batch':>5} {'short':>6} {'long':>6} | {'even splits':>11} {'us':>8} | {'plan units':>10} {'us':>8} "
+        f"{'%copy':>6} {'gain':>6}")
+    num_heads = MODELS["qwen3-8b"][0]
+    scale = HEAD_DIM ** -0.5
+    for batch, short, long in MIXED:
+        lens_list = [short] * (batch - 1) + [long]
+        pool = Pool(batch, long)
+        k_cache, v_cache = pool.caches(16)
+        tables = pool.block_tables(batch, long, 16)
+        lens = torch.tensor(lens_list, dtype=torch.int32, device="cuda")
+        q = torch.randn(batch, num_heads, HEAD_DIM, dtype=DTYPE, device="cuda")
+        out = torch.empty_like(q)
+        # the old rule: splits from the batch and the table width only, as many as keep one wave
+        old = max(1, min(wave_units(NUM_KV_HEADS, q.device) // batch, 64, -(-tables.shape[1] * 16 // 128)))
+        plans = {"even": even_plan(lens_list, old, q.device), "plan": plan_decode(lens_list, NUM_KV_HEADS, q.device)}
+        expected = torch_ops.paged_decode_attention(q, k_cache, v_cache, tables, lens, scale)
+        timed = {}
+        for name, plan in plans.items():
+            run = lambda: triton_ops.paged_decode_attention(q, k_cache, v_cache, tables, lens, scale, out=out,
+                                                            plan=plan)
+            err = (run().float() - expected.float()).abs().max().item()
+            assert err <= 2e-2, f"{name} b{batch}: max err {err}"
+            timed[name] = bench_ms(run)
+        gbs = sum(lens_list) * 2 * NUM_KV_HEADS * HEAD_DIM * q.element_size() / timed["plan"] / 1e6
+        units = batch if not plans["plan"].split else int((plans["plan"].units[0] >= 0).sum())
+        log(f"{batch:>5} {short:>6} {long:>6} | {old:>11} {timed['even'] * 1e3:>8.1f} | {units:>10} "
+            f"{timed['plan'] * 1e3:>8.1f} {100 * gbs / copy_gbs:>5.0f}% {timed['even'] / timed['plan']:>6.2f}")
+        del pool
 
 
 def bench_prefill(pool: Pool) -> None:
@@ -156,8 +214,9 @@ SWEEP_SHAPES = [("qwen3-0.6b", b, c) for c in (1024, 4096) for b in (1, 16, 64, 
 SWEEP_BLOCK_N, SWEEP_WARPS, SWEEP_STAGES = (32, 64, 128), (4, 8), (2, 3, 4)
 
 
-def sweep_splits(batch: int, context: int) -> list[int]:
-    return [s for s in (1, 2, 3, 4, 8, 16, 32, 64) if batch * NUM_KV_HEADS * s <= 16384 and s * 64 <= context]
+def sweep_targets(batch: int, context: int) -> list[int]:
+    """Plan targets (units per wave) that cut a uniform batch 1, 2, 3, 4, 8, ... ways."""
+    return [batch * s for s in (1, 2, 3, 4, 8, 16, 32, 64) if batch * NUM_KV_HEADS * s <= 16384 and s * 64 <= context]
 
 
 def sweep_decode(pool: Pool, copy_gbs: float, out_dir: str | None) -> None:
@@ -175,13 +234,14 @@ def sweep_decode(pool: Pool, copy_gbs: float, out_dir: str | None) -> None:
         n = min(batch, 2)
         expected = torch_ops.paged_decode_attention(q[:n], k_cache, v_cache, tables[:n], lens[:n], scale)
         gbytes = batch * context * 2 * NUM_KV_HEADS * HEAD_DIM * q.element_size() / 1e9
-        default = triton_ops.decode_launch(batch, NUM_KV_HEADS, width * 16, DTYPE, q.device)
+        default = (wave_units(NUM_KV_HEADS, q.device), triton_ops.decode_launch(DTYPE))
         timed = {}
-        for splits, block_n, warps, stages in itertools.product(sweep_splits(batch, context), SWEEP_BLOCK_N,
+        for target, block_n, warps, stages in itertools.product(sweep_targets(batch, context), SWEEP_BLOCK_N,
                                                                 SWEEP_WARPS, SWEEP_STAGES):
-            launch = triton_ops.DecodeLaunch(splits, block_n, warps, stages)
+            launch = triton_ops.DecodeLaunch(block_n, warps, stages)
+            plan = plan_decode([context] * batch, NUM_KV_HEADS, q.device, target=target)
             run = lambda: triton_ops.paged_decode_attention(q, k_cache, v_cache, tables, lens, scale, out=out,
-                                                            launch=launch)
+                                                            launch=launch, plan=plan)
             try:
                 out.fill_(float("nan"))
                 err = (run()[:n].float() - expected.float()).abs().max().item()
@@ -189,25 +249,26 @@ def sweep_decode(pool: Pool, copy_gbs: float, out_dir: str | None) -> None:
                 continue
             if not err <= 2e-2:  # NaN too
                 raise AssertionError(f"{model} b{batch} c{context} {launch}: max err {err}")
-            timed[launch] = do_bench(run, warmup=5, rep=25, return_mode="median")
+            timed[target, launch] = do_bench(run, warmup=5, rep=25, return_mode="median")
         if default not in timed:
+            plan = plan_decode([context] * batch, NUM_KV_HEADS, q.device)
             timed[default] = bench_ms(lambda: triton_ops.paged_decode_attention(q, k_cache, v_cache, tables, lens,
-                                                                                 scale, out=out))
+                                                                                 scale, out=out, plan=plan))
         ranked = sorted(timed.items(), key=lambda kv: kv[1])
-        for launch, ms in ranked:
-            rows.append({"model": model, "batch": batch, "context": context, **launch.__dict__, "us": ms * 1e3,
-                         "gbs": gbytes / ms * 1e3})
+        for (target, launch), ms in ranked:
+            rows.append({"model": model, "batch": batch, "context": context, "target": target, **launch.__dict__,
+                         "us": ms * 1e3, "gbs": gbytes / ms * 1e3})
         best, best_ms = ranked[0]
         summary.append((model, batch, context, default, timed[default], best, best_ms, gbytes))
-        top = ", ".join(f"s{l.splits}/n{l.block_n}/w{l.num_warps}/st{l.num_stages} {ms * 1e3:.1f}" for l, ms in ranked[:5])
+        top = ", ".join(f"t{t}/n{l.block_n}/w{l.num_warps}/st{l.num_stages} {ms * 1e3:.1f}" for (t, l), ms in ranked[:5])
         log(f"{model} b{batch} c{context}: {len(timed)} launches; fastest (us): {top}")
     if out_dir:
         with open(os.path.join(out_dir, "decode_sweep.json"), "w") as f:
             json.dump(rows, f)
-    log(f"\n{'model':<11}{'batch':>6}{'ctx':>6} | {'default (s/n/w/st)':>18}{'us':>8}{'%copy':>6} | "
-        f"{'best (s/n/w/st)':>16}{'us':>8}{'%copy':>6}{'gain':>6}")
+    log(f"\n{'model':<11}{'batch':>6}{'ctx':>6} | {'default (t/n/w/st)':>18}{'us':>8}{'%copy':>6} | "
+        f"{'best (t/n/w/st)':>16}{'us':>8}{'%copy':>6}{'gain':>6}")
     for model, batch, context, d, d_ms, b, b_ms, gb in summary:
-        cfg = lambda l: f"{l.splits}/{l.block_n}/{l.num_warps}/{l.num_stages}"
+        cfg = lambda tl: f"{tl[0]}/{tl[1].block_n}/{tl[1].num_warps}/{tl[1].num_stages}"
         log(f"{model:<11}{batch:>6}{context:>6} | {cfg(d):>18}{d_ms * 1e3:>8.1f}{100 * gb / d_ms * 1e3 / copy_gbs:>5.0f}% | "
             f"{cfg(b):>16}{b_ms * 1e3:>8.1f}{100 * gb / b_ms * 1e3 / copy_gbs:>5.0f}%{d_ms / b_ms:>6.2f}")
 
@@ -218,12 +279,16 @@ def main() -> None:
         f"{torch.cuda.get_device_properties(0).multi_processor_count} SMs")
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sweep", action="store_true", help="time decode launch settings at the engine's shapes")
+    ap.add_argument("--mixed", action="store_true", help="only the decode of one long context among short ones")
     ap.add_argument("--out", default=None, help="--sweep: write every timing to OUT/decode_sweep.json")
     args = ap.parse_args()
     copy_gbs = copy_bandwidth()
     log(f"device-to-device copy: {copy_gbs:.0f} GB/s (read + write)")
     if args.sweep:
         sweep_decode(Pool(256, 4096 + 256), copy_gbs, args.out)
+        return
+    bench_mixed(copy_gbs)
+    if args.mixed:
         return
     pool = Pool(max(DECODE_BATCHES), max(DECODE_CONTEXTS))
     bench_decode(pool, copy_gbs)

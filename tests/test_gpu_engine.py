@@ -96,7 +96,8 @@ def test_cuda_graphs_equal_eager_and_triton_equals_torch(qwen3_06b_dir):
     logits close in bf16 (flash prefill vs math), greedy tokens in float32. Token agreement in bf16 says little
     with random weights: one near-tie argmax flips a whole sequence (seen: one of the 8 prompts flipping at
     its first token whatever the decode split rule)."""
-    prompts = PROMPTS * 4  # 32 sequences: a graph bucket with padding
+    # 33 sequences: a graph bucket with padding; one long prompt among short ones makes split plans
+    prompts = PROMPTS * 4 + [" ".join(PROMPTS) * 40]
     outputs, logits = {}, {}
     runs = {"graphs": {}, "eager": {"enforce_eager": True},
             "torch": {"enforce_eager": True, "attention_backend": "torch"},
@@ -110,6 +111,9 @@ def test_cuda_graphs_equal_eager_and_triton_equals_torch(qwen3_06b_dir):
                 logits[name] = [first_step_logits(llm.engine, llm.tokenizer.encode(p)) for p in PROMPTS]
             outputs[name] = [o.token_ids for o in llm.generate(prompts, GREEDY, use_tqdm=False)]
             assert llm.engine.num_free_blocks == llm.engine.block_manager.num_blocks
+            if name == "graphs":  # the graphs that follow a plan's split contexts ran
+                replays = llm.engine.runner.graphs.replays
+                assert sum(n for (_, split), n in replays.items() if split) >= 15, replays
         finally:
             llm.close()
     assert outputs["graphs"] == outputs["eager"]

@@ -16,6 +16,7 @@ from tests.triton_interp import INTERPRETED, device, interpreter_suite  # noqa: 
 from common.attention import torch_ops
 
 triton_ops = pytest.importorskip("common.attention.triton_ops")
+from common.attention.decode_plan import plan_decode, plan_units  # noqa: E402
 
 DTYPES = [torch.float16, torch.float32] + ([] if INTERPRETED else [torch.bfloat16])
 TOL = {torch.float32: 1e-4, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
@@ -166,29 +167,72 @@ def test_decode_split_counts(device: str, max_num_splits: int) -> None:
     run_decode([5, 2100, 300, 5000, 129], HEADS[2], 16, torch.float16, device, max_num_splits=max_num_splits)
 
 
-@pytest.mark.parametrize("batch, context, splits", [
-    (64, 1024, 1),  # 512 programs already fill one wave: splitting made a second (sweep: 82.7 -> 77.1 us)
-    (16, 4096, 4),  # 512 programs; 5 splits made 640 (sweep: 93.5 -> 80.2 us)
-    (256, 4096, 1),
-    (1, 1024, 8),  # few programs: split as far as the context allows (128 tokens a split) ...
-    (1, 65536, 64),  # ... and the cap
-    (3, 100000, 22),
+def covered(table, lens: list[int]) -> None:
+    """Every token of every sequence in exactly one unit, in order; the per-sequence rows agree; no unit empty."""
+    used = int((table[0] >= 0).sum())
+    assert (table[0, used:] == -1).all() and (table[1, :used] < table[2, :used]).all()
+    for i, n in enumerate(lens):
+        first, count = table[3, i], table[4, i]
+        assert (count == 0) == (n == 0)
+        assert (table[0, first:first + count] == i).all()
+        ends = [0] + table[2, first:first + count].tolist()
+        assert table[1, first:first + count].tolist() == ends[:-1] and ends[-1] == n
+
+
+@pytest.mark.parametrize("lens, units, split", [
+    ([400] * 15 + [8192], [2] * 15 + [32], True),  # the long one is cut as finely as the short ones
+    ([500] * 63 + [32768], [1] * 63 + [32], True),  # was one program reading 32k tokens
+    ([1024] * 64, [1] * 64, False),  # 512 programs fill one wave already: no split, no reduce
+    ([520] * 64, [1] * 64, False),  # rounded to nearest: not 2 x 260
+    ([4096] * 16, [4] * 16, True),
+    ([4096] * 256, [1] * 256, False),
+    ([1024], [8], True),  # few programs: cut down to 128 tokens ...
+    ([65536], [64], True),  # ... and at most 64 units a sequence
+    ([100000] * 3, [22] * 3, True),
+    ([40, 0, 7], [1, 0, 1], False),  # padding (0) gets no unit
 ])
-def test_decode_splits_fill_one_wave(monkeypatch, batch: int, context: int, splits: int) -> None:
-    monkeypatch.setattr(triton_ops, "_num_sms", lambda device: 132)
-    got = triton_ops.decode_num_splits(batch, 8, context, torch.device("cuda"))
-    assert got == splits
-    assert got == 1 or batch * 8 * got <= triton_ops._DECODE_PROGRAMS_PER_SM * 132
+def test_plan_fills_one_wave_whatever_the_lengths(lens: list[int], units: list[int], split: bool) -> None:
+    target = 4 * 132 // 8  # an H200, 8 KV heads
+    table, got_split = plan_units(lens, target, len(lens) + target)
+    covered(table, lens)
+    assert table[4, :len(lens)].tolist() == units and got_split == split
 
 
-LAUNCHES = [(1, 32, 4, 2), (2, 64, 4, 3), (5, 128, 8, 4), (16, 16, 2, 1)]  # (splits, block_n, warps, stages)
+def test_plan_pads_to_the_graph_batch() -> None:
+    """A graph's bucket is wider than the batch: the extra entries have no units."""
+    table, split = plan_units([5000, 3], 66, 16 + 66)
+    covered(table, [5000, 3] + [0] * 14)
+    assert split and table.shape == (5, 82) and (table[4, 2:] == 0).all()
 
 
-@pytest.mark.parametrize("launch", LAUNCHES, ids=lambda l: "s{}-n{}-w{}-st{}".format(*l))
-def test_decode_any_launch_gives_the_same_attention(device: str, launch: tuple[int, int, int, int]) -> None:
-    """What a launch sweep may pick (scripts/bench_attention.py --sweep) changes speed, never the result."""
+@pytest.mark.parametrize("lens", [[300, 2100, 5, 5000, 129], [64] * 9, [1, 2, 3], [100000, 1]])
+@pytest.mark.parametrize("target", [1, 5, 66, 1000])
+def test_plan_never_exceeds_its_capacity(lens: list[int], target: int) -> None:
+    table, _ = plan_units(lens, target, len(lens) + target)  # asserts the capacity itself
+    covered(table, lens)
+
+
+def test_decode_reduces_many_units(device: str) -> None:
+    """A sequence cut into more units than the reduce kernel takes at once (16): combined over several passes."""
+    torch.manual_seed(7)
+    lens = [5, 5000, 2100]
+    plan = plan_decode(lens, 3, torch.device(device), target=1000)
+    assert plan.units[4, 1] > 16  # 5000 tokens in units of 192
+    run_decode(lens, HEADS[2], 16, torch.float16, device, plan=plan)
+
+
+LAUNCHES = [(32, 4, 2), (64, 4, 3), (128, 8, 4), (16, 2, 1)]  # (block_n, warps, stages)
+
+
+@pytest.mark.parametrize("launch", LAUNCHES, ids=lambda l: "n{}-w{}-st{}".format(*l))
+@pytest.mark.parametrize("target", [1, 3, 40], ids=lambda t: f"target{t}")
+def test_decode_any_launch_and_plan_give_the_same_attention(device: str, launch: tuple[int, int, int],
+                                                            target: int) -> None:
+    """What a sweep may pick (scripts/bench_attention.py --sweep) changes speed, never the result."""
     torch.manual_seed(6)
-    run_decode([1, 70, 300, 129, 16], HEADS[1], 16, torch.float16, device, launch=triton_ops.DecodeLaunch(*launch))
+    lens = [1, 70, 300, 129, 16]
+    plan = plan_decode(lens, 2, torch.device(device), target=target)
+    run_decode(lens, HEADS[1], 16, torch.float16, device, launch=triton_ops.DecodeLaunch(*launch), plan=plan)
 
 
 @pytest.mark.parametrize("max_num_splits", [1, 8], ids=lambda n: f"splits{n}")
@@ -231,24 +275,28 @@ def test_long_context(heads: tuple[int, int, int], block_size: int, dtype: torch
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_decode_cuda_graph() -> None:
-    """Capture once; replays must follow new seq_lens and block_tables written in place."""
+    """Capture once; replays must follow new seq_lens, block_tables and plan tables written in place."""
     torch.manual_seed(5)
     (num_heads, num_kv_heads, head_dim), dtype, scale = (32, 8, 128), torch.bfloat16, 128 ** -0.5
-    paged = make_paged_kv([4096, 1, 700, 2000, 3, 4000, 4096, 1], num_kv_heads, head_dim, 16, dtype, "cuda")
+    lens = [4096, 1, 700, 2000, 3, 4000, 4096, 1]
+    paged = make_paged_kv(lens, num_kv_heads, head_dim, 16, dtype, "cuda")
     q = random_q(4, num_heads, num_kv_heads, head_dim, dtype, "cuda").contiguous()
     block_tables, seq_lens = paged.block_tables[:4].clone(), paged.seq_lens[:4].clone()
+    plan = plan_decode(lens[:4], num_kv_heads, q.device)
+    assert plan.split
     out = torch.empty_like(q)
     args = (q, paged.k_cache, paged.v_cache, block_tables, seq_lens, scale)
     stream = torch.cuda.Stream()
     with torch.cuda.stream(stream):  # compile outside the capture
-        triton_ops.paged_decode_attention(*args, out=out)
+        triton_ops.paged_decode_attention(*args, out=out, plan=plan)
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        triton_ops.paged_decode_attention(*args, out=out)
+        triton_ops.paged_decode_attention(*args, out=out, plan=plan)
     for rows in (slice(4, 8), slice(0, 4)):
         block_tables.copy_(paged.block_tables[rows])
         seq_lens.copy_(paged.seq_lens[rows])
+        plan.units.copy_(plan_decode(lens[rows], num_kv_heads, q.device).units)
         out.fill_(float("nan"))
         graph.replay()
         torch.cuda.synchronize()

@@ -19,7 +19,7 @@ class AttentionBackend:
 
     name: str
     store_kvcache: Callable
-    decode: Callable  # paged_decode_attention(q, k_cache, v_cache, block_tables, seq_lens, scale)
+    decode: Callable  # paged_decode_attention(q, k_cache, v_cache, block_tables, seq_lens, scale, plan=None)
     prefill: Callable  # varlen_attention(q, k, v, cu_seqlens, max_len, scale): fresh prompts, no cache read
     prefill_paged: Callable  # paged_prefill_attention(q, k_cache, v_cache, qsl, seq_lens, block_tables, max_q, scale)
 
@@ -31,7 +31,7 @@ class AttentionBackend:
             self.store_kvcache(k, v, k_cache, v_cache, md.slot_mapping)
         nd = md.num_decodes
         if md.num_prefills == 0:
-            return self.decode(q, k_cache, v_cache, md.block_tables, md.seq_lens, scale)
+            return self.decode(q, k_cache, v_cache, md.block_tables, md.seq_lens, scale, plan=md.decode_plan)
         out = torch.empty_like(q) if nd else None
         if md.prefix_cached:
             pre = self.prefill_paged(q[nd:], k_cache, v_cache, md.prefill_query_start_loc, md.seq_lens[nd:],
@@ -41,7 +41,8 @@ class AttentionBackend:
         if out is None:
             return pre
         out[nd:] = pre
-        out[:nd] = self.decode(q[:nd], k_cache, v_cache, md.block_tables[:nd], md.seq_lens[:nd], scale)
+        out[:nd] = self.decode(q[:nd], k_cache, v_cache, md.block_tables[:nd], md.seq_lens[:nd], scale,
+                               plan=md.decode_plan)
         return out
 
 

@@ -12,9 +12,9 @@ def varlen_attention(q, k, v, cu_seqlens, max_len, scale):
     return flash_attn_varlen_func(q, k, v, cu_seqlens, cu_seqlens, max_len, max_len, softmax_scale=scale, causal=True)
 
 
-def paged_decode_attention(q: torch.Tensor, k_cache, v_cache, block_tables, seq_lens, scale):
+def paged_decode_attention(q: torch.Tensor, k_cache, v_cache, block_tables, seq_lens, scale, plan=None):
     if k_cache.shape[1] % 256:  # flash-attn's paged KV wants pages of a multiple of 256 tokens
-        return triton_ops.paged_decode_attention(q, k_cache, v_cache, block_tables, seq_lens, scale)
+        return triton_ops.paged_decode_attention(q, k_cache, v_cache, block_tables, seq_lens, scale, plan=plan)
     out = flash_attn_with_kvcache(q.unsqueeze(1), k_cache, v_cache, cache_seqlens=seq_lens, block_table=block_tables,
                                   softmax_scale=scale, causal=True)
     return out.squeeze(1)

@@ -55,8 +55,10 @@ def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
 
 
 def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                           block_tables: torch.Tensor, seq_lens: torch.Tensor, scale: float) -> torch.Tensor:
-    """One query per sequence; all sequences in one padded, masked attention call."""
+                           block_tables: torch.Tensor, seq_lens: torch.Tensor, scale: float,
+                           plan: object = None) -> torch.Tensor:
+    """One query per sequence; all sequences in one padded, masked attention call (`plan`, the Triton
+    kernel's work split, does not apply)."""
     block_size = k_cache.shape[1]
     max_len = int(seq_lens.max())
     tables = block_tables[:, :(max_len + block_size - 1) // block_size].long()

@@ -7,22 +7,15 @@ so each K/V tile is loaded once per GQA group.
 """
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 
 import torch
 import triton
 import triton.language as tl
 
+from common.attention.decode_plan import MAX_UNITS_PER_SEQ, PLAN_ROWS, DecodePlan, plan_decode
+
 _LOG2E = 1.4426950408889634
-
-# Decode: a split covers a whole number of BLOCK_N-token tiles and, where splitting, at least this many.
-_DECODE_MIN_SPLIT_TOKENS = 128
-# Decode: programs per SM in one wave of the default launch. Split a context only as far as the grid still
-# fits in one wave: a partial second wave cost more than longer splits (bench_attention --sweep, H200).
-_DECODE_PROGRAMS_PER_SM = 4
-DEFAULT_MAX_NUM_SPLITS = 64
-
 
 @triton.jit
 def _store_kvcache_kernel(key_ptr, value_ptr, k_cache_ptr, v_cache_ptr, slot_ptr,
@@ -77,29 +70,28 @@ def _attend_tile(q, acc, m_i, l_i, k_ptr, v_ptr, block_table_ptr, pos, load_mask
 
 
 @triton.jit
-def _split_tokens(seq_len, num_splits, BLOCK_N: tl.constexpr):
-    """Tokens per split of one sequence (a multiple of BLOCK_N); the decode and reduce kernels must agree."""
-    per_split = (seq_len + num_splits - 1) // num_splits
-    return (per_split + BLOCK_N - 1) // BLOCK_N * BLOCK_N
-
-
-@triton.jit
-def _decode_kernel(q_ptr, k_ptr, v_ptr, block_tables_ptr, seq_lens_ptr, out_ptr, part_o_ptr, part_lse_ptr,
-                   qk_scale, num_splits,
-                   stride_qb, stride_qh, stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh,
-                   stride_btb, stride_ob, stride_oh, stride_pb, stride_ph, stride_ps, stride_lb, stride_lh,
+def _decode_kernel(q_ptr, k_ptr, v_ptr, block_tables_ptr, seq_lens_ptr, plan_ptr, out_ptr, part_o_ptr, part_lse_ptr,
+                   qk_scale, stride_qb, stride_qh, stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh,
+                   stride_btb, stride_ob, stride_oh, stride_plan, stride_pu, stride_ph, stride_lu,
                    GROUP: tl.constexpr, BLOCK_G: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE: tl.constexpr,
                    BLOCK_N: tl.constexpr, DIRECT: tl.constexpr, PRECISION: tl.constexpr):
-    """Grid (batch, kv_heads, splits). DIRECT (one split): write the final output, else a partial + its lse."""
-    seq = tl.program_id(0)
+    """Grid (units, kv_heads). DIRECT: unit i is all of sequence i. Else the plan (`plan_decode`) names each
+    unit's sequence and context range; a unit that is all of its sequence writes the output, the others a
+    partial and its lse for the reduce kernel."""
+    unit = tl.program_id(0)
     kv_head = tl.program_id(1)
-    split = tl.program_id(2)
-    seq_len = tl.load(seq_lens_ptr + seq)
-    split_tokens = _split_tokens(seq_len, num_splits, BLOCK_N)
-    start = split * split_tokens
-    if (split > 0) & (start >= seq_len):
-        return
-    end = tl.minimum(start + split_tokens, seq_len)
+    if DIRECT:
+        seq = unit
+        start = 0
+        end = tl.load(seq_lens_ptr + seq)
+        whole = True
+    else:
+        seq = tl.load(plan_ptr + unit)
+        if seq < 0:
+            return
+        start = tl.load(plan_ptr + stride_plan + unit)
+        end = tl.load(plan_ptr + 2 * stride_plan + unit)
+        whole = tl.load(plan_ptr + 4 * stride_plan + seq) == 1
 
     g = tl.arange(0, BLOCK_G)
     head_mask = g < GROUP
@@ -129,34 +121,47 @@ def _decode_kernel(q_ptr, k_ptr, v_ptr, block_tables_ptr, seq_lens_ptr, out_ptr,
 
     # l_i is 0 only for an empty sequence (a padded batch entry), whose output is then 0.
     o = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
-    if DIRECT:
+    if whole:
         tl.store(out_ptr + seq * stride_ob + heads[:, None] * stride_oh + dims[None, :],
                  o.to(out_ptr.dtype.element_ty), mask=head_mask[:, None])
     else:
-        part = part_o_ptr + seq * stride_pb + heads[:, None] * stride_ph + split * stride_ps + dims[None, :]
+        part = part_o_ptr + unit * stride_pu + heads[:, None] * stride_ph + dims[None, :]
         tl.store(part, o, mask=head_mask[:, None])
-        tl.store(part_lse_ptr + seq * stride_lb + heads * stride_lh + split, m_i + tl.log2(l_i), mask=head_mask)
+        tl.store(part_lse_ptr + unit * stride_lu + heads, m_i + tl.log2(l_i), mask=head_mask)
 
 
 @triton.jit
-def _decode_reduce_kernel(part_o_ptr, part_lse_ptr, seq_lens_ptr, out_ptr, num_splits,
-                          stride_pb, stride_ph, stride_ps, stride_lb, stride_lh, stride_ob, stride_oh,
-                          HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_N: tl.constexpr):
-    """Grid (batch, q_heads): combine the splits' partial outputs weighted by their log-sum-exp."""
+def _decode_reduce_kernel(part_o_ptr, part_lse_ptr, plan_ptr, out_ptr, stride_plan, stride_pu, stride_ph, stride_lu,
+                          stride_ob, stride_oh, HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr):
+    """Grid (batch, q_heads): combine a split sequence's partial outputs weighted by their log-sum-exp,
+    BLOCK_S units at a time. A sequence of one unit is written already; one of none (padding) gets 0."""
     seq = tl.program_id(0)
     head = tl.program_id(1)
-    seq_len = tl.load(seq_lens_ptr + seq)
-    split_tokens = tl.maximum(_split_tokens(seq_len, num_splits, BLOCK_N), 1)
-    num_active = (seq_len + split_tokens - 1) // split_tokens
-    splits = tl.arange(0, BLOCK_S)
-    active = splits < num_active
-    lse = tl.load(part_lse_ptr + seq * stride_lb + head * stride_lh + splits, mask=active, other=float("-inf"))
-    weight = tl.where(active, tl.exp2(lse - tl.max(lse, 0)), 0.0)
+    num_units = tl.load(plan_ptr + 4 * stride_plan + seq)
+    if num_units == 1:
+        return
+    first = tl.load(plan_ptr + 3 * stride_plan + seq)
+    s = tl.arange(0, BLOCK_S)
     dims = tl.arange(0, HEAD_DIM)
-    part = tl.load(part_o_ptr + seq * stride_pb + head * stride_ph + splits[:, None] * stride_ps + dims[None, :],
-                   mask=active[:, None], other=0.0)
-    total = tl.sum(weight, 0)
-    o = tl.sum(weight[:, None] * part, 0) / tl.where(total > 0, total, 1.0)
+    m = tl.full([BLOCK_S], float("-inf"), dtype=tl.float32)
+    for s0 in range(0, num_units, BLOCK_S):
+        units = first + s0 + s
+        m = tl.maximum(m, tl.load(part_lse_ptr + units * stride_lu + head, mask=s0 + s < num_units,
+                                  other=float("-inf")))
+    m_all = tl.max(m, 0)
+    acc = tl.zeros([HEAD_DIM], dtype=tl.float32)
+    total = tl.zeros([BLOCK_S], dtype=tl.float32)
+    for s0 in range(0, num_units, BLOCK_S):
+        active = s0 + s < num_units
+        units = first + s0 + s
+        lse = tl.load(part_lse_ptr + units * stride_lu + head, mask=active, other=float("-inf"))
+        weight = tl.where(active, tl.exp2(lse - m_all), 0.0)
+        part = tl.load(part_o_ptr + units[:, None] * stride_pu + head * stride_ph + dims[None, :],
+                       mask=active[:, None], other=0.0)
+        acc += tl.sum(weight[:, None] * part, 0)
+        total += weight
+    denom = tl.sum(total, 0)
+    o = acc / tl.where(denom > 0, denom, 1.0)
     tl.store(out_ptr + seq * stride_ob + head * stride_oh + dims, o.to(out_ptr.dtype.element_ty))
 
 
@@ -229,13 +234,6 @@ def _precision(dtype: torch.dtype) -> str:
     return "ieee" if dtype == torch.float32 else "tf32"
 
 
-@functools.cache
-def _num_sms(device: torch.device) -> int:
-    if device.type != "cuda":
-        return 16  # Triton's interpreter runs programs one by one: a few splits keep CPU tests fast.
-    return torch.cuda.get_device_properties(device).multi_processor_count
-
-
 def store_kvcache(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                   slot_mapping: torch.Tensor) -> None:
     _check_cache(k_cache, v_cache)
@@ -255,38 +253,27 @@ def store_kvcache(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor,
 
 @dataclass(frozen=True)
 class DecodeLaunch:
-    """How the decode kernel runs: context splits per sequence, keys per tile, warps, pipeline stages."""
+    """How the decode kernel's programs run: keys per tile, warps, pipeline stages."""
 
-    splits: int
     block_n: int
     num_warps: int = 4
     num_stages: int = 2
 
 
-def decode_num_splits(batch: int, num_kv_heads: int, max_context: int, device: torch.device,
-                      max_num_splits: int = DEFAULT_MAX_NUM_SPLITS) -> int:
-    """Context splits per sequence: as many as fit the grid in one wave, from shapes only (graph-safe)."""
-    programs = batch * num_kv_heads
-    wanted = _DECODE_PROGRAMS_PER_SM * _num_sms(device) // programs
-    return max(1, min(wanted, max_num_splits, triton.cdiv(max_context, _DECODE_MIN_SPLIT_TOKENS)))
-
-
-def decode_launch(batch: int, num_kv_heads: int, max_context: int, dtype: torch.dtype, device: torch.device,
-                  max_num_splits: int = DEFAULT_MAX_NUM_SPLITS) -> DecodeLaunch:
-    """The launch for these shapes (shapes only: a captured graph stays valid for any seq_lens)."""
-    return DecodeLaunch(decode_num_splits(batch, num_kv_heads, max_context, device, max_num_splits),
-                        32 if dtype == torch.float32 else 64)
+def decode_launch(dtype: torch.dtype) -> DecodeLaunch:
+    return DecodeLaunch(32 if dtype == torch.float32 else 64)
 
 
 def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                            block_tables: torch.Tensor, seq_lens: torch.Tensor, scale: float, *,
-                           out: torch.Tensor | None = None,
-                           max_num_splits: int = DEFAULT_MAX_NUM_SPLITS,
+                           out: torch.Tensor | None = None, plan: DecodePlan | None = None,
+                           max_num_splits: int = MAX_UNITS_PER_SEQ,
                            launch: DecodeLaunch | None = None) -> torch.Tensor:
     """Attention of one query per sequence over its `seq_lens[i]` cached keys; seq_len 0 gives 0.
 
-    The launch (`decode_launch`, unless given) depends on shapes and `max_num_splits` only, so a CUDA graph
-    captured for a block_tables width stays valid for any values of seq_lens/block_tables."""
+    `plan` (from plan_decode on the same seq_lens) says how the contexts are cut; without one it is made
+    here from seq_lens, which waits for the device. A CUDA graph captures a plan's tensor, not its values:
+    a replay follows whatever plan table and seq_lens are written in place (same capacity and `split`)."""
     _check_cache(k_cache, v_cache)
     batch, num_heads, head_dim = q.shape
     num_kv_heads, page = k_cache.shape[2], k_cache.shape[1]
@@ -297,29 +284,30 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     assert out.shape == q.shape and out.stride(-1) == 1
     if batch == 0:
         return out
-    if launch is None:
-        launch = decode_launch(batch, num_kv_heads, block_tables.shape[1] * page, q.dtype, q.device, max_num_splits)
-    num_splits, block_n = launch.splits, launch.block_n
-    direct = num_splits == 1
-    if direct:
-        part_o = part_lse = out  # unused
-        part_strides = (0, 0, 0, 0, 0)
+    if plan is None:
+        plan = plan_decode(seq_lens.tolist(), num_kv_heads, q.device, max_num_splits=max_num_splits)
+    launch = launch or decode_launch(q.dtype)
+    if plan.split:
+        units = plan.units
+        assert units.shape[0] == PLAN_ROWS and units.dtype == torch.int32 and units.stride(1) == 1
+        part_o = torch.empty(units.shape[1], num_heads, head_dim, dtype=torch.float32, device=q.device)
+        part_lse = torch.empty(units.shape[1], num_heads, dtype=torch.float32, device=q.device)
+        grid, strides = units.shape[1], (units.stride(0), part_o.stride(0), part_o.stride(1), part_lse.stride(0))
     else:
-        part_o = torch.empty(batch, num_heads, num_splits, head_dim, dtype=torch.float32, device=q.device)
-        part_lse = torch.empty(batch, num_heads, num_splits, dtype=torch.float32, device=q.device)
-        part_strides = (*part_o.stride()[:3], *part_lse.stride()[:2])
-    _decode_kernel[(batch, num_kv_heads, num_splits)](
-        q, k_cache, v_cache, block_tables, seq_lens, out, part_o, part_lse, scale * _LOG2E, num_splits,
+        units = part_o = part_lse = seq_lens  # unused
+        grid, strides = batch, (0, 0, 0, 0)
+    _decode_kernel[(grid, num_kv_heads)](
+        q, k_cache, v_cache, block_tables, seq_lens, units, out, part_o, part_lse, scale * _LOG2E,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), block_tables.stride(0),
-        out.stride(0), out.stride(1), *part_strides,
+        out.stride(0), out.stride(1), *strides,
         GROUP=group, BLOCK_G=max(16, triton.next_power_of_2(group)), HEAD_DIM=head_dim, PAGE=page,
-        BLOCK_N=block_n, DIRECT=direct, PRECISION=_precision(q.dtype), num_warps=launch.num_warps,
+        BLOCK_N=launch.block_n, DIRECT=not plan.split, PRECISION=_precision(q.dtype), num_warps=launch.num_warps,
         num_stages=launch.num_stages)
-    if not direct:
+    if plan.split:
         _decode_reduce_kernel[(batch, num_heads)](
-            part_o, part_lse, seq_lens, out, num_splits, *part_strides, out.stride(0), out.stride(1),
-            HEAD_DIM=head_dim, BLOCK_S=triton.next_power_of_2(num_splits), BLOCK_N=block_n, num_warps=4)
+            part_o, part_lse, units, out, *strides, out.stride(0), out.stride(1),
+            HEAD_DIM=head_dim, BLOCK_S=16, num_warps=4)
     return out
 
 

@@ -1,0 +1,103 @@
+"""How the paged decode kernel (triton_ops) shares out a batch's attention: its plan cuts each context into
+units, one program per unit and KV head, sized so that the units fill one wave of the GPU whatever the mix
+of lengths. A plan depends on the context lengths, which the host knows when it builds a step; a CUDA
+graph captures the plan's table, and each replay copies that step's table in.
+"""
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+MIN_UNIT_TOKENS = 128  # a unit covers at least this many tokens of context (unless its sequence is shorter)
+UNIT_GRANULE = 64  # unit lengths are multiples of this (the bf16/fp16 tile)
+# Programs per SM in one wave. The units fill about one wave: a partial second wave cost more than longer
+# units (bench_attention --sweep, H200).
+PROGRAMS_PER_SM = 4
+MAX_UNITS_PER_SEQ = 64  # a sequence cut finer gains little and gives the reduce more partials
+PLAN_ROWS = 5
+
+
+def _cdiv(a, b):
+    return -(-a // b)
+
+
+def _round_up(a, b):
+    return _cdiv(a, b) * b
+
+
+@functools.cache
+def _num_sms(device: torch.device) -> int:
+    if device.type != "cuda":
+        return 16  # Triton's interpreter runs programs one by one: a few splits keep CPU tests fast.
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+@dataclass(frozen=True)
+class DecodePlan:
+    """Which context range of which sequence each decode program attends over (`plan_decode`).
+
+    `units` [5, capacity] int32 on the device, by row: unit -> sequence (-1: unused), start, end;
+    sequence -> first unit, number of units (0: a padded entry). `split` False: one unit per sequence,
+    no table needed (`units` None) and no reduce kernel.
+    """
+
+    units: torch.Tensor | None
+    split: bool
+
+
+
+def wave_units(num_kv_heads: int, device: torch.device) -> int:
+    """Units that fill one wave of the decode grid (units x kv_heads programs)."""
+    return max(1, PROGRAMS_PER_SM * _num_sms(device) // num_kv_heads)
+
+
+def plan_capacity(batch: int, num_kv_heads: int, device: torch.device) -> int:
+    """Units a plan for `batch` sequences may use at most (see plan_units): the grid of a split launch."""
+    return batch + wave_units(num_kv_heads, device)
+
+
+def plan_units(seq_lens: list[int] | np.ndarray, target: int, capacity: int,
+               max_num_splits: int = MAX_UNITS_PER_SEQ) -> tuple[np.ndarray, bool]:
+    """Cut each context into units of about `sum(seq_lens) / target` tokens (at least
+    MIN_UNIT_TOKENS), the number of units per sequence rounded to nearest, at most
+    `max_num_splits`: one wave of equal work whatever the mix of lengths, so one long sequence among short
+    ones no longer runs alone in one program. Rounding to nearest keeps sum(units) <= target + len(seq_lens).
+
+    Returns the [5, capacity] table of DecodePlan (unused units -1) and whether any sequence is split.
+    """
+    lens = np.asarray(seq_lens, dtype=np.int64)
+    b = len(lens)
+    total = int(lens.sum())
+    chunk = _round_up(max(MIN_UNIT_TOKENS, _cdiv(total, max(target, 1))), UNIT_GRANULE)
+    max_num_splits = max(1, min(max_num_splits, MAX_UNITS_PER_SEQ))
+    n = np.clip((2 * lens + chunk) // (2 * chunk), 1, max_num_splits)  # round half up, >= 1
+    per_unit = _round_up(np.maximum(_cdiv(lens, n), 1), UNIT_GRANULE)
+    n = np.where(lens > 0, _cdiv(lens, per_unit), 0)  # rounding up the unit length may leave fewer units
+    first = np.concatenate([[0], np.cumsum(n)[:-1]]) if b else np.zeros(0, np.int64)
+    used = int(n.sum())
+    assert used <= capacity, f"{used} decode units for a capacity of {capacity}"
+    table = np.zeros((PLAN_ROWS, capacity), np.int64)
+    table[0] = -1
+    seq = np.repeat(np.arange(b), n)
+    k = np.arange(used) - first[seq]
+    table[0, :used] = seq
+    table[1, :used] = k * per_unit[seq]
+    table[2, :used] = np.minimum((k + 1) * per_unit[seq], lens[seq])
+    table[3, :b] = first
+    table[4, :b] = n
+    return table, bool((n > 1).any())
+
+
+def plan_decode(seq_lens: list[int], num_kv_heads: int, device: torch.device, *, batch: int | None = None,
+                max_num_splits: int = MAX_UNITS_PER_SEQ, target: int | None = None) -> DecodePlan:
+    """The plan for these context lengths, its table on `device`; `batch` (>= len(seq_lens)): the padded
+    batch the kernel will see (a CUDA graph's), whose extra entries are empty."""
+    batch = len(seq_lens) if batch is None else batch
+    target = wave_units(num_kv_heads, device) if target is None else target
+    table, split = plan_units(seq_lens, target, batch + target, max_num_splits)
+    if not split:
+        return DecodePlan(None, False)
+    return DecodePlan(torch.from_numpy(table).to(device=device, dtype=torch.int32), True)
