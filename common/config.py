@@ -117,6 +117,8 @@ class EngineConfig:
     enable_prefix_caching: bool = _opt(True, "reuse KV blocks of shared prompt prefixes")
     enforce_eager: bool = _opt(False, "never use CUDA graphs")
     overlap_scheduling: bool = _opt(True, "schedule step N+1 while the device runs step N")
+    late_launch: bool = _opt(True, "with overlap, a server launches step N+1 just before step N ends (not as soon "
+                                   "as N is queued), so requests arriving meanwhile join N+1 (launch_clock.py)")
     tensor_parallel_size: int = _opt(1, "GPUs one model is split across")
     attention_backend: str = _opt("auto", "auto, torch, triton or flash_attn")
     load_format: str = _opt("auto", "auto, or dummy for random weights (benchmarks)")

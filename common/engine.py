@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 from common.block_manager import BlockManager
 from common.config import EngineConfig
+from common.launch_clock import LaunchClock
 from common.model_runner import InFlight, ModelRunner
 from common.sampling_params import InvalidRequest, SamplingParams
 from common.scheduler import ScheduledBatch, Scheduler
@@ -24,12 +25,18 @@ class StepStats:
     num_decode_tokens: int = 0
     seconds: float = 0.0
     steps: int = 0
+    gpu_seconds: float = 0.0  # GPU time of the batch collected (CUDA events; 0 off CUDA)
 
     def add(self, step: StepStats) -> None:
         self.num_prefill_tokens += step.num_prefill_tokens
         self.num_decode_tokens += step.num_decode_tokens
         self.seconds += step.seconds
         self.steps += step.steps
+        self.gpu_seconds += step.gpu_seconds
+
+
+def _decode_only(batch: ScheduledBatch) -> bool:
+    return batch.num_decodes == len(batch.seqs)
 
 
 def _tp_worker(config: EngineConfig, rank: int, init_method: str) -> None:
@@ -75,6 +82,8 @@ class LLMEngine:
         self.totals = StepStats()  # since start: what a benchmark diffs over a load point (via heartbeats)
         # With overlap: the batch whose tokens are still on their way (batch, tokens, computed counts before).
         self._in_flight: tuple[ScheduledBatch, InFlight, list[int]] | None = None
+        self.clock = LaunchClock()
+        self._last_step_end: float | None = None  # when the last busy step ended; None after an idle one
 
     def add_request(self, request_id: str, prompt_token_ids: list[int], sampling: SamplingParams,
                     prefill_only: bool = False) -> Sequence:
@@ -148,17 +157,34 @@ class LLMEngine:
         launched = None
         if batch is not None:
             launched = (batch, self.runner.launch(batch), self.scheduler.advance(batch))
+            self.clock.launched(time.perf_counter() - start)
         if self.config.overlap_scheduling:
             done, self._in_flight = self._in_flight, launched
         else:
             done = launched
         updated = self._collect(*done) if done else []
+        end = time.perf_counter()
+        gpu_s = done[1].gpu_seconds() if done is not None else None
+        if done is not None:
+            self.clock.collected(gpu_s, _decode_only(done[0]))
+        if self._in_flight is not None:  # on the GPU since the batch before it ended, or since its launch
+            self.clock.in_flight(end if done is not None else start, _decode_only(self._in_flight[0]))
         nd = batch.num_decodes if batch else 0
         busy = batch is not None or done is not None
-        self.last_step = StepStats(batch.num_tokens - nd if batch else 0, nd, time.perf_counter() - start, int(busy))
+        # A busy step lasts from the end of the one before (the server may wait between them, launch_delay).
+        seconds = end - (self._last_step_end if self._last_step_end is not None else start)
+        self.last_step = StepStats(batch.num_tokens - nd if batch else 0, nd, seconds, int(busy), gpu_s or 0.0)
+        self._last_step_end = end if busy else None
         if busy:
             self.totals.add(self.last_step)
         return updated
+
+    def launch_delay(self) -> float:
+        """Seconds a server should wait before the next step (taking requests meanwhile): with overlap and
+        late_launch, until just before the GPU finishes the batch in flight (common/launch_clock.py)."""
+        if not (self.config.overlap_scheduling and self.config.late_launch) or self._in_flight is None:
+            return 0.0
+        return self.clock.delay(time.perf_counter())
 
     def _collect(self, batch: ScheduledBatch, in_flight: InFlight, olds: list[int]) -> list[Sequence]:
         updated = self.scheduler.resolve(batch, olds, in_flight.tokens())
@@ -190,6 +216,7 @@ class LLMEngine:
             busy_seconds=self.totals.seconds,
             prefill_tokens_run=self.totals.num_prefill_tokens,
             decode_tokens_run=self.totals.num_decode_tokens,
+            gpu_seconds=self.totals.gpu_seconds,
         )
 
     def close(self) -> None:

@@ -30,25 +30,39 @@ _RUN, _STOP = 1, 0
 
 @dataclass
 class InFlight:
-    """A launched step's sampled tokens, on their way to the CPU."""
+    """A launched step's sampled tokens, on their way to the CPU; events around its GPU work."""
 
     host: torch.Tensor
+    started: torch.cuda.Event | None
     event: torch.cuda.Event | None
 
+    @staticmethod
+    def mark() -> torch.cuda.Event:
+        """A timing event on the current stream, recorded before a step's work is queued."""
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
     @classmethod
-    def start(cls, tokens: torch.Tensor) -> InFlight:
+    def start(cls, tokens: torch.Tensor, started: torch.cuda.Event | None = None) -> InFlight:
         if not tokens.is_cuda:
-            return cls(tokens, None)
+            return cls(tokens, None, None)
         host = torch.empty(tokens.shape, dtype=tokens.dtype, pin_memory=True)
         host.copy_(tokens, non_blocking=True)
-        event = torch.cuda.Event()
+        event = torch.cuda.Event(enable_timing=started is not None)
         event.record()
-        return cls(host, event)
+        return cls(host, started, event)
 
     def tokens(self) -> list[int]:
         if self.event is not None:
             self.event.synchronize()
         return self.host.tolist()
+
+    def gpu_seconds(self) -> float | None:
+        """The step's GPU time, from its first queued kernel to its tokens' copy; call after tokens()."""
+        if self.started is None or self.event is None:
+            return None
+        return self.started.elapsed_time(self.event) / 1e3
 
 
 @dataclass
@@ -178,13 +192,14 @@ class ModelRunner:
         if self.world > 1:
             dist.broadcast(header.to(self.device), 0)
             dist.broadcast(payload, 0)
+        started = InFlight.mark() if self.device.type == "cuda" else None
         logits = self.execute(self._unpack(header, payload))
         tokens = sample(logits, self._sampling_batch(batch.seqs))
         self._launches += 1
         self._last_tokens = tokens
         for row, seq in enumerate(batch.seqs):
             seq.sample_ref = (self._launches, row)
-        return InFlight.start(tokens)
+        return InFlight.start(tokens, started)
 
     def run(self, batch: ScheduledBatch) -> list[int]:
         """One step, waiting for its tokens."""

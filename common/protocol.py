@@ -448,11 +448,13 @@ class WorkerLoad(Record):
     kv_blocks_total: int = _count()
     kv_blocks_free: int = _count()
     # Since the worker started, over the engine steps that ran (or collected) a batch: their number, their
-    # wall time and the tokens they ran. Differences over a time span give its mean step time and batch.
+    # wall time, the tokens they ran and the GPU time of their batches. Differences over a time span give
+    # its mean step time and batch, and how busy the GPU was.
     busy_steps: int = _count(0)
     busy_seconds: float = wire_field(0.0, ge=0)
     prefill_tokens_run: int = _count(0)
     decode_tokens_run: int = _count(0)
+    gpu_seconds: float = wire_field(0.0, ge=0)
 
     def _check(self) -> None:
         if self.kv_blocks_free > self.kv_blocks_total:

@@ -86,14 +86,18 @@ class Worker:
         next_heartbeat = 0.0
         try:
             while not self._stopped.is_set():
-                ready = dict(poller.poll(0 if self.engine.has_unfinished() else 1 if self.transfers else 20))
+                if self.engine.has_unfinished():  # take messages until the next step is due (whole ms)
+                    timeout = int(self.engine.launch_delay() * 1e3)
+                else:
+                    timeout = 1 if self.transfers else 20
+                ready = dict(poller.poll(timeout))
                 if self.router in ready:
                     self._drain(self.router, self._on_router_frame)
                 if self.channel.inbox in ready:
                     self._drain(self.channel.inbox, self._on_data_frames)
                 if self.transfers:
                     self._poll_transfers()
-                if self.engine.has_unfinished():
+                if self.engine.has_unfinished() and self.engine.launch_delay() <= 0:
                     self.on_step(self.engine.step())
                 now = time.monotonic()
                 if now >= next_heartbeat:

@@ -85,15 +85,22 @@ def decode_engines(point: dict | None) -> dict | None:
     if not rows or not steps:
         return None
     seconds = sum(e["busy_seconds"] for e in rows)
+    gpu = sum(e.get("gpu_seconds", 0.0) for e in rows)
     duration = point["summary"]["duration"]
+    share = (lambda s: s / (len(rows) * duration)) if duration else (lambda s: None)
     return {"step_ms": 1e3 * seconds / steps, "batch": sum(e["decode_tokens_run"] for e in rows) / steps,
-            "busy": seconds / (len(rows) * duration) if duration else None}
+            "busy": share(seconds), "gpu_busy": share(gpu) if gpu else None}
+
+
+def percent(x: float | None) -> str:
+    return "n/a" if x is None else f"{100 * x:.0f}%"
 
 
 ENGINE_ROWS: list[tuple[str, Cell]] = [
     ("decode step, mean (ms)", lambda d: f"{d['step_ms']:.2f}"),
     ("decode batch, mean", lambda d: f"{d['batch']:.1f}"),
-    ("decode engines busy", lambda d: "n/a" if d["busy"] is None else f"{100 * d['busy']:.0f}%"),
+    ("decode engines busy", lambda d: percent(d["busy"])),
+    ("decode GPUs busy (CUDA events)", lambda d: percent(d["gpu_busy"])),
 ]
 
 

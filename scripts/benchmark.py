@@ -424,7 +424,7 @@ async def run_point(client: Any, point: LoadPoint, requests: list[BenchRequest],
 
 # Two worker heartbeats: the router's stats then hold every step of what just ran.
 HEARTBEAT_WAIT_S = 1.0
-TOTALS = ("busy_steps", "busy_seconds", "prefill_tokens_run", "decode_tokens_run")
+TOTALS = ("busy_steps", "busy_seconds", "prefill_tokens_run", "decode_tokens_run", "gpu_seconds")
 
 
 async def engine_totals(client: Any) -> dict[str, dict] | None:
@@ -435,14 +435,14 @@ async def engine_totals(client: Any) -> dict[str, dict] | None:
     except Exception as e:  # a benchmark of a cluster that cannot say this still measures latencies
         log.warning("no engine totals from the cluster's stats: %s", e)
         return None
-    return {w.worker_id: {"role": w.role, **{k: getattr(w, k) for k in TOTALS}} for w in stats.workers}
+    return {w.worker_id: {"role": w.role, **{k: getattr(w, k, 0) for k in TOTALS}} for w in stats.workers}
 
 
 def engine_activity(before: dict[str, dict] | None, after: dict[str, dict] | None) -> list[dict] | None:
     """What each worker's engine ran over a load point: the differences of its totals."""
     if before is None or after is None:
         return None
-    return [{"worker_id": wid, "role": a["role"], **{k: a[k] - before[wid][k] for k in TOTALS}}
+    return [{"worker_id": wid, "role": a["role"], **{k: a.get(k, 0) - before[wid].get(k, 0) for k in TOTALS}}
             for wid, a in sorted(after.items()) if wid in before]
 
 

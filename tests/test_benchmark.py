@@ -387,14 +387,17 @@ def test_report_shows_the_decode_engines_step_and_batch():
         {"worker_id": "p0", "role": "prefill", "busy_steps": 50, "busy_seconds": 1.9, "prefill_tokens_run": 9000,
          "decode_tokens_run": 0},
         {"worker_id": "d0", "role": "decode", "busy_steps": 300, "busy_seconds": 1.5, "prefill_tokens_run": 0,
-         "decode_tokens_run": 3000},
+         "decode_tokens_run": 3000, "gpu_seconds": 1.4},
         {"worker_id": "d1", "role": "decode", "busy_steps": 100, "busy_seconds": 0.5, "prefill_tokens_run": 0,
-         "decode_tokens_run": 600}]}
-    engines = bench_report.decode_engines(point)
-    assert engines == pytest.approx({"step_ms": 5.0, "batch": 9.0, "busy": 0.5})  # prefill workers left out
+         "decode_tokens_run": 600, "gpu_seconds": 0.2}]}
+    engines = bench_report.decode_engines(point)  # prefill workers left out
+    assert engines == pytest.approx({"step_ms": 5.0, "batch": 9.0, "busy": 0.5, "gpu_busy": 0.4})
     rows = dict(bench_report.engine_rows([point, None]))
     assert rows == {"decode step, mean (ms)": ["5.00", "n/a"], "decode batch, mean": ["9.0", "n/a"],
-                    "decode engines busy": ["50%", "n/a"]}
+                    "decode engines busy": ["50%", "n/a"], "decode GPUs busy (CUDA events)": ["40%", "n/a"]}
+    for e in point["engines"]:  # CPU workers, or results from before GPU times were kept
+        e.pop("gpu_seconds", None)
+    assert bench_report.decode_engines(point)["gpu_busy"] is None
     assert bench_report.engine_rows([{"summary": {"duration": 1.0}}, None]) == []  # results from before the totals
 
 

@@ -6,6 +6,7 @@ qwen3-0.6b-shaped random weights (made here), and SmolLM2 when PDCLUSTER_SMOLLM2
 from __future__ import annotations
 
 import os
+import time
 
 import pytest
 import torch
@@ -156,3 +157,29 @@ def test_tensor_parallel_2_equals_1(qwen3_06b_dir):
     agree = sum(a == b for a, b in zip(results[1], results[2]))
     print(f"TP=2 vs TP=1 first 8 tokens agree on {agree}/{len(PROMPTS)}")
     assert agree >= 0.75 * len(PROMPTS)
+
+
+def test_late_launch_waits_for_the_step_in_flight(qwen3_06b_dir):
+    """With overlap, a server may wait before the next step (`launch_delay`) until shortly before the GPU
+    finishes the batch in flight: learned from CUDA-event step times; the waits change no token."""
+    sampling = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
+    ids = [[1 + i, 2, 3, 4 + i] for i in range(4)]
+    llm = LLM(str(qwen3_06b_dir), device="cuda", gpu_memory_utilization=0.3)
+    try:
+        expected = [o.token_ids for o in llm.generate(ids, sampling, use_tqdm=False)]
+        engine = llm.engine
+        for i, p in enumerate(ids):
+            engine.add_request(f"r{i}", p, sampling)
+        delays, tokens = [], {f"r{i}": [] for i in range(4)}
+        while engine.has_unfinished():
+            time.sleep(engine.launch_delay())
+            for seq in engine.step():
+                tokens[seq.request_id].append(seq.last_token)
+            delays.append(engine.launch_delay())
+        step = engine.clock.step_s
+        assert step is not None and 0 < step < 0.1
+        assert 0 < max(delays) < step  # it waited, never a whole step
+        assert [tokens[f"r{i}"] for i in range(4)] == expected
+        assert engine.totals.gpu_seconds > 0
+    finally:
+        llm.close()

@@ -1,0 +1,43 @@
+"""When to launch the next decode step, with overlapped scheduling.
+
+Launching step N+1 as soon as step N is queued keeps the GPU busy, but a request that arrives while step N
+runs (a KV handoff landing, a new prompt) then waits for N+1 to run too: its first interval between
+tokens is two steps. Launching N+1 only shortly before N ends keeps the GPU as busy and lets that request
+join N+1. The clock learns how long a decode-only step runs on the GPU (CUDA events) and how long the host
+takes to build and launch one; the lead is twice the latter plus a tenth of the step, so a slow host or a
+slower step than the last ones costs a little idle, never a missed overlap by much.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+EMA = 0.2  # weight of the newest sample
+LEAD_STEP_SHARE = 0.1  # the lead includes this share of the step, against step-to-step variation
+
+
+@dataclass
+class LaunchClock:
+    step_s: float | None = None  # GPU time of a decode-only step, EMA
+    prep_s: float | None = None  # host time to schedule and launch a step, EMA
+    deadline: float | None = None  # host time to launch the next step by; None: now
+
+    def launched(self, prep_s: float) -> None:
+        self.prep_s = prep_s if self.prep_s is None else (1 - EMA) * self.prep_s + EMA * prep_s
+
+    def collected(self, gpu_s: float | None, decode_only: bool) -> None:
+        """A step's tokens are back; `gpu_s`: its GPU time if the device measured it."""
+        if decode_only and gpu_s is not None:
+            self.step_s = gpu_s if self.step_s is None else (1 - EMA) * self.step_s + EMA * gpu_s
+
+    def in_flight(self, started: float | None, decode_only: bool) -> None:
+        """A step is on the GPU since about `started` (host time) and none is queued behind it: the next
+        launch is due one step later, less the lead. Unknown steps (prefills, no estimate yet) launch at once."""
+        if started is None or not decode_only or self.step_s is None or self.prep_s is None:
+            self.deadline = None
+            return
+        lead = 2 * self.prep_s + LEAD_STEP_SHARE * self.step_s
+        self.deadline = started + self.step_s - lead
+
+    def delay(self, now: float) -> float:
+        """Seconds to wait before launching the next step (0: launch now)."""
+        return 0.0 if self.deadline is None else max(0.0, self.deadline - now)
