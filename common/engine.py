@@ -174,7 +174,7 @@ class LLMEngine:
         # A busy step lasts from the end of the one before (the server may wait between them, launch_delay).
         seconds = end - (self._last_step_end if self._last_step_end is not None else start)
         self.last_step = StepStats(batch.num_tokens - nd if batch else 0, nd, seconds, int(busy), gpu_s or 0.0)
-        self._last_step_end = end if busy else None
+        self._last_step_end = end if busy and self.has_unfinished() else None  # idle gaps are no step
         if busy:
             self.totals.add(self.last_step)
         return updated

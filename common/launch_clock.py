@@ -4,15 +4,17 @@ Launching step N+1 as soon as step N is queued keeps the GPU busy, but a request
 runs (a KV handoff landing, a new prompt) then waits for N+1 to run too: its first interval between
 tokens is two steps. Launching N+1 only shortly before N ends keeps the GPU as busy and lets that request
 join N+1. The clock learns how long a decode-only step runs on the GPU (CUDA events) and how long the host
-takes to build and launch one; the lead is twice the latter plus a tenth of the step, so a slow host or a
-slower step than the last ones costs a little idle, never a missed overlap by much.
+takes to build and launch one; the lead is a quarter more than the latter plus a tenth of the step, so a
+slower launch or step than the last ones costs a little GPU idle at worst. Where the host's launch work
+nears the step (a small model), the lead covers the whole step and the clock never waits.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 EMA = 0.2  # weight of the newest sample
-LEAD_STEP_SHARE = 0.1  # the lead includes this share of the step, against step-to-step variation
+LEAD_PREP_FACTOR = 1.25  # the lead covers this many times the host's launch work ...
+LEAD_STEP_SHARE = 0.1  # ... and this share of the step, against their variation
 
 
 @dataclass
@@ -35,7 +37,7 @@ class LaunchClock:
         if started is None or not decode_only or self.step_s is None or self.prep_s is None:
             self.deadline = None
             return
-        lead = 2 * self.prep_s + LEAD_STEP_SHARE * self.step_s
+        lead = LEAD_PREP_FACTOR * self.prep_s + LEAD_STEP_SHARE * self.step_s
         self.deadline = started + self.step_s - lead
 
     def delay(self, now: float) -> float:

@@ -42,9 +42,9 @@ class RequestRecord:
         return (self.e2e - self.ttft) / (self.output_tokens - 1)
 
     def to_json(self) -> dict:
-        """The record without its ITL list (summarized per load point), plus e2e and tpot."""
+        """The record (ITLs to the microsecond), plus e2e and tpot."""
         out = asdict(self)
-        del out["itl"]
+        out["itl"] = [round(gap, 6) for gap in self.itl]
         return {**out, "e2e": self.e2e, "tpot": self.tpot}
 
 

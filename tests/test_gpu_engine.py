@@ -159,27 +159,32 @@ def test_tensor_parallel_2_equals_1(qwen3_06b_dir):
     assert agree >= 0.75 * len(PROMPTS)
 
 
-def test_late_launch_waits_for_the_step_in_flight(qwen3_06b_dir):
+def test_late_launch_waits_for_the_step_in_flight(tmp_path):
     """With overlap, a server may wait before the next step (`launch_delay`) until shortly before the GPU
-    finishes the batch in flight: learned from CUDA-event step times; the waits change no token."""
+    finishes the batch in flight: learned from CUDA-event step times; the waits change no token. Qwen3-8B
+    shapes: a step long enough against the host's launch work (with Qwen3-0.6B at batch 4 the host's launch
+    work, 0.75 ms of a 1.3 ms step on an H200, leaves the clock no room to wait)."""
+    from common.model_prep import prepare_tokenizer
+
+    path = prepare_tokenizer("qwen3-8b", tmp_path / "qwen3-8b")
     sampling = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
-    ids = [[1 + i, 2, 3, 4 + i] for i in range(4)]
-    llm = LLM(str(qwen3_06b_dir), device="cuda", gpu_memory_utilization=0.3)
+    ids = [list(range(100 + i, 400 + i)) for i in range(8)]
+    llm = LLM(str(path), device="cuda", load_format="dummy", gpu_memory_utilization=0.5)
     try:
         expected = [o.token_ids for o in llm.generate(ids, sampling, use_tqdm=False)]
         engine = llm.engine
         for i, p in enumerate(ids):
             engine.add_request(f"r{i}", p, sampling)
-        delays, tokens = [], {f"r{i}": [] for i in range(4)}
+        delays, tokens = [], {f"r{i}": [] for i in range(len(ids))}
         while engine.has_unfinished():
             time.sleep(engine.launch_delay())
             for seq in engine.step():
                 tokens[seq.request_id].append(seq.last_token)
             delays.append(engine.launch_delay())
-        step = engine.clock.step_s
-        assert step is not None and 0 < step < 0.1
-        assert 0 < max(delays) < step  # it waited, never a whole step
-        assert [tokens[f"r{i}"] for i in range(4)] == expected
+        clock = engine.clock
+        assert clock.step_s is not None and 0 < clock.step_s < 0.1, clock
+        assert 0 < max(delays) < clock.step_s, (clock, delays)  # it waited, never a whole step
+        assert [tokens[f"r{i}"] for i in range(len(ids))] == expected
         assert engine.totals.gpu_seconds > 0
     finally:
         llm.close()

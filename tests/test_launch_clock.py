@@ -20,10 +20,16 @@ def learned(step_ms: float = 5.0, prep_ms: float = 0.3) -> LaunchClock:
 def test_next_launch_is_due_one_step_after_the_last_began_less_the_lead():
     clock = learned()
     clock.in_flight(started=100.0, decode_only=True)
-    lead = 2 * 0.3 * MS + 0.1 * 5 * MS  # twice the host's prep time, a tenth of the step
+    lead = 1.25 * 0.3 * MS + 0.1 * 5 * MS  # a quarter more than the host's launch work, a tenth of the step
     assert clock.deadline == pytest.approx(100.0 + 5 * MS - lead)
     assert clock.delay(100.0 + 1 * MS) == pytest.approx(5 * MS - lead - 1 * MS)
     assert clock.delay(100.0 + 10 * MS) == 0.0  # overdue: launch now
+
+
+def test_a_host_as_slow_as_the_step_never_waits():
+    clock = learned(step_ms=1.3, prep_ms=1.0)
+    clock.in_flight(started=100.0, decode_only=True)
+    assert clock.delay(100.0) == 0.0
 
 
 def test_unknown_steps_launch_at_once():
