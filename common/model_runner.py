@@ -315,8 +315,8 @@ class ModelRunner:
         if decode_only and self.graphs is not None and batch <= self.graphs.max_batch_size:
             batch = self.graphs.bucket(batch)
         target = wave_units(self.layout.num_kv_heads, self.device)
-        table, split = plan_units(decode_lens, target, plan_capacity(batch, self.layout.num_kv_heads, self.device))
-        return table if split else table[:, :0]
+        table, _ = plan_units(decode_lens, target, plan_capacity(batch, self.layout.num_kv_heads, self.device))
+        return np.zeros((PLAN_ROWS, 0), np.int64) if table is None else table
 
     def _unpack(self, header: torch.Tensor, payload: torch.Tensor) -> StepInputs:
         _, t, b, width, nd, max_q, max_k, prefix_cached, max_prefill_q, units = (int(x) for x in header.tolist())

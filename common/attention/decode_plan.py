@@ -59,36 +59,40 @@ def plan_capacity(batch: int, num_kv_heads: int, device: torch.device) -> int:
     return batch + wave_units(num_kv_heads, device)
 
 
-def plan_units(seq_lens: list[int] | np.ndarray, target: int, capacity: int,
-               max_num_splits: int = MAX_UNITS_PER_SEQ) -> tuple[np.ndarray, bool]:
+def plan_units(seq_lens: list[int], target: int, capacity: int,
+               max_num_splits: int = MAX_UNITS_PER_SEQ) -> tuple[np.ndarray | None, bool]:
     """Cut each context into units of about `sum(seq_lens) / target` tokens (at least
     MIN_UNIT_TOKENS), the number of units per sequence rounded to nearest, at most
     `max_num_splits`: one wave of equal work whatever the mix of lengths, so one long sequence among short
     ones no longer runs alone in one program. Rounding to nearest keeps sum(units) <= target + len(seq_lens).
 
-    Returns the [5, capacity] table of DecodePlan (unused units -1) and whether any sequence is split.
+    Returns the [5, capacity] table of DecodePlan (unused units -1) and whether any sequence is split; no
+    table when none is (the common case of a large batch: decided without numpy, a step's host time counts).
     """
-    lens = np.asarray(seq_lens, dtype=np.int64)
-    b = len(lens)
-    total = int(lens.sum())
-    chunk = _round_up(max(MIN_UNIT_TOKENS, _cdiv(total, max(target, 1))), UNIT_GRANULE)
+    chunk = _round_up(max(MIN_UNIT_TOKENS, _cdiv(sum(seq_lens), max(target, 1))), UNIT_GRANULE)
     max_num_splits = max(1, min(max_num_splits, MAX_UNITS_PER_SEQ))
-    n = np.clip((2 * lens + chunk) // (2 * chunk), 1, max_num_splits)  # round half up, >= 1
-    per_unit = _round_up(np.maximum(_cdiv(lens, n), 1), UNIT_GRANULE)
-    n = np.where(lens > 0, _cdiv(lens, per_unit), 0)  # rounding up the unit length may leave fewer units
-    first = np.concatenate([[0], np.cumsum(n)[:-1]]) if b else np.zeros(0, np.int64)
-    used = int(n.sum())
-    assert used <= capacity, f"{used} decode units for a capacity of {capacity}"
-    table = np.zeros((PLAN_ROWS, capacity), np.int64)
-    table[0] = -1
-    seq = np.repeat(np.arange(b), n)
-    k = np.arange(used) - first[seq]
-    table[0, :used] = seq
-    table[1, :used] = k * per_unit[seq]
-    table[2, :used] = np.minimum((k + 1) * per_unit[seq], lens[seq])
-    table[3, :b] = first
-    table[4, :b] = n
-    return table, bool((n > 1).any())
+    if max_num_splits == 1 or 2 * max(seq_lens, default=0) < 3 * chunk:  # every length rounds to one unit
+        return None, False
+    # Plain Python, a sequence at a time: for a step's few sequences it beats numpy's per-call overhead.
+    seqs, starts, ends, firsts, counts = [], [], [], [], []
+    for i, length in enumerate(seq_lens):
+        n = min(max((2 * length + chunk) // (2 * chunk), 1), max_num_splits)  # round half up, >= 1
+        per_unit = _round_up(max(_cdiv(length, n), 1), UNIT_GRANULE)
+        n = _cdiv(length, per_unit)  # rounding up the unit length may leave fewer units; none for length 0
+        firsts.append(len(seqs))
+        counts.append(n)
+        for k in range(n):
+            seqs.append(i)
+            starts.append(k * per_unit)
+            ends.append(min((k + 1) * per_unit, length))
+    assert len(seqs) <= capacity, f"{len(seqs)} decode units for a capacity of {capacity}"
+    split = max(counts, default=0) > 1
+    if not split:
+        return None, False
+    pad_units, pad_seqs = [0] * (capacity - len(seqs)), [0] * (capacity - len(firsts))
+    table = np.array([seqs + [-1] * len(pad_units), starts + pad_units, ends + pad_units, firsts + pad_seqs,
+                      counts + pad_seqs], np.int64)
+    return table, True
 
 
 def plan_decode(seq_lens: list[int], num_kv_heads: int, device: torch.device, *, batch: int | None = None,
@@ -98,6 +102,6 @@ def plan_decode(seq_lens: list[int], num_kv_heads: int, device: torch.device, *,
     batch = len(seq_lens) if batch is None else batch
     target = wave_units(num_kv_heads, device) if target is None else target
     table, split = plan_units(seq_lens, target, batch + target, max_num_splits)
-    if not split:
+    if table is None:
         return DecodePlan(None, False)
     return DecodePlan(torch.from_numpy(table).to(device=device, dtype=torch.int32), True)
