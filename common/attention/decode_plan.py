@@ -48,7 +48,6 @@ class DecodePlan:
     split: bool
 
 
-
 def wave_units(num_kv_heads: int, device: torch.device) -> int:
     """Units that fill one wave of the decode grid (units x kv_heads programs)."""
     return max(1, PROGRAMS_PER_SM * _num_sms(device) // num_kv_heads)
