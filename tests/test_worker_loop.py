@@ -1,0 +1,96 @@
+"""A worker's loop in this process, on CPU, behind a bare ROUTER socket standing in for the router.
+
+On a GPU the engine's launch clock makes the loop wait before most steps (late launch); on CPU it never
+does. Here the engine is told to wait 3 ms after every step, as a GPU worker would: the loop must keep
+taking messages while it waits, step when the wait is over, and serve the same tokens.
+"""
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+import zmq
+
+from common import protocol as P
+from common.config import EngineConfig
+from common.llm import LLM
+from common.sampling_params import SamplingParams
+from common.worker import ColocatedWorker, WorkerConfig
+
+WAIT_S = 0.003
+PROMPTS = [[1, 2, 3, 4, 5], list(range(10, 40)), [7] * 17]
+SAMPLING = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
+
+
+@pytest.fixture
+def router():
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.ROUTER)
+    sock.setsockopt(zmq.LINGER, 0)
+    port = sock.bind_to_random_port("tcp://127.0.0.1")
+    yield sock, f"tcp://127.0.0.1:{port}"
+    sock.close()
+    ctx.term()
+
+
+def receive(sock: zmq.Socket, timeout_s: float = 30.0) -> tuple[bytes, P.Message]:
+    assert sock.poll(int(timeout_s * 1e3)), "the worker went quiet"
+    identity, frame = sock.recv_multipart()
+    return identity, P.decode(frame, expect=P.WORKER_TO_ROUTER)
+
+
+def test_a_worker_that_waits_before_its_steps_serves_the_same_tokens(tiny_qwen3_dir, router):
+    sock, address = router
+    engine_config = dict(device="cpu", kv_cache_memory=64 << 20)
+    llm = LLM(str(tiny_qwen3_dir), **engine_config)
+    try:
+        expected = [o.token_ids for o in llm.generate(PROMPTS, SAMPLING, use_tqdm=False)]
+    finally:
+        llm.close()
+
+    worker = ColocatedWorker(WorkerConfig(worker_id="c0", router_address=address),
+                             EngineConfig(model=str(tiny_qwen3_dir), **engine_config))
+    engine, step = worker.engine, worker.engine.step
+    last_step_end = [0.0]
+    waits: list[float] = []
+
+    def timed_step():
+        waits.append(time.perf_counter() - last_step_end[0])
+        try:
+            return step()
+        finally:
+            last_step_end[0] = time.perf_counter()
+
+    engine.step = timed_step
+    engine.launch_delay = lambda: max(0.0, last_step_end[0] + WAIT_S - time.perf_counter())
+    thread = threading.Thread(target=worker.run, daemon=True)
+    thread.start()
+    try:
+        identity, hello = receive(sock)
+        assert isinstance(hello, P.WorkerHello)
+        for i, ids in enumerate(PROMPTS):
+            sock.send_multipart([identity, P.encode(P.GenerateTask(request_id=f"r{i}", token_ids=ids,
+                                                                   sampling=SAMPLING))])
+        tokens: dict[str, list[int]] = {f"r{i}": [] for i in range(len(PROMPTS))}
+        finished: set[str] = set()
+        pongs = 0
+        while len(finished) < len(PROMPTS):
+            _, msg = receive(sock)
+            if isinstance(msg, P.TokenBatch):
+                for u in msg.updates:
+                    tokens[u.request_id] += u.token_ids
+                    if u.finish_reason is not None:
+                        finished.add(u.request_id)
+                if pongs == 0:  # a ping while it decodes is answered between steps, not after them all
+                    sock.send_multipart([identity, P.encode(P.Ping(nonce=7))])
+                    pongs = -1
+            elif isinstance(msg, P.Pong):
+                pongs = 1
+        assert [tokens[f"r{i}"] for i in range(len(PROMPTS))] == expected
+        assert pongs == 1
+        assert len(waits) >= SAMPLING.max_tokens and min(waits[1:]) >= WAIT_S * 0.9  # it waited before each step
+    finally:
+        worker.stop()
+        thread.join(timeout=10)
+    assert not thread.is_alive()
