@@ -8,7 +8,6 @@ contexts plus a reduce, decode_plan.py): the step's plan picks which one replays
 from __future__ import annotations
 
 import logging
-from collections import Counter
 
 import torch
 
@@ -48,8 +47,7 @@ class DecodeGraphs:
         self.plan = torch.zeros(PLAN_ROWS, plan_capacity(n, num_kv_heads, device), dtype=torch.int32, device=device)
         self.plan[0] = -1  # no units: capture runs on an empty plan
         self.max_model_len = max_model_len
-        self.graphs: dict[tuple[int, bool], torch.cuda.CUDAGraph] = {}  # (batch bucket, split) ->
-        self.replays: Counter[tuple[int, bool]] = Counter()
+        self.graphs: dict[tuple[int, bool], torch.cuda.CUDAGraph] = {}  # by (batch bucket, split)
         self.pool = None
 
     @property
@@ -103,5 +101,4 @@ class DecodeGraphs:
         width = md.block_tables.shape[1]
         self.block_tables[:b, :width] = md.block_tables
         self.graphs[bs, plan.split].replay()
-        self.replays[bs, plan.split] += 1
         return self.hidden[:b]

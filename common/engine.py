@@ -35,10 +35,6 @@ class StepStats:
         self.gpu_seconds += step.gpu_seconds
 
 
-def _decode_only(batch: ScheduledBatch) -> bool:
-    return batch.num_decodes == len(batch.seqs)
-
-
 def _tp_worker(config: EngineConfig, rank: int, init_method: str) -> None:
     ModelRunner(config, rank, init_method).serve_forever()
 
@@ -166,9 +162,9 @@ class LLMEngine:
         end = time.perf_counter()
         gpu_s = done[1].gpu_seconds() if done is not None else None
         if done is not None:
-            self.clock.collected(gpu_s, _decode_only(done[0]))
+            self.clock.collected(gpu_s, done[0].decode_only)
         if self._in_flight is not None:  # on the GPU since the batch before it ended, or since its launch
-            self.clock.in_flight(end if done is not None else start, _decode_only(self._in_flight[0]))
+            self.clock.in_flight(end if done is not None else start, self._in_flight[0].decode_only)
         nd = batch.num_decodes if batch else 0
         busy = batch is not None or done is not None
         # A busy step lasts from the end of the one before (the server may wait between them, launch_delay).

@@ -9,8 +9,8 @@ import torch
 import torch.distributed as dist
 
 from common.attention.backend import select_backend
+from common.attention.decode_plan import PLAN_ROWS, DecodePlan, plan_table
 from common.attention.metadata import AttentionMetadata
-from common.attention.decode_plan import PLAN_ROWS, DecodePlan, plan_capacity, plan_units, wave_units
 from common.config import EngineConfig
 from common.context import forward_context
 from common.cuda_graph import DecodeGraphs
@@ -309,13 +309,12 @@ class ModelRunner:
     def _decode_plan(self, decode_lens: list[int], decode_only: bool) -> np.ndarray:
         """How the Triton decode kernel cuts these contexts ([5, units]; no columns: one unit a sequence), for
         the batch it will see: a CUDA graph's padded one when the step replays a graph."""
-        if not decode_lens or self.backend.name == "torch":
-            return np.zeros((PLAN_ROWS, 0), np.int64)
-        batch = len(decode_lens)
-        if decode_only and self.graphs is not None and batch <= self.graphs.max_batch_size:
-            batch = self.graphs.bucket(batch)
-        target = wave_units(self.layout.num_kv_heads, self.device)
-        table, _ = plan_units(decode_lens, target, plan_capacity(batch, self.layout.num_kv_heads, self.device))
+        table = None
+        if decode_lens and self.backend.name != "torch":
+            batch = len(decode_lens)
+            if decode_only and self.graphs is not None and batch <= self.graphs.max_batch_size:
+                batch = self.graphs.bucket(batch)
+            table = plan_table(decode_lens, self.layout.num_kv_heads, self.device, batch=batch)
         return np.zeros((PLAN_ROWS, 0), np.int64) if table is None else table
 
     def _unpack(self, header: torch.Tensor, payload: torch.Tensor) -> StepInputs:

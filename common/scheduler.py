@@ -22,6 +22,10 @@ class ScheduledBatch:
     def num_tokens(self) -> int:
         return sum(self.num_new_tokens)
 
+    @property
+    def decode_only(self) -> bool:
+        return self.num_decodes == len(self.seqs)
+
 
 class Scheduler:
     """Continuous batching with chunked prefill under a token budget and preemption by recompute.

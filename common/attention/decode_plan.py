@@ -94,13 +94,19 @@ def plan_units(seq_lens: list[int], target: int, capacity: int,
     return table, True
 
 
-def plan_decode(seq_lens: list[int], num_kv_heads: int, device: torch.device, *, batch: int | None = None,
-                max_num_splits: int = MAX_UNITS_PER_SEQ, target: int | None = None) -> DecodePlan:
-    """The plan for these context lengths, its table on `device`; `batch` (>= len(seq_lens)): the padded
-    batch the kernel will see (a CUDA graph's), whose extra entries are empty."""
+def plan_table(seq_lens: list[int], num_kv_heads: int, device: torch.device, *, batch: int | None = None,
+               max_num_splits: int = MAX_UNITS_PER_SEQ, target: int | None = None) -> np.ndarray | None:
+    """The host table of the plan for these context lengths on `device` (None: one unit a sequence);
+    `batch` (>= len(seq_lens)): the padded batch the kernel will see (a CUDA graph's), whose extra
+    entries are empty; `target`: units per wave (default: what fills one on `device`)."""
     batch = len(seq_lens) if batch is None else batch
     target = wave_units(num_kv_heads, device) if target is None else target
-    table, split = plan_units(seq_lens, target, batch + target, max_num_splits)
+    return plan_units(seq_lens, target, batch + target, max_num_splits)[0]
+
+
+def plan_decode(seq_lens: list[int], num_kv_heads: int, device: torch.device, **kw) -> DecodePlan:
+    """`plan_table`'s plan with its table on `device`."""
+    table = plan_table(seq_lens, num_kv_heads, device, **kw)
     if table is None:
         return DecodePlan(None, False)
     return DecodePlan(torch.from_numpy(table).to(device=device, dtype=torch.int32), True)

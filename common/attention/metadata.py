@@ -1,9 +1,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import torch
+
+from common.attention.decode_plan import DecodePlan
 
 
 @dataclass
@@ -26,8 +27,8 @@ class AttentionMetadata:
     # the prefill part, rebased to start at 0
     prefill_query_start_loc: torch.Tensor | None = None  # [P+1] int32
     max_prefill_query_len: int = 0
-    # the decode part: how the Triton kernel cuts the contexts (triton_ops.DecodePlan); None: made when needed
-    decode_plan: Any = None
+    # the decode part: how the Triton decode kernel cuts the contexts; None: the kernel plans from seq_lens
+    decode_plan: DecodePlan | None = None
 
     @property
     def num_prefills(self) -> int:

@@ -17,6 +17,7 @@ from common.attention.decode_plan import MAX_UNITS_PER_SEQ, PLAN_ROWS, DecodePla
 
 _LOG2E = 1.4426950408889634
 
+
 @triton.jit
 def _store_kvcache_kernel(key_ptr, value_ptr, k_cache_ptr, v_cache_ptr, slot_ptr,
                           stride_kt, stride_kh, stride_vt, stride_vh,
