@@ -2,8 +2,8 @@
 
 The decode worker exports its KV pool once: the CUDA IPC handle of the pool's memory, as bytes and
 ints in its msgpack descriptor (no pickle). A prefill worker maps each peer's pool once and, for each
-handoff, copies its blocks into the reserved block ids on a side stream, grouped into runs that are
-consecutive on both sides (or gathered and scattered in chunks when there are many), then waits for
+handoff, copies its blocks into the reserved block ids on a side stream: one copy per run of ids
+consecutive on both sides, or one block-copy kernel when the runs are many (`copy`), then waits for
 the copy before `send` returns. The `kv_handoff` record goes out only after that, so the decode worker
 never reads incomplete KV and has nothing to do on receive but acknowledge.
 
@@ -16,16 +16,19 @@ from __future__ import annotations
 import os
 import weakref
 
+import numpy as np
 import torch
 from torch.multiprocessing.reductions import rebuild_cuda_tensor, reduce_tensor
 
 from common.config import DTYPES
+from kvtransfer.block_copy import copy_blocks
 from kvtransfer.transport import (
-    Sent, TransferError, Transport, check_block_ids, check_layout, contiguous_runs, is_run, layout_record, pack,
-    plan_segments, unpack,
+    Sent, TransferError, Transport, check_block_ids, check_layout, joint_runs, layout_record, pack, unpack,
 )
 
 VERSION = 1
+MAX_COPY_RUNS = 16  # more runs than this go through the block-copy kernel
+STRATEGIES = ("auto", "runs", "kernel")
 # A same-process peer (tests, benchmarks): a process cannot open its own IPC handle, so it uses the tensor.
 _EXPORTED: weakref.WeakValueDictionary[bytes, torch.Tensor] = weakref.WeakValueDictionary()
 
@@ -90,6 +93,8 @@ class CudaIPCTransport(Transport):
         if pool.kv.device.type != "cuda":
             raise TransferError(f"the cuda_ipc KV transport needs a CUDA KV pool; this one is on "
                                 f"{pool.kv.device.type} (use host, or nccl, which runs on gloo on CPU)")
+        if strategy not in STRATEGIES:
+            raise ValueError(f"cuda_ipc strategy must be one of {', '.join(STRATEGIES)}, got {strategy!r}")
         self.strategy = strategy
         self.peers: dict[str, tuple[bytes, torch.Tensor]] = {}  # peer id -> (its descriptor, its mapped pool)
         self.streams: dict[torch.device, torch.cuda.Stream] = {}
@@ -148,37 +153,35 @@ class CudaIPCTransport(Transport):
         return kv
 
     def copy(self, src_block_ids: list[int], dst_block_ids: list[int], dst_kv: torch.Tensor) -> None:
-        """src blocks of this pool -> dst blocks of `dst_kv`, on side streams; returns when the copy is done."""
+        """src blocks of this pool -> dst blocks of `dst_kv`, on side streams; returns when the copy is done.
+
+        Few runs of ids consecutive on both sides: one copy_ per run (copy engines, no SMs). Many: one
+        block-copy kernel for all of them, on the destination's GPU, reading this pool over the link when
+        the peer is on another GPU (one copy engine transfer per run took ~26 us a block there)."""
         src_kv = self.pool.kv
         local = self._stream(src_kv.device)
-        remote = self._stream(dst_kv.device)
         local.wait_stream(torch.cuda.current_stream(src_kv.device))  # the prefill wrote these blocks
-        segments = plan_segments(src_block_ids, dst_block_ids, self.pool.layout.block_bytes, self.strategy)
-        src_index = dst_index = None
-        with torch.cuda.stream(local), torch.cuda.stream(remote):
-            for off, n in segments:
-                s, d = src_block_ids[off:off + n], dst_block_ids[off:off + n]
-                if is_run(s):
-                    src = src_kv[s[0]:s[0] + n]
-                else:
-                    if src_index is None:
-                        src_index = torch.tensor(src_block_ids, dtype=torch.int64).to(src_kv.device, non_blocking=True)
-                    src = src_kv.index_select(0, src_index[off:off + n])
-                if is_run(d):
-                    dst_kv[d[0]:d[0] + n].copy_(src, non_blocking=True)
-                elif dst_kv.device == src_kv.device:
-                    if dst_index is None:
-                        dst_index = torch.tensor(dst_block_ids, dtype=torch.int64).to(dst_kv.device, non_blocking=True)
-                    dst_kv.index_copy_(0, dst_index[off:off + n], src)
-                else:  # scatter across GPUs: one peer copy per destination run
-                    at = 0
-                    for first, k in contiguous_runs(d):
-                        dst_kv[first:first + k].copy_(src[at:at + k], non_blocking=True)
-                        at += k
-            done = [torch.cuda.Event(), torch.cuda.Event()]
-            done[0].record(local)
-            done[1].record(remote)
-        for event in done:
+        runs = joint_runs(src_block_ids, dst_block_ids)
+        if self.strategy == "runs" or (self.strategy == "auto" and len(runs) <= MAX_COPY_RUNS):
+            remote = self._stream(dst_kv.device)  # a cross-device copy_ also orders the destination's stream
+            with torch.cuda.stream(local), torch.cuda.stream(remote):
+                for off, n in runs:
+                    s, d = src_block_ids[off], dst_block_ids[off]
+                    dst_kv[d:d + n].copy_(src_kv[s:s + n], non_blocking=True)
+                streams = [local] if remote is local else [local, remote]
+                events = [torch.cuda.Event() for _ in streams]
+                for event, stream in zip(events, streams):
+                    event.record(stream)
+        else:  # on the destination's GPU (see block_copy), after the prefill's work
+            remote = self._stream(dst_kv.device)
+            remote.wait_stream(local)
+            ids = torch.from_numpy(np.array([src_block_ids, dst_block_ids], dtype=np.int64))
+            with torch.cuda.stream(remote):
+                ids = ids.to(dst_kv.device, non_blocking=True)
+                copy_blocks(src_kv, dst_kv, ids[0], ids[1])
+                events = [torch.cuda.Event()]
+                events[0].record(remote)
+        for event in events:
             event.synchronize()
 
     def _stream(self, device: torch.device) -> torch.cuda.Stream:

@@ -7,15 +7,17 @@ naming the link arrives. Each link has one thread per side that runs the link's 
 NCCL and gloo match point-to-point operations between two ranks in the order they are posted, and
 both sides post them in `kv_handoff` record order (the data channel keeps that order).
 
-A transfer is a small header (sequence number, request id checksum, bytes, segment count) followed by
-the blocks in destination order, cut into segments of at most CHUNK_BYTES (`plan_segments`). A side
-whose ids are consecutive within a segment sends (or receives) straight from (into) its pool;
-otherwise the sender gathers the segment into a buffer and the receiver receives into one and
-scatters it into the reserved blocks. Segments that are views of a pool are all posted at once (the
-link stream runs them back to back); at most two that hold a scratch buffer are in flight on each side,
-so a gather or scatter overlaps the next message and scratch memory stays at two segments. The sender
-posts the header and the blocks together; the receiver checks the header before it posts any receive
-into its pool (posting them with the header measured no faster: within the run-to-run spread).
+A transfer is the blocks in destination order, cut into segments (`plan_segments`), then a small trailer
+(sequence number, request id checksum, bytes, segment count). A segment whose ids are consecutive on a
+side is sent from (received into) a view of that side's pool, however long; otherwise the sender gathers
+a chunk of at most CHUNK_BYTES into a buffer and the receiver receives into one and scatters it into the
+reserved blocks. Views are all posted at once (the NCCL stream runs them back to back); at most two
+segments that hold a scratch buffer are in flight on each side, so a gather or scatter overlaps the next
+message and scratch memory stays at two chunks. The thread that calls `receive` posts what needs no wait
+itself, when the link has nothing earlier left to post; the link threads post the rest. The receiver
+checks the trailer once everything has arrived: bytes of a link out of step could only have landed in
+blocks reserved for this handoff, which then fails. (Traced on 2xH200: a header checked before posting
+into the pool, and the receiving link thread's wake-up, held the bytes back ~0.4 ms a handoff.)
 
 `send` and `receive` return at once with futures; the worker holds the request's blocks until they
 resolve. A failed or timed-out operation breaks the link (its later transfers fail too, and the next
@@ -34,6 +36,7 @@ import zlib
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future
+from dataclasses import dataclass
 from datetime import timedelta
 
 import torch
@@ -98,10 +101,35 @@ class _Link:
         self.group: dist.ProcessGroup | None = None
         self.stream: torch.cuda.Stream | None = None
         self.jobs: queue.SimpleQueue = queue.SimpleQueue()
+        self.lock = threading.Lock()  # posting: the caller's thread or this link's
+        self.unposted = 0  # queued transfers that the link thread still has operations of to post
         self.thread = threading.Thread(target=self._run, args=(connect,), name=f"kv-link-{name}", daemon=True)
         self.thread.start()
 
-    def submit(self, job: Callable[[_Link], None]) -> Future:
+    def run(self, transfer: _Transfer, post_here: bool = False) -> Future:
+        """Queue a transfer behind the link's earlier ones; a future that resolves when it has completed.
+        With `post_here`, what can be posted at once is posted on the caller's thread, when nothing earlier
+        is left to post (operations must be posted in the same order on both sides)."""
+        with self.lock:
+            rest = True
+            if post_here and self.group is not None and self.error is None and self.unposted == 0:
+                try:
+                    rest = not transfer.post_now()
+                except Exception as e:  # the two sides may no longer agree on what comes next
+                    self.error, rest = e, False
+            self.unposted += rest
+
+        def job() -> None:
+            if rest:
+                try:
+                    transfer.post_rest()
+                finally:
+                    with self.lock:
+                        self.unposted -= 1
+            transfer.finish()
+        return self.submit(job)
+
+    def submit(self, job: Callable[[], None]) -> Future:
         future: Future = Future()
         self.jobs.put((job, future))
         return future
@@ -129,10 +157,10 @@ class _Link:
                 continue
             try:
                 if self.stream is None:
-                    job(self)
+                    job()
                 else:
                     with torch.cuda.stream(self.stream):
-                        job(self)
+                        job()
                     self.stream.synchronize()
                 future.set_result(None)
             except Exception as e:  # the two sides may no longer agree on what comes next: stop here
@@ -193,8 +221,7 @@ class NcclTransport(Transport):
         seq, link.next_seq = link.next_seq, link.next_seq + 1
         block_bytes = self.pool.layout.block_bytes
         segments = plan_segments(src_block_ids, dst_block_ids, block_bytes, self.strategy)
-        ready = self._mark()
-        done = link.submit(lambda l: self._send_blocks(l, ready, seq, request_id, src_block_ids, segments))
+        done = link.run(_Transfer(link, self._send_ops(seq, request_id, src_block_ids, segments), None, self._mark()))
         meta = pack({"v": VERSION, "link": link.name, "seq": seq, "request_id": request_id,
                      "block_bytes": block_bytes, "segments": [n for _, n in segments]})
         return Sent([meta], done)
@@ -216,21 +243,20 @@ class NcclTransport(Transport):
             self._peers[descriptor] = peer
         return peer
 
-    def _send_blocks(self, link: _Link, ready, seq: int, request_id: str, src: list[int],
-                     segments: list[tuple[int, int]]) -> None:
+    def _send_ops(self, seq: int, request_id: str, src: list[int], segments: list[tuple[int, int]]) -> list[_Op]:
+        """The blocks in destination order (views of the pool, or gathered), then the trailer."""
         kv = self.pool.kv
-        if ready is not None:
-            torch.cuda.current_stream().wait_event(ready)
-        total = sum(n for _, n in segments) * self.pool.layout.block_bytes
-        header = _header(seq, request_id, total, len(segments), kv.device)
-        posted = _Posted(link)
-        posted.add(_post(link, "send", header), header)
         blocks = BlockIds(kv, src)
+        ops = []
         for off, n in segments:
             view = blocks.run(off, n)
-            data = view if view is not None else blocks.gather(off, n)
-            posted.add(_post(link, "send", data), data, scratch=view is None)
-        posted.drain()
+            if view is not None:
+                ops.append(_Op("send", lambda view=view: view))
+            else:
+                ops.append(_Op("send", lambda off=off, n=n: blocks.gather(off, n), scratch=True))
+        total = sum(n for _, n in segments) * self.pool.layout.block_bytes
+        ops.append(_Op("send", lambda: _trailer(seq, request_id, total, len(segments), kv.device)))
+        return ops
 
     # ---- decode side --------------------------------------------------------------------------------
     def receive(self, request_id, peer_id, dst_block_ids, frames):
@@ -241,13 +267,12 @@ class NcclTransport(Transport):
                        "(KV layout mismatch)")
         elif sum(meta["segments"]) != len(dst_block_ids):
             problem = f"{sum(meta['segments'])} blocks sent for {len(dst_block_ids)} reserved"
-        elif any(not 0 <= i < self.pool.num_blocks for i in dst_block_ids):
+        elif dst_block_ids and not (0 <= min(dst_block_ids) and max(dst_block_ids) < self.pool.num_blocks):
             problem = "reserved block ids out of range"
         if problem:
             self._consume(link, meta)
             raise TransferError(problem)
-        ready = self._mark()
-        return link.submit(lambda l: self._recv_blocks(l, ready, meta, dst_block_ids))
+        return link.run(_Transfer(link, *self._recv_ops(meta, dst_block_ids), self._mark()), post_here=True)
 
     def discard(self, request_id, peer_id, frames):
         meta, link = self._incoming(request_id, peer_id, frames)
@@ -282,37 +307,36 @@ class NcclTransport(Transport):
 
     def _consume(self, link: _Link, meta: dict) -> Future:
         """Receive a refused handoff's bytes into scratch memory, so the link stays aligned."""
-        return link.submit(lambda l: self._recv_blocks(l, None, meta, None))
+        return link.run(_Transfer(link, *self._recv_ops(meta, None), None))
 
-    def _recv_blocks(self, link: _Link, ready, meta: dict, dst: list[int] | None) -> None:
+    def _recv_ops(self, meta: dict, dst: list[int] | None) -> tuple[list[_Op], Callable[[], None]]:
+        """The blocks in destination order (straight into the pool where a segment's ids are a run, else into
+        a buffer scattered from), the trailer, and the check of the trailer once everything has arrived."""
         kv = self.pool.kv
-        if ready is not None:
-            torch.cuda.current_stream().wait_event(ready)
         block_bytes, counts = meta["block_bytes"], meta["segments"]
-        header = torch.empty(4, dtype=torch.int64, device=kv.device)
-        _wait(link, _post(link, "recv", header))
-        expected = _header(meta["seq"], meta["request_id"], sum(counts) * block_bytes, len(counts), "cpu")
-        if not torch.equal(header.cpu(), expected):
-            raise TransferError(f"KV link {link.name} out of step: header {header.tolist()}, "
-                                f"expected {expected.tolist()}")
         blocks = None if dst is None else BlockIds(kv, dst)
-        sink = None
-        posted = _Posted(link)
+        # refused: land it anywhere (one buffer: nothing reads it)
+        sink = torch.empty(max(counts) * block_bytes, dtype=torch.uint8, device=kv.device) if dst is None else None
+        ops: list[_Op] = []
         off = 0
         for n in counts:
-            if blocks is None:  # refused: land it anywhere (one buffer: nothing reads it)
-                if sink is None:
-                    sink = torch.empty(max(counts) * block_bytes, dtype=torch.uint8, device=kv.device)
-                posted.add(_post(link, "recv", sink[:n * block_bytes]), sink)
+            if blocks is None:
+                ops.append(_Op("recv", lambda sink=sink, n=n: sink[:n * block_bytes]))
             elif (view := blocks.run(off, n)) is not None:
-                posted.add(_post(link, "recv", view), view)
+                ops.append(_Op("recv", lambda view=view: view))
             else:
-                data = torch.empty((n, *kv.shape[1:]), dtype=kv.dtype, device=kv.device)
-                index = blocks.index(off, n)
-                posted.add(_post(link, "recv", data), data, scratch=True,
-                           then=lambda index=index, data=data: kv.index_copy_(0, index, data))
+                ops.append(_Op("recv", lambda n=n: torch.empty((n, *kv.shape[1:]), dtype=kv.dtype, device=kv.device),
+                               scratch=True,
+                               then=lambda data, off=off, n=n: kv.index_copy_(0, blocks.index(off, n), data)))
             off += n
-        posted.drain()
+        trailer = torch.empty(4, dtype=torch.int64, device=kv.device)
+        ops.append(_Op("recv", lambda: trailer))
+
+        def check() -> None:
+            expected = _trailer(meta["seq"], meta["request_id"], sum(counts) * block_bytes, len(counts), "cpu")
+            if not torch.equal(trailer.cpu(), expected):
+                raise TransferError(f"KV link out of step: trailer {trailer.tolist()}, expected {expected.tolist()}")
+        return ops, check
 
     # ---- both ---------------------------------------------------------------------------------------
     def _mark(self) -> torch.cuda.Event | None:
@@ -370,6 +394,17 @@ def _wait(link: _Link, work) -> None:
     work.wait()
 
 
+@dataclass
+class _Op:
+    """One send or receive of a transfer. `make` gives the tensor (a view of the pool, scratch memory, or a
+    gather into scratch memory); `then(tensor)` runs once the operation has completed (a scatter)."""
+
+    kind: str
+    make: Callable[[], torch.Tensor]
+    scratch: bool = False
+    then: Callable[[torch.Tensor], object] | None = None
+
+
 class _Posted:
     """One side's posted operations of a transfer, in order. Views of a pool and small tensors stay posted
     until the end (the link stream runs them back to back, with no host round trip between); at most
@@ -380,6 +415,14 @@ class _Posted:
         self.link = link
         self.ops: deque = deque()  # (work, tensor kept alive, holds scratch, then)
         self.scratch = 0
+
+    def can_post_without_waiting(self, op: _Op) -> bool:
+        return not op.scratch or self.scratch + 1 < IN_FLIGHT
+
+    def post(self, op: _Op) -> None:
+        tensor = op.make()
+        self.add(_post(self.link, op.kind, tensor), tensor, op.scratch,
+                 None if op.then is None else lambda: op.then(tensor))
 
     def add(self, work, tensor: torch.Tensor, scratch: bool = False, then: Callable[[], object] | None = None):
         self.ops.append((work, tensor, scratch, then))
@@ -399,5 +442,40 @@ class _Posted:
             then()
 
 
-def _header(seq: int, request_id: str, total_bytes: int, segments: int, device) -> torch.Tensor:
+class _Transfer:
+    """One side of one transfer: its operations in posting order and the check once they have completed.
+
+    The receiving worker's thread posts what it can at once (`post_now`: operations that need no wait for an
+    earlier one), so bytes start to move as soon as its `kv_handoff` record is read, without waking the
+    link thread; the link thread posts the rest, waits for completion and checks. The sender posts on its
+    link thread: its record goes out only when `send` returns, and posting there delayed the record."""
+
+    def __init__(self, link: _Link, ops: list[_Op], check: Callable[[], None] | None,
+                 ready: torch.cuda.Event | None):
+        self.ops = deque(ops)
+        self.posted = _Posted(link)
+        self.check = check
+        self.ready = ready  # the compute stream's work before the handoff, for the link stream to wait on
+
+    def post_now(self) -> bool:
+        """On the caller's thread (its current stream orders the operations after the compute stream's
+        work): post the leading operations that need no wait; True when none is left."""
+        while self.ops and self.posted.can_post_without_waiting(self.ops[0]):
+            self.posted.post(self.ops.popleft())
+        return not self.ops
+
+    def post_rest(self) -> None:
+        """On the link thread."""
+        if self.ready is not None and self.ops:
+            torch.cuda.current_stream().wait_event(self.ready)
+        while self.ops:
+            self.posted.post(self.ops.popleft())
+
+    def finish(self) -> None:
+        self.posted.drain()
+        if self.check is not None:
+            self.check()
+
+
+def _trailer(seq: int, request_id: str, total_bytes: int, segments: int, device) -> torch.Tensor:
     return torch.tensor([seq, zlib.crc32(request_id.encode()), total_bytes, segments], dtype=torch.int64, device=device)

@@ -16,6 +16,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 
 import msgpack
+import numpy as np
 import torch
 
 from common.kv_pool import KVLayout, KVPool
@@ -69,36 +70,22 @@ class Transport(ABC):
         pass
 
 
-# ---- block runs ---------------------------------------------------------------------------------------
+# ---- block ids ---------------------------------------------------------------------------------------
 
 def block_ids_tensor(ids: list[int], device: torch.device) -> torch.Tensor:
     return torch.tensor(ids, dtype=torch.int64, device=device)
 
 
-def contiguous_runs(ids: list[int]) -> list[tuple[int, int]]:
-    """(first id, length) of each maximal run of consecutive ids, in order."""
-    runs: list[tuple[int, int]] = []
-    for i in ids:
-        if runs and runs[-1][0] + runs[-1][1] == i:
-            runs[-1] = (runs[-1][0], runs[-1][1] + 1)
-        else:
-            runs.append((i, 1))
-    return runs
-
-
-def joint_runs(src: list[int], dst: list[int], max_blocks: int | None = None) -> list[tuple[int, int]]:
-    """Split the pairs src[i] -> dst[i] into segments (offset, length) where both sides are consecutive,
-    each at most `max_blocks` long: each segment is one plain copy (or one message)."""
+def joint_runs(src: list[int], dst: list[int]) -> list[tuple[int, int]]:
+    """Split the pairs src[i] -> dst[i] into segments (offset, length) where both sides are consecutive:
+    each is one plain copy (or one message) between two views of the pools."""
     if len(src) != len(dst):
         raise TransferError(f"{len(src)} source blocks for {len(dst)} destination blocks")
-    segments: list[tuple[int, int]] = []
-    for i in range(len(src)):
-        if (segments and i > 0 and src[i] == src[i - 1] + 1 and dst[i] == dst[i - 1] + 1
-                and (max_blocks is None or segments[-1][1] < max_blocks)):
-            segments[-1] = (segments[-1][0], segments[-1][1] + 1)
-        else:
-            segments.append((i, 1))
-    return segments
+    if not src:
+        return []
+    s, d = np.asarray(src, dtype=np.int64), np.asarray(dst, dtype=np.int64)  # a handoff may hold 1000s of ids
+    starts = [0, *(np.flatnonzero((np.diff(s) != 1) | (np.diff(d) != 1)) + 1).tolist()]
+    return [(a, b - a) for a, b in zip(starts, [*starts[1:], len(src)])]
 
 
 def fixed_chunks(n: int, max_blocks: int) -> list[tuple[int, int]]:
@@ -110,23 +97,18 @@ def plan_segments(src: list[int], dst: list[int], block_bytes: int, strategy: st
                   max_runs: int = 16) -> list[tuple[int, int]]:
     """How a transfer is cut into operations, in destination order.
 
-    "runs": one per joint run (no gather or scatter, one operation per run); "gather": fixed chunks of
-    CHUNK_BYTES (a gather and/or scatter where a side is not consecutive, few operations); "auto": runs
-    when there are at most `max_runs` of them, chunks otherwise. Every segment is at most CHUNK_BYTES
-    (at least one block).
+    "runs": one per joint run (no gather or scatter: both sides are views of the pools, however long);
+    "gather": fixed chunks of CHUNK_BYTES (at least one block), gathered and/or scattered where a side is
+    not consecutive, so scratch memory stays bounded; "auto": runs when there are at most `max_runs` of
+    them, chunks otherwise.
     """
-    max_blocks = max(1, CHUNK_BYTES // block_bytes)
     if strategy not in ("auto", "runs", "gather"):
         raise ValueError(f"strategy must be auto, runs or gather, got {strategy!r}")
     if strategy != "gather":
-        runs = joint_runs(src, dst, max_blocks)
+        runs = joint_runs(src, dst)
         if strategy == "runs" or len(runs) <= max_runs:
             return runs
-    return fixed_chunks(len(dst), max_blocks)
-
-
-def is_run(ids: list[int]) -> bool:
-    return all(b == a + 1 for a, b in zip(ids, ids[1:]))
+    return fixed_chunks(len(dst), max(1, CHUNK_BYTES // block_bytes))
 
 
 class BlockIds:
@@ -135,17 +117,21 @@ class BlockIds:
     scatter through."""
 
     def __init__(self, kv: torch.Tensor, ids: list[int]):
-        self.kv, self.ids = kv, ids
+        self.kv = kv
+        self.ids = np.asarray(ids, dtype=np.int64)
+        self._jumps = np.concatenate([[0], np.cumsum(np.diff(self.ids) != 1)])  # jumps before each position
         self._index: torch.Tensor | None = None
 
     def run(self, off: int, n: int) -> torch.Tensor | None:
         """Blocks ids[off:off + n] as a view of the pool, if they are consecutive."""
-        ids = self.ids[off:off + n]
-        return self.kv[ids[0]:ids[0] + n] if is_run(ids) else None
+        if self._jumps[off + n - 1] != self._jumps[off]:
+            return None
+        first = int(self.ids[off])
+        return self.kv[first:first + n]
 
     def index(self, off: int, n: int) -> torch.Tensor:
         if self._index is None:
-            self._index = torch.tensor(self.ids, dtype=torch.int64).to(self.kv.device, non_blocking=True)
+            self._index = torch.from_numpy(self.ids).to(self.kv.device, non_blocking=True)
         return self._index[off:off + n]
 
     def gather(self, off: int, n: int) -> torch.Tensor:
@@ -155,8 +141,8 @@ class BlockIds:
 
 def check_block_ids(ids: list[int], num_blocks: int, whose: str) -> None:
     """A bad id must fail here, not as an out-of-bounds write into a pool (or a device assert)."""
-    bad = [i for i in ids if not 0 <= i < num_blocks]
-    if bad:
+    if ids and (min(ids) < 0 or max(ids) >= num_blocks):
+        bad = [i for i in ids if not 0 <= i < num_blocks]
         raise TransferError(f"{whose} block ids out of range [0, {num_blocks}): {bad[:8]}")
 
 

@@ -9,10 +9,10 @@ GPU. The peers are spawned processes (no Ray). Figures are payload bytes per sec
 own copy rate (payload bytes per second of a 1 GiB copy_ on one GPU, and from GPU 0 to GPU 1).
 
 Block ids are either consecutive on both sides (one run: plain copies or direct sends) or shuffled over
-a pool twice the prompt's size; shuffled transfers are timed both ways the transports can cut them:
-`runs` (one copy or message per run of consecutive ids, no gather) and `gather` (chunks of up to 64 MiB,
-gathered and scattered). `auto` picks runs for up to 16 runs, gather beyond: these rows are what that
-threshold is chosen from. An nccl time includes one pipe round trip to the peer (about the cost of the
+a pool twice the prompt's size; shuffled transfers are timed each way a transport can cut them: `runs`
+(one copy or message per run of consecutive ids, no gather), for nccl `gather` (chunks of up to 64 MiB,
+gathered and scattered), for cuda_ipc `kernel` (one block-copy kernel for every block). `auto` picks
+runs for up to 16 runs, the other way beyond: these rows are what that threshold is chosen from. An nccl time includes one pipe round trip to the peer (about the cost of the
 `kv_handoff` record it stands for).
 
 With --prefill-ms (one value, or one per --tokens), the last column is what the transfer adds to TTFT
@@ -33,11 +33,13 @@ import torch
 
 from common.kv_pool import KVLayout, KVPool
 from kvtransfer import CudaIPCTransport, NcclTransport
-from kvtransfer.transport import plan_segments
+from kvtransfer import cuda_ipc
+from kvtransfer.transport import joint_runs, plan_segments
 
 CONFIGS = Path(__file__).resolve().parent.parent / "common" / "model_configs"
 MODELS = ("qwen3-0.6b", "qwen3-8b")
 TRANSPORTS = {"cuda_ipc": CudaIPCTransport, "nccl": NcclTransport}
+STRATEGIES = {"cuda_ipc": cuda_ipc.STRATEGIES, "nccl": ("auto", "runs", "gather")}
 SOURCE = "cuda:0"  # the prefill side: this process
 # (label, transport, peer device); the 2-GPU ones are skipped on one GPU
 CASES = (("cuda_ipc/1gpu", "cuda_ipc", "cuda:0"), ("cuda_ipc/2gpu", "cuda_ipc", "cuda:1"),
@@ -128,6 +130,14 @@ def copy_bandwidth(src: str, dst: str, nbytes: int = 1 << 30) -> float:
     return nbytes / statistics.median(times) / 1e9
 
 
+def operations(kind: str, strategy: str, src_ids: list[int], dst_ids: list[int], block_bytes: int) -> int:
+    """Copies, kernels or messages one handoff takes."""
+    if kind == "nccl":
+        return len(plan_segments(src_ids, dst_ids, block_bytes, strategy))
+    runs = len(joint_runs(src_ids, dst_ids))
+    return runs if strategy == "runs" or (strategy == "auto" and runs <= cuda_ipc.MAX_COPY_RUNS) else 1
+
+
 def time_transfer(sender, peer: Peer, descriptor: bytes, src_ids: list[int], dst_ids: list[int], iters: int,
                   warmup: int) -> float:
     """Median ms of one handoff, from `send` until the blocks are in the peer's pool."""
@@ -161,8 +171,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tokens", nargs="+", type=int, default=[1024, 4096, 16384])
     p.add_argument("--block-sizes", nargs="+", type=int, default=[16, 256])
     p.add_argument("--ids", nargs="+", default=["contiguous", "shuffled"], choices=["contiguous", "shuffled"])
-    p.add_argument("--strategies", nargs="+", default=["runs", "gather"], choices=["auto", "runs", "gather"],
-                   help="how shuffled transfers are cut (consecutive ids are always one run)")
+    p.add_argument("--strategies", nargs="+", default=["runs", "gather", "kernel"],
+                   choices=["auto", "runs", "gather", "kernel"],
+                   help="how shuffled transfers are cut, where the transport has that way (consecutive ids are "
+                        "always one run)")
     p.add_argument("--transports", nargs="+", default=[c[0] for c in CASES], choices=[c[0] for c in CASES])
     p.add_argument("--iters", type=int, default=10)
     p.add_argument("--warmup", type=int, default=3)
@@ -219,10 +231,10 @@ def main(argv: list[str] | None = None) -> int:
                                 plans = [("auto", list(range(n)), list(range(n, 2 * n)))]
                             else:
                                 src_ids, dst_ids = rng.sample(range(num_blocks), n), rng.sample(range(num_blocks), n)
-                                plans = [(s, src_ids, dst_ids) for s in args.strategies]
+                                plans = [(s, src_ids, dst_ids) for s in args.strategies if s in STRATEGIES[kind]]
                             for strategy, src_ids, dst_ids in plans:
                                 sender.strategy = strategy
-                                ops = len(plan_segments(src_ids, dst_ids, layout.block_bytes, strategy))
+                                ops = operations(kind, strategy, src_ids, dst_ids, layout.block_bytes)
                                 ms = time_transfer(sender, peer, descriptor, src_ids, dst_ids, args.iters, args.warmup)
                                 nbytes = n * layout.block_bytes
                                 gbs = nbytes / ms / 1e6

@@ -17,13 +17,15 @@ except ImportError:  # an older Triton: the GPU host runs these kernels anyway
 
 from common.attention import triton_ops  # noqa: E402
 from common.layers import fused  # noqa: E402
+from kvtransfer import block_copy  # noqa: E402
 
 HOPPER = GPUTarget("cuda", 90, 32)
 # Argument types by name; other pointers are the activations' bf16, other scalars are int32 strides and sizes.
 TYPES = {"slot_ptr": "*i64", "pos_ptr": "*i64", "seeds_ptr": "*i64", "best_idx_ptr": "*i64",
          "block_tables_ptr": "*i32", "seq_lens_ptr": "*i32", "plan_ptr": "*i32", "query_start_loc_ptr": "*i32",
          "cos_sin_ptr": "*fp32", "temps_ptr": "*fp32", "best_ptr": "*fp32", "part_o_ptr": "*fp32",
-         "part_lse_ptr": "*fp32", "eps": "fp32", "qk_scale": "fp32"}
+         "part_lse_ptr": "*fp32", "eps": "fp32", "qk_scale": "fp32", "src_ptr": "*i64", "dst_addr": "i64",
+         "src_ids_ptr": "*i64", "dst_ids_ptr": "*i64"}
 ROPE = dict(NUM_Q_HEADS=16, NUM_KV_HEADS=8, BLOCK_Q=16, BLOCK_KV=8, HEAD_DIM=128, PAGE=16)
 CASES = {  # name: (kernel, constexprs)
     "rms_norm": (fused._rms_norm_kernel, dict(N=1024, BLOCK=1024, HAS_RESIDUAL=True)),
@@ -42,6 +44,7 @@ CASES = {  # name: (kernel, constexprs)
     "decode_reduce": (triton_ops._decode_reduce_kernel, dict(HEAD_DIM=128, BLOCK_S=16)),
     "prefill": (triton_ops._prefill_kernel, dict(GROUP=2, HEAD_DIM=128, PAGE=16, BLOCK_M=128, BLOCK_N=64,
                                                  PRECISION="tf32")),
+    "copy_blocks": (block_copy._copy_blocks_kernel, dict(BLOCK=block_copy.WORDS_PER_PROGRAM)),
 }
 
 

@@ -63,24 +63,23 @@ def no_ext(code, data):
 
 # ---- run grouping --------------------------------------------------------------------------------------
 
-def test_contiguous_runs():
-    assert T.contiguous_runs([]) == []
-    assert T.contiguous_runs([5]) == [(5, 1)]
-    assert T.contiguous_runs([3, 4, 5, 9, 10, 2, 7, 8]) == [(3, 3), (9, 2), (2, 1), (7, 2)]
-    assert T.contiguous_runs([4, 3, 2]) == [(4, 1), (3, 1), (2, 1)]  # descending is not a run
+def is_run(ids: list[int]) -> bool:
+    return all(b == a + 1 for a, b in zip(ids, ids[1:]))
 
 
 def test_joint_runs_split_where_either_side_jumps():
     src = [0, 1, 2, 3, 10, 11, 12]
     dst = [5, 6, 20, 21, 22, 23, 24]
     assert T.joint_runs(src, dst) == [(0, 2), (2, 2), (4, 3)]
-    assert T.joint_runs(src, dst, max_blocks=2) == [(0, 2), (2, 2), (4, 2), (6, 1)]
+    assert T.joint_runs([], []) == [] and T.joint_runs([4], [9]) == [(0, 1)]
+    assert T.joint_runs([4, 3, 2], [0, 1, 2]) == [(0, 1), (1, 1), (2, 1)]  # descending is not a run
     with pytest.raises(TransferError, match="3 source blocks for 2"):
         T.joint_runs([1, 2, 3], [1, 2])
 
 
 @pytest.mark.parametrize("strategy", ["auto", "runs", "gather"])
 def test_plan_segments_cover_the_transfer_in_order(strategy, monkeypatch):
+    """Chunks (gather) hold at most CHUNK_BYTES; runs, whatever their length, are consecutive on both sides."""
     monkeypatch.setattr(T, "CHUNK_BYTES", 5 * LAYOUT.block_bytes)
     rng = random.Random(0)
     for n in (1, 2, 7, 40):
@@ -88,9 +87,12 @@ def test_plan_segments_cover_the_transfer_in_order(strategy, monkeypatch):
         for a, b in ((src, dst), (list(range(n)), list(range(50, 50 + n)))):
             segments = T.plan_segments(a, b, LAYOUT.block_bytes, strategy)
             assert [off for off, _ in segments] == [sum(k for _, k in segments[:i]) for i in range(len(segments))]
-            assert sum(k for _, k in segments) == n and all(1 <= k <= 5 for _, k in segments)
-            if strategy == "runs" or (strategy == "auto" and len(segments) <= 16 and a == list(range(n))):
-                assert all(T.is_run(a[o:o + k]) and T.is_run(b[o:o + k]) for o, k in segments)
+            assert sum(k for _, k in segments) == n
+            if strategy == "runs" or (strategy == "auto" and len(T.joint_runs(a, b)) <= 16):
+                assert segments == T.joint_runs(a, b)
+                assert all(is_run(a[o:o + k]) and is_run(b[o:o + k]) for o, k in segments)
+            else:
+                assert all(1 <= k <= 5 for _, k in segments)
 
 
 def test_plan_segments_auto_gathers_when_runs_are_many():
@@ -100,6 +102,15 @@ def test_plan_segments_auto_gathers_when_runs_are_many():
     assert T.plan_segments(list(range(100)), list(range(100, 200)), LAYOUT.block_bytes, "auto") == [(0, 100)]
     with pytest.raises(ValueError, match="strategy"):
         T.plan_segments([1], [1], LAYOUT.block_bytes, "fastest")
+
+
+def test_block_ids_give_views_for_runs_only():
+    kv = torch.arange(10.0).reshape(10, 1)
+    blocks = T.BlockIds(kv, [3, 4, 5, 9, 1, 2])
+    assert blocks.run(0, 3).data_ptr() == kv[3].data_ptr() and blocks.run(0, 3).shape[0] == 3
+    assert blocks.run(4, 2) is not None and blocks.run(2, 2) is None and blocks.run(3, 1) is not None
+    assert blocks.gather(2, 3).flatten().tolist() == [5.0, 9.0, 1.0]
+    assert blocks.index(3, 2).tolist() == [9, 1]
 
 
 def test_a_block_bigger_than_a_chunk_is_a_segment_of_its_own(monkeypatch):
@@ -234,6 +245,77 @@ def test_posted_segments_bound_only_those_holding_scratch_memory(monkeypatch):
     assert events[-2:] == ["wait scratch1", "scatter1"]
     posted.drain()
     assert events[-2:] == ["wait view2", "wait scratch2"] and not posted.ops and posted.scratch == 0
+
+
+def test_the_receiver_posts_what_needs_no_wait_when_nothing_earlier_is_left(monkeypatch):
+    """Bytes start to move without waking the link thread, and both sides still post in handoff order: the
+    caller posts leading views and one scratch receive; a second scratch segment, anything behind a transfer
+    with operations left and a transfer not posted here (a sender's) are the link thread's."""
+    import queue
+
+    from kvtransfer import nccl
+
+    posts: list[tuple[str, int]] = []
+
+    class Work:
+        def wait(self):
+            pass
+
+    def post(link, kind, t):
+        posts.append((threading.current_thread().name, int(t[0])))
+        return Work()
+
+    monkeypatch.setattr(nccl, "_post", post)
+    monkeypatch.setattr(nccl, "IN_FLIGHT", 2)
+    link = object.__new__(nccl._Link)
+    link.lock, link.unposted, link.error, link.group = threading.Lock(), 0, None, None
+    link.backend, link.timeout, link.jobs = "gloo", 1.0, queue.SimpleQueue()
+
+    def op(i, **kw):
+        return nccl._Op("send", lambda: torch.tensor([i]), **kw)
+
+    def transfer(*ops):
+        return nccl._Transfer(link, list(ops), None, None)
+
+    def run_jobs():
+        def loop():
+            while not link.jobs.empty():
+                job, future = link.jobs.get()
+                job()
+                future.set_result(None)
+        thread = threading.Thread(target=loop, name="link")
+        thread.start()
+        thread.join()
+
+    link.run(transfer(op(0)), post_here=True)  # the link is not open yet: all of it is the link thread's
+    assert posts == [] and link.unposted == 1
+    run_jobs()
+    link.group = object()
+    link.run(transfer(op(1), op(2), op(3, scratch=True), op(4, scratch=True), op(5)), post_here=True)
+    link.run(transfer(op(6)), post_here=True)  # behind operations still to post
+    assert posts[1:] == [("MainThread", 1), ("MainThread", 2), ("MainThread", 3)] and link.unposted == 2
+    run_jobs()
+    link.run(transfer(op(7)))  # a sender's
+    link.run(transfer(op(8), op(9)), post_here=True)
+    assert len(posts) == 7 and link.unposted == 2
+    run_jobs()
+    assert [i for _, i in posts] == list(range(10)) and link.unposted == 0
+    assert [name for name, i in posts if i in (0, 4, 5, 6, 7, 8, 9)] == ["link"] * 7
+
+
+def test_gloo_a_trailer_out_of_step_fails_the_handoff_and_breaks_the_link():
+    """Metadata naming another request than the bytes that arrive: the receive fails once they are in."""
+    pair = Pair()
+    try:
+        sent = pair.send("r1", [1, 2], [4, 5])
+        meta = T.unpack(sent.frames[0], "meta")
+        forged = T.pack({**meta, "request_id": "r9"})
+        with pytest.raises(TransferError, match="out of step"):
+            pair.decode.receive("r9", "p0", [4, 5], [forged]).result(timeout=30)
+        sent.done.result(timeout=30)
+        assert pair.decode.receiving[meta["link"]].error is not None
+    finally:
+        pair.close()
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="timer slack is Linux's")

@@ -143,7 +143,7 @@ def run_handoffs(kind: str, src_device: str, dst_device: str) -> None:
     sender = TRANSPORTS[kind](src, "127.0.0.1", 60.0)
     try:
         n = 0
-        for strategy in ("auto", "runs", "gather"):
+        for strategy in ("auto", "runs", "gather" if kind == "nccl" else "kernel"):
             sender.strategy = strategy
             for src_ids, dst_ids in cases():
                 n += 1
