@@ -186,7 +186,7 @@ def covered(table, lens: list[int]) -> None:
     ([520] * 64, [1] * 64, False),  # rounded to nearest: not 2 x 260
     ([4096] * 16, [4] * 16, True),
     ([4096] * 256, [1] * 256, False),
-    ([1024], [8], True),  # few programs: cut down to 128 tokens ...
+    ([1024], [16], True),  # few programs: cut down to one 64-token tile ...
     ([65536], [64], True),  # ... and at most 64 units a sequence
     ([100000] * 3, [22] * 3, True),
     ([40, 0, 7], [1, 0, 1], False),  # padding (0) gets no unit
