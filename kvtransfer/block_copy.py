@@ -20,7 +20,9 @@ WORDS_PER_PROGRAM = 4096  # 32 KiB of int64 words: enough per program to keep 16
 @triton.jit
 def _copy_blocks_kernel(src_ptr, dst_addr, src_ids_ptr, dst_ids_ptr, block_words, BLOCK: tl.constexpr):
     """Grid (pairs, parts of a block): one program copies BLOCK words of one block. The destination comes as
-    an address: Triton's launcher refuses an IPC-mapped pointer (kernels reach it all the same)."""
+    an address on a GPU: Triton's launcher refuses an IPC-mapped pointer (kernels reach it all the same). In
+    Triton's interpreter (CPU tests) it is the tensor, as the interpreter of some numpy versions cannot load
+    through an address cast to a pointer."""
     dst_ptr = dst_addr.to(src_ptr.dtype, bitcast=True)
     pair = tl.program_id(0)
     offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
@@ -58,5 +60,5 @@ def copy_blocks(src_kv: torch.Tensor, dst_kv: torch.Tensor, src_ids: torch.Tenso
     block_words = src.numel() // src_kv.shape[0]
     with torch.cuda.device(dst_kv.device) if dst_kv.is_cuda else contextlib.nullcontext():
         _copy_blocks_kernel[(n, triton.cdiv(block_words, WORDS_PER_PROGRAM))](
-            src, dst.data_ptr(), src_ids, dst_ids, block_words, BLOCK=WORDS_PER_PROGRAM, num_warps=4)
+            src, dst.data_ptr() if dst.is_cuda else dst, src_ids, dst_ids, block_words, BLOCK=WORDS_PER_PROGRAM, num_warps=4)
 

@@ -50,7 +50,7 @@ from kvtransfer.transport import (
 
 log = logging.getLogger(__name__)
 
-VERSION = 1
+VERSION = 2  # 1: the trailer was a header, sent before the blocks
 IN_FLIGHT = 2  # segments holding a scratch buffer (gather or scatter) posted at once, per side
 _ENV_LOCK = threading.Lock()
 PR_SET_TIMERSLACK = 29  # prctl option (linux/prctl.h)
@@ -287,6 +287,8 @@ class NcclTransport(Transport):
                 and type(meta["block_bytes"]) is int and meta["block_bytes"] > 0 and type(counts) is list and counts
                 and all(type(n) is int and n > 0 for n in counts)):
             raise TransferError("nccl handoff metadata: malformed link, seq, block_bytes or segments")
+        if meta["v"] != VERSION:
+            raise TransferError(f"nccl handoff metadata: version {meta['v']!r}, this worker speaks {VERSION}")
         if meta["request_id"] != request_id:
             raise TransferError(f"nccl metadata names request {meta['request_id']!r}, the handoff {request_id!r}")
         if self.store is None:

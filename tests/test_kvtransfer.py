@@ -546,7 +546,9 @@ def test_malformed_metadata_is_refused():
     try:
         for meta, problem in [(b"\xc1", "not msgpack"), (T.pack({"v": 1}), "missing link, seq"),
                               (T.pack({"v": 1, "link": "x", "seq": -1, "request_id": "r1", "block_bytes": 8,
-                                       "segments": [1]}), "malformed")]:
+                                       "segments": [1]}), "malformed"),
+                              (T.pack({"v": 1, "link": "x", "seq": 0, "request_id": "r1", "block_bytes": 8,
+                                       "segments": [1]}), "version 1, this worker speaks 2")]:
             with pytest.raises(TransferError, match=problem):
                 pair.decode.receive("r1", "p0", [1], [meta])
         with pytest.raises(TransferError, match="1 metadata frame, got 2"):
