@@ -2,9 +2,9 @@
 
 The pools may sit on two GPUs of a node: the kernel runs on the destination's GPU and reads the source
 pool over the link (peer access on). It runs there because a pool mapped by CUDA IPC can be reached only
-from the GPU it is mapped on (a kernel on the source GPU storing into it faulted on 2xH200). Scattered ids then cost one launch,
-where copy engines need one copy per run of consecutive ids (~26 us for a 2.4 MB block across two H200s)
-and a gather, a copy and a scatter move every byte three times.
+from the GPU it is mapped on (a kernel on the source GPU storing into it faulted on 2xH200). Scattered
+ids then cost one launch, where copy engines need one copy per run of consecutive ids (~26 us for a
+2.4 MB block across two H200s) and a gather, a copy and a scatter move every byte three times.
 """
 from __future__ import annotations
 
@@ -60,5 +60,6 @@ def copy_blocks(src_kv: torch.Tensor, dst_kv: torch.Tensor, src_ids: torch.Tenso
     block_words = src.numel() // src_kv.shape[0]
     with torch.cuda.device(dst_kv.device) if dst_kv.is_cuda else contextlib.nullcontext():
         _copy_blocks_kernel[(n, triton.cdiv(block_words, WORDS_PER_PROGRAM))](
-            src, dst.data_ptr() if dst.is_cuda else dst, src_ids, dst_ids, block_words, BLOCK=WORDS_PER_PROGRAM, num_warps=4)
+            src, dst.data_ptr() if dst.is_cuda else dst, src_ids, dst_ids, block_words, BLOCK=WORDS_PER_PROGRAM,
+            num_warps=4)
 
