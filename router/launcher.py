@@ -175,9 +175,10 @@ class Cluster:
         if self.serve_config.ray_address:
             ray.init(address=self.serve_config.ray_address, **kwargs)
         else:
-            # Room to scale up on this machine; each custom resource asked for exists here in plenty.
+            # Room to scale up on this machine; each custom resource asked for exists here in plenty. "local":
+            # a Ray of our own even when another runs here (ray.init would join that one, then refuse num_cpus).
             custom = {name: 1000.0 for role in ROLES for name in self.serve_config.resources(role)}
-            ray.init(num_cpus=max(len(plan), os.cpu_count() or 1) + 1, resources=custom, **kwargs)
+            ray.init(address="local", num_cpus=max(len(plan), os.cpu_count() or 1) + 1, resources=custom, **kwargs)
             self._own_ray = True
 
     def start_workers(self) -> None:

@@ -44,6 +44,21 @@ def test_ray_leaves_cuda_visible_devices_to_workers_only_for_node_visibility(tin
     assert (seen["runtime_env"]["env_vars"].get(NOSET_CUDA_VISIBLE_DEVICES) == "1") == noset
 
 
+@pytest.mark.parametrize("address", [None, "auto", "10.0.0.1:6379"])
+def test_serve_starts_its_own_ray_unless_given_an_address(tiny_qwen3_dir, monkeypatch, address):
+    """Without --ray-address, a Ray of its own even if one already runs on this machine (ray.init alone would
+    join that one and refuse num_cpus); with it, the cluster named, and no num_cpus."""
+    import ray
+
+    from common.config import EngineConfig
+
+    seen: dict = {}
+    monkeypatch.setattr(ray, "init", lambda **kw: seen.update(kw))
+    engine = EngineConfig(model=str(tiny_qwen3_dir), device="cpu")
+    Cluster(ServeConfig(ray_address=address), RouterConfig(model="unused"), engine).start_ray()
+    assert seen["address"] == (address or "local") and ("num_cpus" in seen) == (address is None)
+
+
 def test_a_worker_shown_its_node_sees_its_own_gpus_first_unless_cuda_started(monkeypatch):
     import os
 
