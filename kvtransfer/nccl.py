@@ -437,10 +437,12 @@ class _Posted:
             self._finish_oldest()
 
     def _finish_oldest(self) -> None:
-        work, _, scratch, then = self.ops.popleft()
+        work, tensor, scratch, then = self.ops.popleft()
         _wait(self.link, work)
         self.scratch -= scratch
         if then is not None:
+            if tensor.is_cuda:  # made on the caller's stream, maybe: keep it from reuse there until `then` has read it
+                tensor.record_stream(torch.cuda.current_stream(tensor.device))
             then()
 
 

@@ -318,6 +318,30 @@ def test_gloo_a_trailer_out_of_step_fails_the_handoff_and_breaks_the_link():
         pair.close()
 
 
+def test_a_scatter_keeps_its_scratch_buffer_from_reuse_until_its_stream_has_read_it(monkeypatch):
+    """A receive buffer may be made on the decode worker's thread (its compute stream) and scattered on the link
+    stream; freed right after the scatter is queued, the allocator could hand it to the compute stream first."""
+    from kvtransfer import nccl
+
+    events: list[str] = []
+
+    class Work:
+        def wait(self):
+            events.append("wait")
+
+    class CudaBuffer:
+        is_cuda, device = True, "cuda:0"
+
+        def record_stream(self, stream):
+            events.append(f"record {stream}")
+
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: "link-stream")
+    posted = nccl._Posted(SimpleNamespace(backend="gloo", timeout=1.0))
+    posted.add(Work(), CudaBuffer(), scratch=True, then=lambda: events.append("scatter"))
+    posted.drain()
+    assert events == ["wait", "record link-stream", "scatter"]
+
+
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="timer slack is Linux's")
 def test_link_threads_poll_with_a_fine_timer_slack():
     """A 20 us poll must not sleep 70 us: the link thread drops its timer slack to 1 us; others keep theirs."""
