@@ -220,7 +220,7 @@ class ModelRunner:
 
     def execute(self, inputs: StepInputs) -> torch.Tensor:
         md = inputs.attn
-        if self.graphs is not None and md.num_prefills == 0 and md.num_decodes <= self.graphs.max_batch_size:
+        if self._graph_bucket(md.num_decodes, md.num_prefills == 0) is not None:
             return self.model.compute_logits(self.graphs.replay(inputs.input_ids, inputs.positions, md))
         with forward_context(md):
             hidden = self.model(inputs.input_ids, inputs.positions)
@@ -296,7 +296,7 @@ class ModelRunner:
         nd = batch.num_decodes
         prefill_q = [n for n in batch.num_new_tokens[nd:]]
         prefix_cached = any(l > n for l, n in zip(seq_lens[nd:], prefill_q))
-        plan = self._decode_plan(seq_lens[:nd], nd == len(seq_lens))
+        plan = self._decode_plan(seq_lens[:nd], batch.decode_only)
         header = torch.tensor([_RUN, qsl[-1], len(seq_lens), width, nd, max(batch.num_new_tokens), max(seq_lens),
                                int(prefix_cached), max(prefill_q, default=0), plan.shape[1]])
         qsl_arr = np.asarray(qsl)
@@ -306,14 +306,18 @@ class ModelRunner:
         pending = torch.tensor([dst, src], dtype=torch.int64) if dst else None
         return header, payload, pending
 
+    def _graph_bucket(self, num_decodes: int, decode_only: bool) -> int | None:
+        """The batch size of the CUDA graph a step replays; None: the step runs eagerly."""
+        if self.graphs is None or not decode_only or num_decodes > self.graphs.max_batch_size:
+            return None
+        return self.graphs.bucket(num_decodes)
+
     def _decode_plan(self, decode_lens: list[int], decode_only: bool) -> np.ndarray:
         """How the Triton decode kernel cuts these contexts ([5, units]; no columns: one unit a sequence), for
         the batch it will see: a CUDA graph's padded one when the step replays a graph."""
         table = None
         if decode_lens and self.backend.name != "torch":
-            batch = len(decode_lens)
-            if decode_only and self.graphs is not None and batch <= self.graphs.max_batch_size:
-                batch = self.graphs.bucket(batch)
+            batch = self._graph_bucket(len(decode_lens), decode_only) or len(decode_lens)
             table = plan_table(decode_lens, self.layout.num_kv_heads, self.device, batch=batch)
         return np.zeros((PLAN_ROWS, 0), np.int64) if table is None else table
 

@@ -69,6 +69,11 @@ class Pool:
         return ids.view(batch, per_seq).to(torch.int32)
 
 
+def num_units(plan: DecodePlan, batch: int) -> int:
+    """Programs a plan runs per KV head: one a sequence, or its table's used units."""
+    return int((plan.units[0] >= 0).sum()) if plan.split else batch
+
+
 def bench_decode(pool: Pool, copy_gbs: float) -> None:
     log(f"\n== paged_decode_attention ({DTYPE}), KV read GB/s vs copy {copy_gbs:.0f} GB/s")
     log(f"{'model':<11} {'block':>5} {'batch':>5} {'context':>7} {'units':>6} {'max_err':>8} "
@@ -94,7 +99,7 @@ def bench_decode(pool: Pool, copy_gbs: float) -> None:
                     err = (run()[:n].float() - expected.float()).abs().max().item()
                     ms = bench_ms(run)
                     gbs = batch * context * 2 * NUM_KV_HEADS * HEAD_DIM * q.element_size() / ms / 1e6
-                    units = batch if not plan.split else int((plan.units[0] >= 0).sum())
+                    units = num_units(plan, batch)
                     log(f"{model:<11} {block_size:>5} {batch:>5} {context:>7} {units:>6} {err:>8.1e} "
                         f"{ms * 1e3:>9.1f} {gbs:>7.0f} {100 * gbs / copy_gbs:>5.0f}%")
 
@@ -147,7 +152,7 @@ def bench_mixed(copy_gbs: float) -> None:
             assert err <= 2e-2, f"{name} b{batch}: max err {err}"
             timed[name] = bench_ms(run)
         gbs = sum(lens_list) * 2 * NUM_KV_HEADS * HEAD_DIM * q.element_size() / timed["plan"] / 1e6
-        units = batch if not plans["plan"].split else int((plans["plan"].units[0] >= 0).sum())
+        units = num_units(plans["plan"], batch)
         log(f"{batch:>5} {short:>6} {long:>6} | {old:>11} {timed['even'] * 1e3:>8.1f} | {units:>10} "
             f"{timed['plan'] * 1e3:>8.1f} {100 * gbs / copy_gbs:>5.0f}% {timed['even'] / timed['plan']:>6.2f}")
         del pool
