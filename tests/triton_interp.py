@@ -27,7 +27,9 @@ def device(request: pytest.FixtureRequest) -> str:
 def interpreter_suite(test_file: str, timeout: float = 900):
     @pytest.mark.skipif(INTERPRETED, reason="this is the interpreter run")
     def test_interpreter_suite() -> None:
-        env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT)}
+        # ROOT first, then whatever the caller's path held (the GPU host brings pyzmq and ray that way)
+        path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+        env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": path}
         cmd = [sys.executable, "-m", "pytest", test_file, "-q", "-m", "not gpu", "-p", "no:cacheprovider"]
         proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
         assert proc.returncode == 0, proc.stdout[-10000:] + proc.stderr[-3000:]
