@@ -15,13 +15,13 @@ from __future__ import annotations
 
 import os
 import weakref
+from contextlib import nullcontext
 
-import numpy as np
 import torch
 from torch.multiprocessing.reductions import rebuild_cuda_tensor, reduce_tensor
 
 from common.config import DTYPES
-from kvtransfer.block_copy import copy_blocks
+from kvtransfer.block_copy import BlockCopy
 from kvtransfer.transport import (
     Sent, TransferError, Transport, check_block_ids, check_layout, joint_runs, layout_record, pack, unpack,
 )
@@ -97,7 +97,9 @@ class CudaIPCTransport(Transport):
             raise ValueError(f"cuda_ipc strategy must be one of {', '.join(STRATEGIES)}, got {strategy!r}")
         self.strategy = strategy
         self.peers: dict[str, tuple[bytes, torch.Tensor]] = {}  # peer id -> (its descriptor, its mapped pool)
-        self.streams: dict[torch.device, torch.cuda.Stream] = {}
+        self.copiers: dict[str, BlockCopy] = {}  # peer id -> the block-copy kernel into its pool
+        self.streams: dict[torch.device, tuple[torch.cuda.Stream, torch.cuda.Event]] = {}
+        self._ids = torch.empty(0, dtype=torch.int64)  # pinned block ids, read by the kernel in place
         self._descriptor: bytes | None = None
 
     def descriptor(self) -> bytes:
@@ -117,7 +119,7 @@ class CudaIPCTransport(Transport):
         check_block_ids(dst_block_ids, dst_kv.shape[0], f"{peer_id}'s")
         if len(src_block_ids) != len(dst_block_ids):
             raise TransferError(f"{len(src_block_ids)} source blocks for {len(dst_block_ids)} destination blocks")
-        self.copy(src_block_ids, dst_block_ids, dst_kv)
+        self.copy(src_block_ids, dst_block_ids, dst_kv, peer_id)
         return Sent()
 
     def peer_pool(self, peer_id: str, descriptor: bytes) -> torch.Tensor:
@@ -150,44 +152,53 @@ class CudaIPCTransport(Transport):
             raise TransferError(f"{peer_id}'s KV pool is {tuple(kv.shape)} {kv.dtype}, expected {expected} "
                                 f"{self.pool.kv.dtype}")
         self.peers[peer_id] = (descriptor, kv)
+        self.copiers[peer_id] = BlockCopy(self.pool.kv, kv)
         return kv
 
-    def copy(self, src_block_ids: list[int], dst_block_ids: list[int], dst_kv: torch.Tensor) -> None:
-        """src blocks of this pool -> dst blocks of `dst_kv`, on side streams; returns when the copy is done.
+    def copy(self, src_block_ids: list[int], dst_block_ids: list[int], dst_kv: torch.Tensor, peer_id: str) -> None:
+        """src blocks of this pool -> dst blocks of `dst_kv`, on a side stream; returns when the copy is done.
 
         Few runs of ids consecutive on both sides: one copy_ per run (copy engines, no SMs). Many: one
         block-copy kernel for all of them, on the destination's GPU, reading this pool over the link when
-        the peer is on another GPU (one copy engine transfer per run took ~26 us a block there)."""
+        the peer is on another GPU (one copy engine transfer per run took ~26 us a block there).
+
+        The copy waits for nothing queued on this process's streams: the caller has seen the work that wrote
+        the source blocks finish (the engine collected the step that prefilled them). Waiting on the compute
+        stream would queue a handoff behind the next prefill, which overlap scheduling has already launched.
+        Host time is part of every handoff (a torch call took 10-30 us on the GPU host's H100), hence the
+        cached streams, events and kernel views, and block ids the kernel reads from pinned memory in place."""
         src_kv = self.pool.kv
-        local = self._stream(src_kv.device)
-        local.wait_stream(torch.cuda.current_stream(src_kv.device))  # the prefill wrote these blocks
-        runs = joint_runs(src_block_ids, dst_block_ids)
-        if self.strategy == "runs" or (self.strategy == "auto" and len(runs) <= MAX_COPY_RUNS):
-            remote = self._stream(dst_kv.device)  # a cross-device copy_ also orders the destination's stream
-            with torch.cuda.stream(local), torch.cuda.stream(remote):
+        runs = None if self.strategy == "kernel" else joint_runs(
+            src_block_ids, dst_block_ids, None if self.strategy == "runs" else MAX_COPY_RUNS)
+        if runs is not None:
+            stream, done = self._stream(src_kv.device)  # a cross-device copy_ runs on the source's current stream
+            remote, _ = self._stream(dst_kv.device)  # ... and orders the destination's current stream after it
+            with torch.cuda.stream(stream), torch.cuda.stream(remote) if remote is not stream else nullcontext():
                 for off, n in runs:
                     s, d = src_block_ids[off], dst_block_ids[off]
                     dst_kv[d:d + n].copy_(src_kv[s:s + n], non_blocking=True)
-                streams = [local] if remote is local else [local, remote]
-                events = [torch.cuda.Event() for _ in streams]
-                for event, stream in zip(events, streams):
-                    event.record(stream)
-        else:  # on the destination's GPU (see block_copy), after the prefill's work
-            remote = self._stream(dst_kv.device)
-            remote.wait_stream(local)
-            ids = torch.from_numpy(np.array([src_block_ids, dst_block_ids], dtype=np.int64))
-            with torch.cuda.stream(remote):
-                ids = ids.to(dst_kv.device, non_blocking=True)
-                copy_blocks(src_kv, dst_kv, ids[0], ids[1])
-                events = [torch.cuda.Event()]
-                events[0].record(remote)
-        for event in events:
-            event.synchronize()
+        else:  # on the destination's GPU (see block_copy)
+            stream, done = self._stream(dst_kv.device)
+            with torch.cuda.stream(stream):
+                self.copiers[peer_id](*self._pinned_ids(src_block_ids, dst_block_ids))
+        done.record(stream)  # an event: stream.synchronize() took 20-80 us longer a handoff (H100, A/B)
+        done.synchronize()
 
-    def _stream(self, device: torch.device) -> torch.cuda.Stream:
+    def _stream(self, device: torch.device) -> tuple[torch.cuda.Stream, torch.cuda.Event]:
+        """The side stream on `device`, and the event each copy on it records."""
         if device not in self.streams:
-            self.streams[device] = torch.cuda.Stream(device)
+            self.streams[device] = (torch.cuda.Stream(device), torch.cuda.Event())
         return self.streams[device]
+
+    def _pinned_ids(self, src: list[int], dst: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Both id lists in one pinned buffer the kernel reads over the bus, kept between handoffs: free again
+        when `copy` returns, as each handoff waits for its kernel."""
+        n = len(src)
+        if self._ids.numel() < 2 * n:
+            self._ids = torch.empty(max(2 * n, 2048), dtype=torch.int64, pin_memory=True)
+        ids = self._ids.numpy()
+        ids[:n], ids[n:2 * n] = src, dst
+        return self._ids[:n], self._ids[n:2 * n]
 
     # ---- decode side: the prefill worker already wrote the blocks -----------------------------------
     def receive(self, request_id, peer_id, dst_block_ids, frames):
@@ -197,3 +208,4 @@ class CudaIPCTransport(Transport):
 
     def close(self) -> None:
         self.peers.clear()
+        self.copiers.clear()

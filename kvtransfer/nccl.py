@@ -221,7 +221,9 @@ class NcclTransport(Transport):
         seq, link.next_seq = link.next_seq, link.next_seq + 1
         block_bytes = self.pool.layout.block_bytes
         segments = plan_segments(src_block_ids, dst_block_ids, block_bytes, self.strategy)
-        done = link.run(_Transfer(link, self._send_ops(seq, request_id, src_block_ids, segments), None, self._mark()))
+        # No wait on the compute stream: the caller saw the step that wrote these blocks finish, and overlap has
+        # queued the next prefill there since (the send would start only after it).
+        done = link.run(_Transfer(link, self._send_ops(seq, request_id, src_block_ids, segments), None, None))
         meta = pack({"v": VERSION, "link": link.name, "seq": seq, "request_id": request_id,
                      "block_bytes": block_bytes, "segments": [n for _, n in segments]})
         return Sent([meta], done)

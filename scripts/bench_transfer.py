@@ -219,6 +219,7 @@ def main(argv: list[str] | None = None) -> int:
                 num_blocks = 2 * -(-max(args.tokens) // block_size) + 1
                 src = KVPool(layout, num_blocks, SOURCE)
                 src.kv.normal_()
+                torch.cuda.synchronize()  # a transport's send expects its source blocks written
                 fields = (layout.num_layers, layout.block_size, layout.num_kv_heads, layout.head_dim)
                 for label, kind, device in cases:
                     peer = peers[label]

@@ -73,6 +73,12 @@ def test_joint_runs_split_where_either_side_jumps():
     assert T.joint_runs(src, dst) == [(0, 2), (2, 2), (4, 3)]
     assert T.joint_runs([], []) == [] and T.joint_runs([4], [9]) == [(0, 1)]
     assert T.joint_runs([4, 3, 2], [0, 1, 2]) == [(0, 1), (1, 1), (2, 1)]  # descending is not a run
+    assert T.joint_runs([5, 6, 7], [0, 1, 2]) == [(0, 3)]
+    assert T.joint_runs([0, 2, 1, 3], [0, 1, 2, 3]) == [(0, 1), (1, 1), (2, 1), (3, 1)]  # span of a run, not one
+    assert T.joint_runs([0, 1, 2], [5, 7, 8]) == [(0, 1), (1, 2)]
+    assert T.joint_runs([0, 1, 2, 3], [5, 6, 9, 8], limit=3) == [(0, 2), (2, 1), (3, 1)]
+    assert T.joint_runs([0, 1, 2, 3], [5, 6, 9, 8], limit=2) is None  # more runs than the limit
+    assert T.joint_runs([0, 1, 2, 3], [5, 6, 7, 8], limit=1) == [(0, 4)]
     with pytest.raises(TransferError, match="3 source blocks for 2"):
         T.joint_runs([1, 2, 3], [1, 2])
 

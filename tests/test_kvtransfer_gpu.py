@@ -191,6 +191,20 @@ def test_cuda_ipc_descriptor_maps_in_this_process_too():
     assert sender.peer_pool("d0", receiver.descriptor()).data_ptr() == dst.kv.data_ptr()
 
 
+@pytest.mark.parametrize("strategy", ["runs", "kernel"])
+def test_cuda_ipc_does_not_wait_for_work_queued_after_the_blocks_were_written(strategy):
+    """With overlap the engine launches the next prefill before it hands off the blocks of the one it just
+    collected: the handoff must not queue behind that step (a GPU sleep on the compute stream stands for it)."""
+    src, dst = source_pool("cuda:0"), KVPool(LAYOUT, NUM_BLOCKS, "cuda:0")
+    receiver, sender = CudaIPCTransport(dst), CudaIPCTransport(src, strategy=strategy)
+    torch.cuda.synchronize()
+    torch.cuda._sleep(2_000_000_000)  # about a second of GPU clock cycles
+    sender.send("r1", "d0", receiver.descriptor(), [5, 1, 2, 9], [7, 8, 0, 3])
+    assert not torch.cuda.current_stream().query(), "send returned only after the compute stream's later work"
+    torch.cuda.synchronize()
+    assert torch.equal(dst.kv[[7, 8, 0, 3]], src.kv[[5, 1, 2, 9]])
+
+
 def test_cuda_ipc_refuses_a_layout_mismatch():
     other = KVLayout(num_layers=4, block_size=32, num_kv_heads=8, head_dim=128, dtype=torch.bfloat16)
     receiver, sender = CudaIPCTransport(KVPool(other, 8, "cuda:0")), CudaIPCTransport(source_pool("cuda:0"))
@@ -230,6 +244,27 @@ def test_nccl_between_two_processes_across_two_gpus(small_chunks):
 @two_gpus()
 def test_nccl_with_big_chunks_across_two_gpus():
     run_handoffs("nccl", "cuda:0", "cuda:1")
+
+
+@two_gpus()
+def test_nccl_send_does_not_wait_for_work_queued_after_the_blocks_were_written():
+    """As for cuda_ipc: the blocks arrive while the sender's compute stream still runs later work."""
+    src = source_pool("cuda:0")
+    peer = Peer("nccl", "cuda:1")
+    sender = NcclTransport(src, "127.0.0.1", 60.0)
+    try:
+        for n, (src_ids, dst_ids) in enumerate([([1, 2], [3, 4]), ([5, 1, 2, 9], [7, 8, 0, 3])]):
+            expected = src.kv[src_ids].cpu()
+            if n:  # the first handoff opens the link
+                torch.cuda._sleep(4_000_000_000)  # about two seconds of GPU clock cycles
+            sent = sender.send(f"r{n}", "d0", peer.descriptor, src_ids, dst_ids)
+            assert peer.ask("receive", f"r{n}", dst_ids, sent.frames, expected) == ""
+            sent.done.result(timeout=60)
+        assert not torch.cuda.current_stream(0).query(), "the blocks moved only after the compute stream's later work"
+    finally:
+        torch.cuda.synchronize()
+        sender.close()
+        peer.close()
 
 
 def test_nccl_refuses_two_ranks_on_one_gpu():
