@@ -1,14 +1,16 @@
+"""What the engine is told: `EngineConfig` (one dataclass, filled from CLI flags) and the parts of a checkpoint's
+config.json it needs (`ModelConfig`). Plain data, no tensors: the router and the launcher read it too."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import torch
-
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+DTYPES = ("float32", "bfloat16", "float16")
+DEVICES = ("cpu", "cuda")
 
 # architecture -> (attention has qkv bias, per-head q/k RMSNorm)
 ARCHITECTURES = {
@@ -42,7 +44,7 @@ class ModelConfig:
     tie_word_embeddings: bool
     qkv_bias: bool
     qk_norm: bool
-    dtype: torch.dtype
+    dtype: str  # the checkpoint's: one of DTYPES
     eos_token_ids: list[int]
     bos_token_id: int | None
 
@@ -81,10 +83,15 @@ class ModelConfig:
             tie_word_embeddings=c.get("tie_word_embeddings", False),
             qkv_bias=c.get("attention_bias", qkv_bias),
             qk_norm=qk_norm,
-            dtype=DTYPES.get(str(dtype).replace("torch.", ""), torch.float32),
+            dtype=_dtype_name(dtype),
             eos_token_ids=[] if eos is None else ([eos] if isinstance(eos, int) else list(eos)),
             bos_token_id=c.get("bos_token_id"),
         )
+
+
+def _dtype_name(dtype: object) -> str:
+    name = str(dtype).removeprefix("torch.")
+    return name if name in DTYPES else "float32"
 
 
 def parse_bytes(text: str | int) -> int:
@@ -127,9 +134,7 @@ class EngineConfig:
 
     def __post_init__(self) -> None:
         self.model_config = ModelConfig.from_dir(self.model)
-        if self.device == "auto":
-            self.device = "cuda" if torch.cuda.is_available() else "cpu"
-        if self.device not in ("cpu", "cuda"):
+        if self.device not in ("auto", *DEVICES):
             raise ConfigError(f"device: must be cpu or cuda, got {self.device!r}")
         if self.dtype != "auto" and self.dtype not in DTYPES:
             raise ConfigError(f"dtype: must be one of auto, {', '.join(DTYPES)}, got {self.dtype!r}")
@@ -147,19 +152,20 @@ class EngineConfig:
         if not 0 < self.gpu_memory_utilization <= 1:
             raise ConfigError(f"gpu_memory_utilization: must be in (0, 1], got {self.gpu_memory_utilization}")
 
-    def check_device(self) -> None:
-        """Checked where the engine runs, not where the config is made: `serve` on a head node without a
-        GPU still starts CUDA workers elsewhere."""
-        if self.device != "cuda":
-            return
-        if not torch.cuda.is_available():
-            raise ConfigError("device: cuda asked for but torch sees no CUDA device")
-        if self.tensor_parallel_size > torch.cuda.device_count():
-            raise ConfigError(f"tensor_parallel_size: {self.tensor_parallel_size} ranks need as many GPUs, "
-                              f"torch sees {torch.cuda.device_count()}")
+    def on_device(self, device: str) -> EngineConfig:
+        """This config with `device` (cpu or cuda) in place of auto; where the engine runs, `auto` means cuda when
+        torch sees a GPU, and the launcher decides it from the Ray cluster's GPUs."""
+        if self.device != "auto":
+            return self
+        if device not in DEVICES:
+            raise ConfigError(f"device: must be cpu or cuda, got {device!r}")
+        return dataclasses.replace(self, device=device)
 
     @property
-    def torch_dtype(self) -> torch.dtype:
+    def dtype_name(self) -> str:
+        """The engine's dtype: the one asked for, else the checkpoint's on cuda and float32 on cpu."""
         if self.dtype != "auto":
-            return DTYPES[self.dtype]
-        return self.model_config.dtype if self.device == "cuda" else torch.float32
+            return self.dtype
+        if self.device == "auto":
+            raise ConfigError("dtype: auto is decided once the device is (EngineConfig.on_device)")
+        return self.model_config.dtype if self.device == "cuda" else "float32"

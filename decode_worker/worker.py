@@ -5,7 +5,7 @@ import time
 
 from common import protocol as P
 from common.sampling_params import InvalidRequest
-from common.worker import Worker
+from common.worker.runtime import Worker
 
 log = logging.getLogger(__name__)
 

@@ -20,11 +20,10 @@ from contextlib import nullcontext
 import torch
 from torch.multiprocessing.reductions import rebuild_cuda_tensor, reduce_tensor
 
-from common.config import DTYPES
+from common.engine.device import TORCH_DTYPES
 from kvtransfer.block_copy import BlockCopy
-from kvtransfer.transport import (
-    Sent, TransferError, Transport, check_block_ids, check_layout, joint_runs, layout_record, pack, unpack,
-)
+from kvtransfer.descriptors import TransferError, pack, unpack
+from kvtransfer.transport import Sent, Transport, check_block_ids, check_layout, joint_runs, layout_record
 
 VERSION = 1
 MAX_COPY_RUNS = 16  # more runs than this go through the block-copy kernel
@@ -57,7 +56,7 @@ def import_tensor(share: dict, device_index: int) -> torch.Tensor:
     """Map an exported tensor; `device_index` is this process's index of the GPU it lives on."""
     return rebuild_cuda_tensor(
         torch.Tensor, torch.Size(share["shape"]), tuple(share["stride"]), share["offset"], torch.UntypedStorage,
-        DTYPES[share["dtype"]], device_index, share["handle"], share["storage_bytes"], share["storage_offset_bytes"],
+        TORCH_DTYPES[share["dtype"]], device_index, share["handle"], share["storage_bytes"], share["storage_offset_bytes"],
         False, share["ref_counter_handle"], share["ref_counter_offset"], share["event_handle"],
         share["event_sync_required"])
 
@@ -71,18 +70,6 @@ def enable_peer_access(a: int, b: int) -> None:
         return
     for dst, src in ((a, b), (b, a)):
         torch.empty(1, device=f"cuda:{dst}").copy_(torch.empty(1, device=f"cuda:{src}"))
-
-
-def pair_problem(prefill: dict | None, decode: dict | None) -> str | None:
-    """Why a prefill worker cannot write into a decode worker's pool by CUDA IPC (None: it can).
-    Arguments are the workers' unpacked cuda_ipc descriptors."""
-    if not prefill or not decode:
-        return "a worker published no cuda_ipc descriptor (not on CUDA)"
-    if decode.get("gpu") not in prefill.get("visible", []):
-        return (f"the decode worker's GPU ({decode.get('gpu')}) is not visible to the prefill worker: "
-                "give both workers one GPU (e.g. --gpus-per-worker 0.5), let workers see their node's GPUs "
-                "(--gpu-visibility node) or use nccl")
-    return None
 
 
 class CudaIPCTransport(Transport):

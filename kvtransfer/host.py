@@ -2,7 +2,8 @@ from __future__ import annotations
 
 import torch
 
-from kvtransfer.transport import Sent, TransferError, Transport, block_ids_tensor
+from kvtransfer.descriptors import TransferError
+from kvtransfer.transport import Sent, Transport, block_ids_tensor
 
 
 class HostTransport(Transport):

@@ -43,9 +43,10 @@ import torch
 import torch.distributed as dist
 
 from kvtransfer.cuda_ipc import gpu_uuid
+from kvtransfer.choice import nccl_pair_problem
+from kvtransfer.descriptors import TransferError, pack, unpack
 from kvtransfer.transport import (
-    BlockIds, Sent, TransferError, Transport, check_block_ids, check_layout, layout_record, pack, plan_segments,
-    unpack,
+    BlockIds, Sent, Transport, check_block_ids, check_layout, layout_record, plan_segments,
 )
 
 log = logging.getLogger(__name__)
@@ -75,18 +76,6 @@ def new_group(backend: str, store: dist.Store, rank: int, timeout: float) -> dis
                 os.environ.pop("TORCH_NCCL_BLOCKING_WAIT", None)
             else:
                 os.environ["TORCH_NCCL_BLOCKING_WAIT"] = previous
-
-
-def pair_problem(prefill: dict | None, decode: dict | None) -> str | None:
-    """Why these workers cannot pair over this transport (None: they can); arguments are their
-    unpacked nccl descriptors."""
-    if not prefill or not decode:
-        return "a worker published no nccl descriptor"
-    if prefill.get("backend") != decode.get("backend"):
-        return f"the prefill worker runs {prefill.get('backend')}, the decode worker {decode.get('backend')}"
-    if decode.get("backend") == "nccl" and decode.get("gpu") and decode.get("gpu") == prefill.get("gpu"):
-        return "both workers are on one GPU, and NCCL cannot connect two ranks on one device: use cuda_ipc"
-    return None
 
 
 class _Link:
@@ -239,7 +228,7 @@ class NcclTransport(Transport):
                 raise TransferError(f"nccl descriptor of {peer_id}: version {peer['v']!r}, "
                                     f"this worker speaks {VERSION}")
             check_layout(self.pool.layout, peer["layout"], peer_id)
-            problem = pair_problem({"backend": self.backend, "gpu": self.gpu}, peer)
+            problem = nccl_pair_problem({"backend": self.backend, "gpu": self.gpu}, peer)
             if problem:
                 raise TransferError(f"nccl to {peer_id}: {problem}")
             self._peers[descriptor] = peer

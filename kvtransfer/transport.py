@@ -15,19 +15,15 @@ from abc import ABC, abstractmethod
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 
-import msgpack
 import numpy as np
 import torch
 
-from common.kv_pool import KVLayout, KVPool
+from common.engine.kv_pool import KVLayout, KVPool
+from kvtransfer.descriptors import TransferError
 
 # The most bytes one copy, gather buffer or message moves: bounds scratch memory; large enough that
 # per-operation overhead is noise (64 MiB at 400 GB/s is 160 us).
 CHUNK_BYTES = 64 << 20
-
-
-class TransferError(RuntimeError):
-    pass
 
 
 @dataclass
@@ -176,21 +172,3 @@ def check_layout(mine: KVLayout, theirs: dict, peer: str) -> None:
     diffs = [f"{k} {ours[k]} here, {theirs.get(k)!r} on {peer}" for k in ours if theirs.get(k) != ours[k]]
     if diffs:
         raise TransferError(f"KV layout mismatch with {peer}: " + "; ".join(diffs))
-
-
-def pack(record: dict) -> bytes:
-    """msgpack, never pickle: descriptors and metadata hold only ints, strings, bytes, lists and maps."""
-    return msgpack.packb(record, use_bin_type=True)
-
-
-def unpack(blob: bytes | memoryview, what: str, required: tuple[str, ...] = ()) -> dict:
-    try:
-        record = msgpack.unpackb(blob, raw=False, strict_map_key=True)
-    except Exception as e:
-        raise TransferError(f"{what}: not msgpack ({type(e).__name__})") from None
-    if type(record) is not dict:
-        raise TransferError(f"{what}: expected a map")
-    missing = [k for k in required if k not in record]
-    if missing:
-        raise TransferError(f"{what}: missing {', '.join(missing)}")
-    return record

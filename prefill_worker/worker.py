@@ -6,10 +6,10 @@ import time
 
 from common import protocol as P
 from common.faults import crash
-from common.sequence import Sequence
+from common.engine.sequence import Sequence
 from common.config import EngineConfig
-from common.worker import Worker, WorkerConfig
-from kvtransfer import TransferError, unpack_descriptors
+from common.worker.runtime import Worker, WorkerConfig
+from kvtransfer.descriptors import TransferError, unpack_descriptors
 
 log = logging.getLogger(__name__)
 

@@ -1,4 +1,4 @@
-"""Python client for a pdcluster router: `Client` (blocking), `AsyncClient` (asyncio), and `pdcluster client`.
+"""Python client for a pdcluster router: `Client` (blocking) and `AsyncClient` (asyncio).
 
 Both clients speak the wire protocol of docs/protocol.md over one ZMQ DEALER socket and validate
 every frame with `common.protocol`. docs/client.md is the user guide.
@@ -6,20 +6,16 @@ every frame with `common.protocol`. docs/client.md is the user guide.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import dataclasses
 import itertools
-import json
 import logging
 import random
-import sys
 import time
 import uuid
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Union
 
 import zmq
@@ -765,121 +761,8 @@ class AsyncStream:
         self.close()
 
 
-# --- `pdcluster client` --------------------------------------------------------------------------
-
-PING_TIMEOUT_S = 60.0
-STATS_TIMEOUT_S = 10.0
-
-
-def add_client_parser(subparsers: Any) -> argparse.ArgumentParser:
-    from common.cli import add_sampling_args
-
-    p = subparsers.add_parser("client", help="talk to a running router: ping, stats, or generate")
-    p.add_argument("--address", default=DEFAULT_ROUTER_ADDRESS, help="the router's address (default %(default)s)")
-    p.add_argument("--auth-token-file", default=None,
-                   help=f"file holding the cluster's shared secret (default: ${auth.TOKEN_FILE_ENV} or ${auth.TOKEN_ENV})")
-    what = p.add_mutually_exclusive_group(required=True)
-    what.add_argument("--ping", action="store_true", help="wait until the cluster can serve: exit 0, else 2")
-    what.add_argument("--stats", action="store_true", help="print the router's stats as one JSON line")
-    what.add_argument("--prompt", action="append", help="a prompt (repeatable)")
-    what.add_argument("--prompts", type=Path, help='JSONL file of {"prompt": "..."} lines')
-    p.add_argument("--chat", action="store_true", help="wrap each prompt in the model's chat template")
-    p.add_argument("--json", action="store_true", help='one JSON line per prompt: {"index", "text", "token_ids"}')
-    p.add_argument("--timeout", type=float, default=None,
-                   help=f"seconds: for --ping (default {PING_TIMEOUT_S:g}), --stats (default {STATS_TIMEOUT_S:g}) "
-                        "or each prompt (default: no limit)")
-    add_sampling_args(p)
-    p.set_defaults(func=cmd_client)
-    return p
-
-
-def add_scale_parser(subparsers: Any) -> argparse.ArgumentParser:
-    p = subparsers.add_parser("scale", help="add or remove workers of a running cluster, without a restart")
-    p.add_argument("--address", default=DEFAULT_ROUTER_ADDRESS, help="the router's address (default %(default)s)")
-    p.add_argument("--auth-token-file", default=None,
-                   help=f"file holding the cluster's shared secret (default: ${auth.TOKEN_FILE_ENV} or ${auth.TOKEN_ENV})")
-    what = p.add_mutually_exclusive_group(required=True)
-    what.add_argument("--prefill", type=int, help="prefill workers to add (+N) or remove (-N)")
-    what.add_argument("--decode", type=int, help="decode workers to add (+N) or remove (-N)")
-    what.add_argument("--workers", type=int, help="colocated workers to add (+N) or remove (-N)")
-    p.add_argument("--timeout", type=float, default=SCALE_TIMEOUT_S,
-                   help="seconds to wait for the workers to load or drain (default %(default)g)")
-    p.set_defaults(func=cmd_scale)
-    return p
-
-
-def cmd_scale(args: argparse.Namespace) -> None:
-    """Run `pdcluster scale`: one JSON line with the reply; exit 1 when the router could not do it all."""
-    role, delta = next((r, d) for r, d in (("prefill", args.prefill), ("decode", args.decode),
-                                           ("colocated", args.workers)) if d is not None)
-    with Client(args.address, auth_token=auth.load_token(args.auth_token_file)) as client:
-        try:
-            reply = client.scale(role, delta, timeout=args.timeout)
-        except ClientTimeout:
-            raise  # a TimeoutError: main prints it, exit 2
-        except ClientError as exc:
-            print(f"pdcluster: error: {exc}", file=sys.stderr)
-            raise SystemExit(1) from None
-    print(json.dumps(dataclasses.asdict(reply)), flush=True)
-    if not reply.ok:
-        print(f"pdcluster: error: {reply.message}", file=sys.stderr)
-        raise SystemExit(1)
-
-
-def cmd_client(args: argparse.Namespace) -> None:
-    """Run `pdcluster client`. Raises SystemExit(1) when the router answered with an error."""
-    from common.cli import UsageError
-
-    if args.timeout is not None and not args.timeout > 0:
-        raise UsageError(f"--timeout must be > 0, got {args.timeout:g}")
-    args.auth_token = auth.load_token(args.auth_token_file)
-    if args.ping:
-        with Client(args.address, auth_token=args.auth_token) as client:
-            client.wait_ready(args.timeout or PING_TIMEOUT_S)  # TimeoutError: main prints it, exit 2
-        log.info("cluster at %s is ready", args.address)
-    elif args.stats:
-        _print_stats(args.address, args.timeout or STATS_TIMEOUT_S, args.auth_token)
-    elif not asyncio.run(_generate_all(args)):
-        raise SystemExit(1)
-
-
-def _print_stats(address: str, timeout: float, auth_token: str | None) -> None:
-    with Client(address, auth_token=auth_token) as client:
-        try:
-            stats = client.stats(timeout=timeout)
-        except ClientTimeout:
-            raise
-        except ClientError as exc:
-            print(f"pdcluster: error: {exc}", file=sys.stderr)
-            raise SystemExit(1) from None
-    print(json.dumps(dataclasses.asdict(stats)), flush=True)
-
-
-async def _generate_all(args: argparse.Namespace) -> bool:
-    """Send every prompt at once, print results in prompt order; False if any failed."""
-    from common.cli import print_results, read_prompts, sampling_from_args
-
-    prompts = read_prompts(args)
-    sampling = dataclasses.asdict(sampling_from_args(args))
-    async with AsyncClient(args.address, timeout=args.timeout, auth_token=args.auth_token) as client:
-        outcomes = await asyncio.gather(
-            *(client.generate(p, chat=args.chat, **sampling) for p in prompts), return_exceptions=True
-        )
-    done = []
-    for index, outcome in enumerate(outcomes):
-        if isinstance(outcome, Completion):
-            done.append((index, outcome.text, outcome.token_ids))
-        elif isinstance(outcome, (ClientError, InvalidRequest)):
-            print(f"pdcluster: error: prompt {index}: {outcome}", file=sys.stderr)
-        else:
-            raise outcome
-    print_results(done, args.json)
-    return len(done) == len(prompts)
-
-
 __all__ = [
     "Client", "AsyncClient", "Stream", "AsyncStream", "Completion", "ClientError", "ServerError",
-    "ClientTimeout", "readiness_problem", "build_submit", "add_client_parser", "cmd_client", "add_scale_parser",
-    "cmd_scale",
+    "ClientTimeout", "readiness_problem", "build_submit",
     "SAMPLING_FIELDS", "RETRYABLE", "Usage", "Timings", "Delta", "Stats",
 ]

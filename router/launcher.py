@@ -12,15 +12,14 @@ from pathlib import Path
 
 from common import faults
 from common.config import ConfigError, EngineConfig
-from common.worker import ColocatedWorker, WorkerConfig
-from decode_worker.worker import DecodeWorker
-from kvtransfer import TransferError, available_transports
-from prefill_worker.worker import PrefillWorker
+from common.worker.config import WorkerConfig
+from kvtransfer.choice import available_transports
+from kvtransfer.descriptors import TransferError
 from router.router import Router, RouterConfig
 
 log = logging.getLogger(__name__)
 
-ROLES = {"prefill": PrefillWorker, "decode": DecodeWorker, "colocated": ColocatedWorker}
+ROLES = ("prefill", "decode", "colocated")
 ID_PREFIX = {"prefill": "p", "decode": "d", "colocated": "c"}
 WILDCARDS = ("0.0.0.0", "*", "::", "[::]")
 REPO_ROOT = str(Path(__file__).resolve().parent.parent)
@@ -98,7 +97,7 @@ class WorkerActor:
         if gpu_ids and os.environ.get(NOSET_CUDA_VISIBLE_DEVICES) == "1":
             see_node_gpus(gpu_ids)
         config.device_index = int(gpu_ids[0]) if gpu_ids else 0
-        self.worker = ROLES[role](config, engine_config)
+        self.worker = worker_class(role)(config, engine_config)
 
     def ready(self) -> str:
         return self.worker.config.worker_id
@@ -108,6 +107,21 @@ class WorkerActor:
 
     def stop(self) -> None:
         self.worker.stop()
+
+
+def worker_class(role: str) -> type:
+    """The worker of `role`, imported in the actor's process: the engine (torch) never loads in the router's."""
+    if role == "prefill":
+        from prefill_worker.worker import PrefillWorker
+
+        return PrefillWorker
+    if role == "decode":
+        from decode_worker.worker import DecodeWorker
+
+        return DecodeWorker
+    from common.worker.runtime import ColocatedWorker
+
+    return ColocatedWorker
 
 
 def see_node_gpus(assigned: list[str]) -> None:
@@ -128,10 +142,8 @@ class Cluster:
 
     def __init__(self, serve: ServeConfig, router_config: RouterConfig, engine_config: EngineConfig):
         self.serve_config, self.router_config, self.engine_config = serve, router_config, engine_config
-        try:  # before anything starts: a transport these workers cannot have is a usage error
-            available_transports(engine_config.device, router_config.kv_transport)
-        except TransferError as e:
-            raise ConfigError(f"kv_transport: {e}") from None
+        if engine_config.device != "auto":  # before anything starts (auto: once Ray tells whether it has GPUs)
+            self._check_transport()
         # Asked for by name, a transport must work on every worker; otherwise each offers what it can.
         self.kv_transports = [] if router_config.kv_transport == "auto" else [router_config.kv_transport]
         for role in ROLES:
@@ -161,16 +173,27 @@ class Cluster:
         config = dataclasses.replace(e, gpu_memory_utilization=share)
         return [(f"{ID_PREFIX[role]}{i}", role, config) for i in range(first, first + count)]
 
+    def _check_transport(self) -> None:
+        """A transport these workers cannot have is a usage error, found before any worker starts."""
+        try:
+            available_transports(self.engine_config.device, self.router_config.kv_transport)
+        except TransferError as e:
+            raise ConfigError(f"kv_transport: {e}") from None
+
+    def worker_env(self) -> dict[str, str]:
+        """Environment of every worker process: CPU workers share the cores; with node visibility, Ray leaves
+        CUDA_VISIBLE_DEVICES to the worker (see_node_gpus)."""
+        if self.engine_config.device == "cpu":
+            return {"OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // max(1, len(self.worker_plan()))))}
+        if self.serve_config.gpu_visibility == "node":
+            return {NOSET_CUDA_VISIBLE_DEVICES: "1"}
+        return {}
+
     def start_ray(self) -> None:
         import ray
 
         plan = self.worker_plan()
-        threads = max(1, (os.cpu_count() or 1) // max(1, len(plan)))
         env = {"PYTHONPATH": os.pathsep.join(filter(None, [REPO_ROOT, os.environ.get("PYTHONPATH")]))}
-        if self.engine_config.device == "cpu":
-            env["OMP_NUM_THREADS"] = str(threads)
-        elif self.serve_config.gpu_visibility == "node":
-            env[NOSET_CUDA_VISIBLE_DEVICES] = "1"
         kwargs = dict(include_dashboard=False, logging_level=logging.WARNING, runtime_env={"env_vars": env})
         if self.serve_config.ray_address:
             ray.init(address=self.serve_config.ray_address, **kwargs)
@@ -180,6 +203,10 @@ class Cluster:
             custom = {name: 1000.0 for role in ROLES for name in self.serve_config.resources(role)}
             ray.init(address="local", num_cpus=max(len(plan), os.cpu_count() or 1) + 1, resources=custom, **kwargs)
             self._own_ray = True
+        if self.engine_config.device == "auto":
+            has_gpus = ray.cluster_resources().get("GPU", 0) > 0
+            self.engine_config = self.engine_config.on_device("cuda" if has_gpus else "cpu")
+            self._check_transport()
 
     def start_workers(self) -> None:
         import ray
@@ -215,7 +242,8 @@ class Cluster:
                                   handoff_timeout=s.handoff_timeout, auth_token=self.router.auth_token,
                                   fault_dir=self._fault_dir)
             actors[worker_id] = self._actor_cls.options(
-                name=f"pdcluster-{worker_id}", num_cpus=1, num_gpus=gpus, resources=s.resources(role)
+                name=f"pdcluster-{worker_id}", num_cpus=1, num_gpus=gpus, resources=s.resources(role),
+                runtime_env={"env_vars": self.worker_env()},
             ).remote(role, config, engine_config)
         self.actors.update(actors)
         try:

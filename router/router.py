@@ -20,9 +20,10 @@ import zmq.asyncio
 
 from common import auth
 from common import protocol as P
-from common.llm import encode_prompt, load_tokenizer
+from common.prompt import check_prompt, encode_prompt, load_tokenizer
 from common.sampling_params import InvalidRequest, SamplingParams
-from kvtransfer import TransferError, choose_transport, peer_info
+from kvtransfer.choice import choose_transport, peer_info
+from kvtransfer.descriptors import TransferError
 from router.detokenizer import IncrementalDetokenizer
 from router.registry import WorkerInfo, WorkerRegistry
 
@@ -324,12 +325,7 @@ class Router:
         await self.dispatch()
 
     def check_prompt(self, ids: list[int], max_model_len: int, vocab_size: int) -> None:
-        if not ids:
-            raise InvalidRequest("prompt", "is empty")
-        if len(ids) > max_model_len:
-            raise InvalidRequest("prompt", f"has {len(ids)} tokens, more than max_model_len={max_model_len}")
-        if max(ids) >= vocab_size:
-            raise InvalidRequest("token_ids", f"every token id must be below the vocabulary size {vocab_size}")
+        check_prompt(ids, max_model_len, vocab_size)
         if self.config.mode == "disagg":
             largest = max(w.load.kv_blocks_total for w in self.registry.of_role("decode"))
             if self._blocks_needed(ids) > largest:

@@ -19,8 +19,8 @@ import torch
 import triton
 from triton.testing import do_bench
 
-from common.attention import torch_ops, triton_ops
-from common.attention.decode_plan import DecodePlan, plan_decode, wave_units
+from common.engine.attention import torch_ops, triton_ops
+from common.engine.attention.decode_plan import DecodePlan, plan_decode, wave_units
 
 DTYPE = torch.bfloat16
 MODELS = {"qwen3-0.6b": (16, 8, 128), "qwen3-8b": (32, 8, 128)}  # (Hq, Hkv, D)

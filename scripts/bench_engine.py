@@ -19,8 +19,8 @@ from pathlib import Path
 import torch
 
 from common.config import EngineConfig
-from common.llm import LLM
-from common.model_prep import prepare_tokenizer
+from common.engine.llm import LLM
+from scripts.model_prep import prepare_tokenizer
 from common.sampling_params import SamplingParams
 
 # Dense bf16 tensor-core peak (TFLOP/s) of the cards we run on; MFU is measured against it.
@@ -215,7 +215,7 @@ def decode_idle(llm: LLM, batch: int, context: int, steps: int = 30) -> tuple[fl
 
 def decode_step_phases(llm: LLM, batch: int, context: int, steps: int = 20) -> dict[str, float]:
     """Where a decode step's time goes (ms, synchronised after each phase)."""
-    from common.layers.sampler import sample
+    from common.engine.layers.sampler import sample
 
     engine, runner = llm.engine, llm.engine.runner
     rids = start_decodes(llm, batch, context, DECODE_TOKENS)

@@ -31,12 +31,13 @@ from pathlib import Path
 
 import torch
 
-from common.kv_pool import KVLayout, KVPool
-from kvtransfer import CudaIPCTransport, NcclTransport
+from common.engine.kv_pool import KVLayout, KVPool
 from kvtransfer import cuda_ipc
+from kvtransfer.cuda_ipc import CudaIPCTransport
+from kvtransfer.nccl import NcclTransport
 from kvtransfer.transport import joint_runs, plan_segments
 
-CONFIGS = Path(__file__).resolve().parent.parent / "common" / "model_configs"
+CONFIGS = Path(__file__).resolve().parent / "model_prep" / "configs"
 MODELS = ("qwen3-0.6b", "qwen3-8b")
 TRANSPORTS = {"cuda_ipc": CudaIPCTransport, "nccl": NcclTransport}
 STRATEGIES = {"cuda_ipc": cuda_ipc.STRATEGIES, "nccl": ("auto", "runs", "gather")}

@@ -3,7 +3,7 @@
     pdcluster bench --model DIR --modes disagg,colocated --rates 1,2,4,8 --out OUT      # open loop, Poisson
     pdcluster bench --model DIR --concurrency 1,8,32 --out OUT                          # closed loop
     pdcluster bench --address tcp://HOST:5555 --vocab-size 151936 --rates 4 --out OUT   # a running cluster
-    python -m scripts.benchmark ...                                                     # the same
+    python -m scripts.cli bench ...                                                     # the same
 
 For each mode it starts `pdcluster serve` (a subprocess, log in OUT/serve-MODE.log), waits until the
 cluster can serve, sends a few warm-up requests, then --unloaded-requests one at a time (the unloaded
@@ -28,7 +28,6 @@ Fair comparisons use the same hardware for both modes:
 """
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import logging
@@ -47,10 +46,6 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-if __package__ in (None, ""):  # `python scripts/benchmark.py`
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from common.cli_args import add_dataclass_args, dataclass_from_args
 from common.sampling_params import InvalidRequest
 from scripts import bench_workloads as W
 from scripts.bench_metrics import SLO, RequestRecord, summarize
@@ -297,7 +292,7 @@ class ServeProcess:
         env = {**os.environ, "PYTHONUNBUFFERED": "1",
                "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))}
         with open(log_path, "wb") as log_file:
-            self.proc = subprocess.Popen([sys.executable, "-m", "common.cli", *command[1:]], env=env,
+            self.proc = subprocess.Popen([sys.executable, "-m", "scripts.cli", *command[1:]], env=env,
                                          stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT,
                                          start_new_session=True)
 
@@ -558,24 +553,3 @@ def run_benchmark(cfg: BenchConfig) -> dict:
         log.info("wrote %s", path)
     print(f"results: {out / 'results.json'}\nreport: {out / 'report.md'}", flush=True)
     return results
-
-
-def add_bench_parser(subparsers: Any) -> argparse.ArgumentParser:
-    p = subparsers.add_parser("bench", help="serving benchmark: disagg vs colocated clusters at several loads",
-                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_dataclass_args(p, BenchConfig)
-    p.set_defaults(func=cmd_bench)
-    return p
-
-
-def cmd_bench(args: argparse.Namespace) -> None:
-    """Run `pdcluster bench`; exit status 1 when a cluster would not start or died."""
-    results = run_benchmark(dataclass_from_args(BenchConfig, args))
-    if any(run["error"] for run in results["runs"]):
-        raise SystemExit(1)
-
-
-if __name__ == "__main__":
-    from common.cli import main
-
-    sys.exit(main(["bench", *sys.argv[1:]]))

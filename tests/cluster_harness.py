@@ -25,7 +25,7 @@ class RunningCluster:
                  auth_token: str | None = None):
         self.address = f"tcp://127.0.0.1:{free_port()}"
         self.auth_token = auth_token  # what clients present; the serve side gets its secret from `env` or `extra`
-        args = [sys.executable, "-m", "common.cli", "serve", "--model", str(model), "--mode", mode, "--device", "cpu",
+        args = [sys.executable, "-m", "scripts.cli", "serve", "--model", str(model), "--mode", mode, "--device", "cpu",
                 "--bind", self.address, "--kv-cache-memory", "64MiB", "--max-num-seqs", "64",
                 "--max-num-batched-tokens", "1024", *extra]
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),

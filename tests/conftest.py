@@ -23,20 +23,20 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture(scope="session")
 def smollm2_dir() -> Path:
-    from common.model_prep import cached_smollm2_dir
+    from scripts.model_prep import cached_smollm2_dir
 
     return cached_smollm2_dir()
 
 
 @pytest.fixture(scope="session")
 def tiny_qwen3_dir(tmp_path_factory) -> Path:
-    from common.model_prep import prepare_random
+    from scripts.model_prep import prepare_random
 
     return prepare_random("tiny-qwen3", tmp_path_factory.mktemp("models") / "tiny-qwen3", seed=0)
 
 
 @pytest.fixture(scope="session")
 def tiny_llama_dir(tmp_path_factory) -> Path:
-    from common.model_prep import prepare_random
+    from scripts.model_prep import prepare_random
 
     return prepare_random("tiny-llama", tmp_path_factory.mktemp("models") / "tiny-llama", seed=0)

@@ -9,7 +9,7 @@ import pytest
 import zmq
 
 from common import auth
-from common.cli import main as cli_main
+from scripts.cli import main as cli_main
 from tests.cluster_harness import free_port
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -17,7 +17,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from common.cli import main as cli_main
+from scripts.cli import main as cli_main
 from scripts import bench_report
 from scripts import bench_workloads as W
 from scripts import benchmark
@@ -560,7 +560,7 @@ def test_old_results_without_unloaded_still_render(tmp_path, capsys):
 @pytest.mark.slow
 def test_cpu_smoke_run_of_both_modes(tiny_qwen3_dir, tmp_path):
     out = tmp_path / "bench"
-    cmd = [sys.executable, "-m", "common.cli", "bench", "--model", str(tiny_qwen3_dir), "--device", "cpu",
+    cmd = [sys.executable, "-m", "scripts.cli", "bench", "--model", str(tiny_qwen3_dir), "--device", "cpu",
            "--modes", "disagg,colocated", "--rates", "2", "--num-requests", "12", "--input-len", "64",
            "--output-len", "16", "--unloaded-requests", "2", "--out", str(out)]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}

@@ -2,10 +2,10 @@ from __future__ import annotations
 
 import pytest
 
-from common import block_manager as bm_module
-from common.block_manager import BlockManager
+from common.engine import block_manager as bm_module
+from common.engine.block_manager import BlockManager
 from common.sampling_params import SamplingParams
-from common.sequence import Sequence
+from common.engine.sequence import Sequence
 
 
 def seq(tokens: list[int], rid: str = "r") -> Sequence:

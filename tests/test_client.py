@@ -14,7 +14,7 @@ import msgpack
 import pytest
 import zmq
 
-from common.cli import main
+from scripts.cli import main
 from common.protocol import (
     CLIENT_TO_ROUTER,
     Abort,

@@ -9,8 +9,8 @@ import pytest
 import zmq
 
 from common import protocol as P
-from common.cli import main as cli_main
-from common.llm import LLM
+from scripts.cli import main as cli_main
+from common.engine.llm import LLM
 from common.sampling_params import SamplingParams
 from router.client import AsyncClient, ServerError
 from tests.cluster_harness import RunningCluster

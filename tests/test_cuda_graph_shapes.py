@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from common.block_manager import BlockManager
-from common.cuda_graph import block_table_width, graph_batch_sizes
+from common.engine.block_manager import BlockManager
+from common.engine.cuda_graph import block_table_width, graph_batch_sizes
 from common.sampling_params import SamplingParams
-from common.sequence import Sequence
+from common.engine.sequence import Sequence
 
 
 @pytest.mark.parametrize("max_model_len, block_size", [(64, 16), (65, 16), (4096, 256), (40960, 16)])

@@ -47,7 +47,7 @@ def test_the_serve_and_scale_commands_in_docs_deploy_parse():
     import re
     import shlex
 
-    from common.cli import build_parser
+    from scripts.cli import build_parser
 
     text = (ROOT / "docs" / "deploy.md").read_text().replace("\\\n", " ")
     serve = re.search(r"'(pdcluster serve [^']*)'", text).group(1)

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from common.config import ConfigError
-from common.llm import LLM
+from common.engine.llm import LLM
 from common.sampling_params import InvalidRequest, SamplingParams
 from tests.hf_oracle import hf_greedy
 
@@ -111,7 +111,7 @@ def test_bad_input_names_the_field_and_the_engine_keeps_working(llm, prompt, sam
 def test_token_ids_outside_the_vocabulary_are_refused(llm):
     with pytest.raises(InvalidRequest) as e:
         llm.generate([[1, 2, 10**9]], GREEDY, use_tqdm=False)
-    assert e.value.field == "prompt_token_ids"
+    assert e.value.field == "token_ids"
 
 
 def test_missing_model_dir_is_a_clear_error(tmp_path):

@@ -15,8 +15,8 @@ import types
 import pytest
 import torch
 
-from common.attention import backend as B
-from common.attention import torch_ops
+from common.engine.attention import backend as B
+from common.engine.attention import torch_ops
 
 CALLS: list[str] = []
 
@@ -43,7 +43,7 @@ def flash_attn(monkeypatch):
     module.__spec__ = importlib.machinery.ModuleSpec("flash_attn", None)
     module.flash_attn_varlen_func, module.flash_attn_with_kvcache = _varlen, _with_kvcache
     monkeypatch.setitem(sys.modules, "flash_attn", module)
-    monkeypatch.delitem(sys.modules, "common.attention.flash_attn_ops", raising=False)
+    monkeypatch.delitem(sys.modules, "common.engine.attention.flash_attn_ops", raising=False)
     CALLS.clear()
     yield module
 
@@ -80,7 +80,7 @@ def test_prefill_and_decode_go_through_flash_attn_and_match_torch(flash_attn):
 
 
 def test_decode_with_pages_flash_attn_cannot_take_falls_back_to_triton(flash_attn, monkeypatch):
-    from common.attention import triton_ops
+    from common.engine.attention import triton_ops
 
     monkeypatch.setattr(triton_ops, "paged_decode_attention", lambda *a, **kw: "triton")
     backend = B.select_backend("flash_attn", "cuda")

@@ -1,4 +1,4 @@
-"""Triton fusions (common/layers/fused.py) against the torch layers they replace.
+"""Triton fusions (common/engine/layers/fused.py) against the torch layers they replace.
 
 Without a GPU they run in Triton's interpreter on CPU (a subprocess with TRITON_INTERPRET=1, as in
 test_triton_ops.py); bf16 runs on GPU only.
@@ -10,11 +10,11 @@ import torch
 
 from tests.triton_interp import INTERPRETED, device, interpreter_suite  # noqa: F401 (device: a fixture)
 
-fused = pytest.importorskip("common.layers.fused")
+fused = pytest.importorskip("common.engine.layers.fused")
 
-from common.layers.activation import SiluAndMul  # noqa: E402
-from common.layers.norm import RMSNorm  # noqa: E402
-from common.layers.rotary import RotaryEmbedding  # noqa: E402
+from common.engine.layers.activation import SiluAndMul  # noqa: E402
+from common.engine.layers.norm import RMSNorm  # noqa: E402
+from common.engine.layers.rotary import RotaryEmbedding  # noqa: E402
 
 DTYPES = [torch.float32, torch.float16] + ([] if INTERPRETED else [torch.bfloat16])
 # One rounding step of the dtype: fused and torch may round an intermediate differently.
@@ -81,7 +81,7 @@ def test_qk_norm_rope_writes_the_kv_cache(device: str, dtype: torch.dtype, heads
                                           block_size: int, with_norm: bool) -> None:
     """The fused kernel's cache write equals the torch rope + store_kvcache path: rotated k and raw v at each
     token's slot, nothing for slot -1, every other slot untouched (NaN stays NaN)."""
-    from common.attention import torch_ops
+    from common.engine.attention import torch_ops
 
     torch.manual_seed(1)
     hq, hkv, d = heads

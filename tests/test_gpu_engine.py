@@ -11,8 +11,8 @@ import time
 import pytest
 import torch
 
-from common.engine import LLMEngine
-from common.llm import LLM
+from common.engine.llm_engine import LLMEngine
+from common.engine.llm import LLM
 from common.sampling_params import SamplingParams
 
 pytestmark = pytest.mark.gpu
@@ -24,14 +24,14 @@ GREEDY = SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True)
 
 @pytest.fixture(scope="module")
 def qwen3_06b_dir(tmp_path_factory):
-    from common.model_prep import prepare_random
+    from scripts.model_prep import prepare_random
 
     return prepare_random("qwen3-0.6b", tmp_path_factory.mktemp("m") / "qwen3-0.6b", seed=0, dtype="bfloat16")
 
 
 @pytest.fixture(scope="module")
 def smollm2_shapes_dir(tmp_path_factory):
-    from common.model_prep import prepare_random
+    from scripts.model_prep import prepare_random
 
     return prepare_random("smollm2-135m", tmp_path_factory.mktemp("m") / "smollm2-135m", seed=0, dtype="bfloat16")
 
@@ -167,7 +167,7 @@ def test_late_launch_waits_for_the_step_in_flight(tmp_path):
     finishes the batch in flight: learned from CUDA-event step times; the waits change no token. Qwen3-8B
     shapes: a step long enough against the host's launch work (with Qwen3-0.6B at batch 4 the host's launch
     work, 0.75 ms of a 1.3 ms step on an H200, leaves the clock no room to wait)."""
-    from common.model_prep import prepare_tokenizer
+    from scripts.model_prep import prepare_tokenizer
 
     path = prepare_tokenizer("qwen3-8b", tmp_path / "qwen3-8b")
     sampling = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)

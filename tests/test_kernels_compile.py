@@ -15,8 +15,8 @@ try:
 except ImportError:  # an older Triton: the GPU host runs these kernels anyway
     pytest.skip("this Triton cannot compile ahead of time", allow_module_level=True)
 
-from common.attention import triton_ops  # noqa: E402
-from common.layers import fused  # noqa: E402
+from common.engine.attention import triton_ops  # noqa: E402
+from common.engine.layers import fused  # noqa: E402
 from kvtransfer import block_copy  # noqa: E402
 
 HOPPER = GPUTarget("cuda", 90, 32)

@@ -12,18 +12,19 @@ import msgpack
 import pytest
 import torch
 
-import kvtransfer
 from common import protocol as P
-from common.kv_pool import KVLayout, KVPool
+from common.engine.kv_pool import KVLayout, KVPool
 from common.sampling_params import SamplingParams
-from common.sequence import Sequence
-from common.worker import WorkerConfig
+from common.engine.sequence import Sequence
+from common.worker.runtime import WorkerConfig
 from decode_worker.worker import DecodeWorker
-from kvtransfer import (
-    CudaIPCTransport, HostTransport, NcclTransport, TransferError, available_transports, choose_transport,
-    pack_descriptors, unpack_descriptors,
-)
+from kvtransfer import descriptors as D
 from kvtransfer import transport as T
+from kvtransfer.choice import available_transports, choose_transport
+from kvtransfer.cuda_ipc import CudaIPCTransport
+from kvtransfer.descriptors import TransferError, pack_descriptors, unpack_descriptors
+from kvtransfer.host import HostTransport
+from kvtransfer.nccl import NcclTransport
 from prefill_worker.worker import PrefillWorker
 
 LAYOUT = KVLayout(num_layers=3, block_size=4, num_kv_heads=2, head_dim=8, dtype=torch.float32)
@@ -160,10 +161,10 @@ def test_cuda_ipc_share_record_is_bytes_and_ints():
              "event_sync_required": True}
     record = {"v": 1, "pid": 1, "gpu": "GPU-x", "visible": ["GPU-x"], "layout": T.layout_record(LAYOUT),
               "num_blocks": 10, "pool": share}
-    blob = T.pack(record)
-    assert T.unpack(blob, "cuda_ipc") == record and primitive(msgpack.unpackb(blob, raw=False, ext_hook=no_ext))
+    blob = D.pack(record)
+    assert D.unpack(blob, "cuda_ipc") == record and primitive(msgpack.unpackb(blob, raw=False, ext_hook=no_ext))
     with pytest.raises(TypeError):
-        T.pack({"dtype": torch.float32})  # no pickle fallback
+        D.pack({"dtype": torch.float32})  # no pickle fallback
 
 
 # ---- fail fast ----------------------------------------------------------------------------------------
@@ -314,8 +315,8 @@ def test_gloo_a_trailer_out_of_step_fails_the_handoff_and_breaks_the_link():
     pair = Pair()
     try:
         sent = pair.send("r1", [1, 2], [4, 5])
-        meta = T.unpack(sent.frames[0], "meta")
-        forged = T.pack({**meta, "request_id": "r9"})
+        meta = D.unpack(sent.frames[0], "meta")
+        forged = D.pack({**meta, "request_id": "r9"})
         with pytest.raises(TransferError, match="out of step"):
             pair.decode.receive("r9", "p0", [4, 5], [forged]).result(timeout=30)
         sent.done.result(timeout=30)
@@ -426,7 +427,7 @@ def test_available_transports():
 
 
 def peer(name: str, node: str, transports: list[str], **descriptors: dict) -> dict:
-    blob = pack_descriptors({k: T.pack(v) for k, v in descriptors.items()})
+    blob = pack_descriptors({k: D.pack(v) for k, v in descriptors.items()})
     return {"worker_id": name, "transports": transports, "node_id": node, "kv_descriptor": blob}
 
 
@@ -495,7 +496,7 @@ class Pair:
         self.decode = NcclTransport(self.dst, timeout=timeout)
         self.descriptor = self.decode.descriptor()
 
-    def send(self, request_id: str, src_ids: list[int], dst_ids: list[int]) -> kvtransfer.Sent:
+    def send(self, request_id: str, src_ids: list[int], dst_ids: list[int]) -> T.Sent:
         return self.prefill.send(request_id, "d0", self.descriptor, src_ids, dst_ids)
 
     def handoff(self, request_id: str, src_ids: list[int], dst_ids: list[int]) -> None:
@@ -574,10 +575,10 @@ def test_gloo_receive_refuses_a_mismatched_reservation_and_stays_aligned():
 def test_malformed_metadata_is_refused():
     pair = Pair()
     try:
-        for meta, problem in [(b"\xc1", "not msgpack"), (T.pack({"v": 1}), "missing link, seq"),
-                              (T.pack({"v": 1, "link": "x", "seq": -1, "request_id": "r1", "block_bytes": 8,
+        for meta, problem in [(b"\xc1", "not msgpack"), (D.pack({"v": 1}), "missing link, seq"),
+                              (D.pack({"v": 1, "link": "x", "seq": -1, "request_id": "r1", "block_bytes": 8,
                                        "segments": [1]}), "malformed"),
-                              (T.pack({"v": 1, "link": "x", "seq": 0, "request_id": "r1", "block_bytes": 8,
+                              (D.pack({"v": 1, "link": "x", "seq": 0, "request_id": "r1", "block_bytes": 8,
                                        "segments": [1]}), "version 1, this worker speaks 2")]:
             with pytest.raises(TransferError, match=problem):
                 pair.decode.receive("r1", "p0", [1], [meta])

@@ -17,8 +17,10 @@ import signal
 import pytest
 import torch
 
-from common.kv_pool import KVLayout, KVPool
-from kvtransfer import CudaIPCTransport, NcclTransport, TransferError
+from common.engine.kv_pool import KVLayout, KVPool
+from kvtransfer.cuda_ipc import CudaIPCTransport
+from kvtransfer.descriptors import TransferError
+from kvtransfer.nccl import NcclTransport
 from kvtransfer import transport as T
 
 pytestmark = pytest.mark.gpu
@@ -298,7 +300,7 @@ CLUSTERS = {  # name: (serve flags, GPUs needed, the transport the router must p
 @pytest.fixture(scope="module")
 def gpu_expected(tiny_qwen3_dir):
     """The offline engine on the GPU, one prompt at a time (the clusters get them one at a time too)."""
-    from common.llm import LLM
+    from common.engine.llm import LLM
     from common.sampling_params import SamplingParams
 
     llm = LLM(str(tiny_qwen3_dir), device="cuda", num_kv_blocks=1024, gpu_memory_utilization=0.3, max_num_seqs=64,

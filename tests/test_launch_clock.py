@@ -1,10 +1,10 @@
-"""When a server launches the next decode step (common/launch_clock.py): just before the one in flight ends."""
+"""When a server launches the next decode step (common/engine/launch_clock.py): just before the one in flight ends."""
 from __future__ import annotations
 
 import pytest
 
-from common.launch_clock import LaunchClock
-from common.llm import LLM
+from common.engine.launch_clock import LaunchClock
+from common.engine.llm import LLM
 from common.sampling_params import SamplingParams
 
 MS = 1e-3

@@ -30,18 +30,28 @@ def test_unknown_gpu_visibility_is_a_usage_error():
 
 @pytest.mark.parametrize("visibility, device, noset", [("node", "cuda", True), ("own", "cuda", False),
                                                        ("node", "cpu", False)])
-def test_ray_leaves_cuda_visible_devices_to_workers_only_for_node_visibility(tiny_qwen3_dir, monkeypatch, visibility,
-                                                                             device, noset):
-    import ray
-
+def test_ray_leaves_cuda_visible_devices_to_workers_only_for_node_visibility(tiny_qwen3_dir, visibility, device,
+                                                                             noset):
     from common.config import EngineConfig
     from router.launcher import NOSET_CUDA_VISIBLE_DEVICES
 
-    seen: dict = {}
-    monkeypatch.setattr(ray, "init", lambda **kw: seen.update(kw))
     engine = EngineConfig(model=str(tiny_qwen3_dir), device=device)
-    Cluster(ServeConfig(gpu_visibility=visibility), RouterConfig(model="unused"), engine).start_ray()
-    assert (seen["runtime_env"]["env_vars"].get(NOSET_CUDA_VISIBLE_DEVICES) == "1") == noset
+    env = Cluster(ServeConfig(gpu_visibility=visibility), RouterConfig(model="unused"), engine).worker_env()
+    assert (env.get(NOSET_CUDA_VISIBLE_DEVICES) == "1") == noset
+    assert ("OMP_NUM_THREADS" in env) == (device == "cpu")
+
+
+def test_auto_device_follows_the_ray_clusters_gpus(tiny_qwen3_dir, monkeypatch):
+    import ray
+
+    from common.config import EngineConfig
+
+    monkeypatch.setattr(ray, "init", lambda **kw: None)
+    for gpus, device in ((0, "cpu"), (2, "cuda")):
+        monkeypatch.setattr(ray, "cluster_resources", lambda gpus=gpus: {"CPU": 4.0, "GPU": float(gpus)})
+        cluster = Cluster(ServeConfig(), RouterConfig(model="unused"), EngineConfig(model=str(tiny_qwen3_dir)))
+        cluster.start_ray()
+        assert cluster.engine_config.device == device
 
 
 @pytest.mark.parametrize("address", [None, "auto", "10.0.0.1:6379"])

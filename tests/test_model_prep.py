@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from safetensors import safe_open
 
-from common import model_prep as mp
+from scripts import model_prep as mp
 
 TINY = ("tiny-qwen3", "tiny-llama")
 

@@ -20,7 +20,7 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available() 
 
 @pytest.fixture(scope="module")
 def expected(tiny_qwen3_dir):
-    from common.llm import LLM
+    from common.engine.llm import LLM
     from common.sampling_params import SamplingParams
 
     llm = LLM(str(tiny_qwen3_dir), device="cuda", num_kv_blocks=1024, gpu_memory_utilization=0.3, max_num_seqs=64,

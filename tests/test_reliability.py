@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 from common import auth
 from common import protocol as P
-from common.cli import main as cli_main
+from scripts.cli import main as cli_main
 from router.client import AsyncClient, ClientTimeout, ServerError
 from tests.cluster_harness import RunningCluster
 

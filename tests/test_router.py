@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 import router.router as router_module
 from common import protocol as P
-from common.llm import load_tokenizer
+from common.prompt import load_tokenizer
 from common.sampling_params import SamplingParams
 from router.router import Router, RouterConfig
 from tests.cluster_harness import free_port

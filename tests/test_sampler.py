@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from common.layers.sampler import SamplingBatch, sample
+from common.engine.layers.sampler import SamplingBatch, sample
 from common.sampling_params import InvalidRequest, SamplingParams
 
 
@@ -75,7 +75,7 @@ def test_invalid_sampling_params_name_the_field(field, value):
 def test_fused_cuda_sampler_gets_seeds_only_when_it_will_run():
     """Built for a CUDA device (with a host-only upload): the Philox seeds, and so the fused kernel, only
     for batches it serves; seeded rows get the same seed for the same position on every run."""
-    pytest.importorskip("common.layers.fused")
+    pytest.importorskip("common.engine.layers.fused")
     cuda, host = torch.device("cuda"), (lambda t: t)
 
     def build(params, positions=(5, 9)):

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from common.config import ConfigError
-from common.llm import LLM
+from common.engine.llm import LLM
 from common.sampling_params import SamplingParams
 
 PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time,", "1, 2, 3, 4, 5,"]

@@ -13,10 +13,10 @@ import pytest
 import torch
 
 from tests.triton_interp import INTERPRETED, device, interpreter_suite  # noqa: F401 (device: a fixture)
-from common.attention import torch_ops
+from common.engine.attention import torch_ops
 
-triton_ops = pytest.importorskip("common.attention.triton_ops")
-from common.attention.decode_plan import plan_decode, plan_units  # noqa: E402
+triton_ops = pytest.importorskip("common.engine.attention.triton_ops")
+from common.engine.attention.decode_plan import plan_decode, plan_units  # noqa: E402
 
 DTYPES = [torch.float16, torch.float32] + ([] if INTERPRETED else [torch.bfloat16])
 TOL = {torch.float32: 1e-4, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}

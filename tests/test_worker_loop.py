@@ -14,9 +14,9 @@ import zmq
 
 from common import protocol as P
 from common.config import EngineConfig
-from common.llm import LLM
+from common.engine.llm import LLM
 from common.sampling_params import SamplingParams
-from common.worker import ColocatedWorker, WorkerConfig
+from common.worker.runtime import ColocatedWorker, WorkerConfig
 
 WAIT_S = 0.003
 PROMPTS = [[1, 2, 3, 4, 5], list(range(10, 40)), [7] * 17]

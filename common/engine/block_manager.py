@@ -1,0 +1,116 @@
+from __future__ import annotations
+
+from collections import OrderedDict
+
+import numpy as np
+import xxhash
+
+from common.engine.sequence import Sequence
+
+
+def chain_hash(prev: int, tokens: list[int]) -> int:
+    """Hash of a full block given the hash of the block before it (-1 for the first)."""
+    data = prev.to_bytes(8, "little", signed=True) + np.asarray(tokens, dtype=np.int64).tobytes()
+    return xxhash.xxh3_64_intdigest(data) & 0x7FFF_FFFF_FFFF_FFFF
+
+
+class BlockManager:
+    """Owns which KV block holds what: allocation, reference counts and the prefix cache.
+
+    A block with no references stays in the cache (its hash still maps to it) until it is reused; free
+    blocks are reused least-recently-freed first, so recently used prefixes survive longest.
+    """
+
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True):
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.enable_prefix_caching = enable_prefix_caching
+        self.ref_counts = [0] * num_blocks
+        self.block_hash: list[int | None] = [None] * num_blocks
+        self.block_tokens: list[tuple[int, ...] | None] = [None] * num_blocks
+        self.hash_to_block: dict[int, int] = {}
+        self.free: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
+        self.cache_query_tokens = 0
+        self.cache_hit_tokens = 0
+
+    @property
+    def num_free_blocks(self) -> int:
+        return len(self.free)
+
+    def blocks_needed(self, num_tokens: int) -> int:
+        return -(-num_tokens // self.block_size)
+
+    def allocate(self, seq: Sequence, num_tokens: int, use_cache: bool = True) -> bool:
+        """Make seq's block table cover `num_tokens` tokens; on its first allocation, reuse cached prefix blocks.
+
+        All or nothing: returns False (and changes nothing) when too few blocks are free.
+        """
+        hits = self._match_prefix(seq) if use_cache and not seq.block_table else []
+        fresh = self.blocks_needed(num_tokens) - len(seq.block_table) - len(hits)
+        revived = sum(1 for b in hits if self.ref_counts[b] == 0)
+        if max(fresh, 0) + revived > len(self.free):
+            return False
+        if use_cache and not seq.block_table and self.enable_prefix_caching:
+            self.cache_query_tokens += seq.num_tokens
+            self.cache_hit_tokens += len(hits) * self.block_size
+        for b in hits:
+            if self.ref_counts[b] == 0:
+                del self.free[b]
+            self.ref_counts[b] += 1
+        seq.block_table.extend(hits)
+        if not seq.num_computed_tokens and hits:
+            seq.num_computed_tokens = seq.num_cached_tokens = len(hits) * self.block_size
+        for _ in range(fresh):
+            seq.block_table.append(self._take_free_block())
+        return True
+
+    def free_blocks(self, seq: Sequence) -> None:
+        # Tail blocks go back first, so they are evicted before the (more shareable) head of the prompt.
+        for b in reversed(seq.block_table):
+            self.ref_counts[b] -= 1
+            assert self.ref_counts[b] >= 0, f"block {b} freed twice"
+            if self.ref_counts[b] == 0:
+                self.free[b] = None
+        seq.block_table = []
+
+    def commit(self, seq: Sequence, old_computed: int) -> None:
+        """Register in the prefix cache the blocks that became full between old_computed and now."""
+        if not self.enable_prefix_caching:
+            return
+        bs = self.block_size
+        for i in range(old_computed // bs, seq.num_computed_tokens // bs):
+            b = seq.block_table[i]
+            if self.block_hash[b] is not None:
+                continue
+            prev = self.block_hash[seq.block_table[i - 1]] if i else -1
+            tokens = seq.token_ids[i * bs:(i + 1) * bs]
+            h = chain_hash(prev, tokens)
+            self.block_hash[b], self.block_tokens[b] = h, tuple(tokens)
+            self.hash_to_block.setdefault(h, b)
+
+    def _match_prefix(self, seq: Sequence) -> list[int]:
+        if not self.enable_prefix_caching or seq.num_computed_tokens:
+            return []
+        bs = self.block_size
+        # The last prompt token is always recomputed: a prefill needs at least one query token.
+        num_full = (seq.num_tokens - 1) // bs
+        hits: list[int] = []
+        prev = -1
+        for i in range(num_full):
+            tokens = seq.token_ids[i * bs:(i + 1) * bs]
+            prev = chain_hash(prev, tokens)
+            b = self.hash_to_block.get(prev)
+            if b is None or self.block_tokens[b] != tuple(tokens):
+                break
+            hits.append(b)
+        return hits
+
+    def _take_free_block(self) -> int:
+        b, _ = self.free.popitem(last=False)
+        h = self.block_hash[b]
+        if h is not None:
+            if self.hash_to_block.get(h) == b:
+                del self.hash_to_block[h]
+            self.block_hash[b] = self.block_tokens[b] = None
+        self.ref_counts[b] = 1
+        return b

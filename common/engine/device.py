@@ -1,0 +1,25 @@
+"""Where the engine runs: the device an `auto` config means on this machine, and the torch dtypes of dtype names."""
+from __future__ import annotations
+
+import torch
+
+from common.config import ConfigError, EngineConfig
+
+TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def place(config: EngineConfig) -> EngineConfig:
+    """`config` with its device decided for this process (auto: cuda when torch sees a GPU), checked here rather
+    than where the config was made: `serve` on a head node without a GPU still starts CUDA workers elsewhere."""
+    config = config.on_device("cuda" if torch.cuda.is_available() else "cpu")
+    if config.device == "cuda":
+        if not torch.cuda.is_available():
+            raise ConfigError("device: cuda asked for but torch sees no CUDA device")
+        if config.tensor_parallel_size > torch.cuda.device_count():
+            raise ConfigError(f"tensor_parallel_size: {config.tensor_parallel_size} ranks need as many GPUs, "
+                              f"torch sees {torch.cuda.device_count()}")
+    return config
+
+
+def torch_dtype(config: EngineConfig) -> torch.dtype:
+    return TORCH_DTYPES[config.dtype_name]

@@ -1,0 +1,18 @@
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+try:
+    from common.engine.layers import fused
+except ImportError:  # no triton (the CPU build of torch): the torch path below serves
+    fused = None
+
+
+class SiluAndMul(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.is_cuda and fused is not None:
+            return fused.silu_and_mul(x)
+        gate, up = x.chunk(2, dim=-1)
+        return F.silu(gate) * up

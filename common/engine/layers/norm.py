@@ -1,0 +1,31 @@
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+try:
+    from common.engine.layers import fused
+except ImportError:  # no triton (the CPU build of torch): the torch path below serves
+    fused = None
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim), requires_grad=False)
+
+    def _norm(self, x: torch.Tensor) -> torch.Tensor:
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * xf.to(x.dtype)
+
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
+        """With `residual`, adds it first and returns (normed, new residual): the pre-norm block's fused step.
+        On CUDA one kernel, which updates `residual` in place."""
+        if x.is_cuda and fused is not None and x.stride(-1) == 1:
+            return fused.rms_norm(x, self.weight, self.eps, residual)
+        if residual is None:
+            return self._norm(x)
+        x = x + residual
+        return self._norm(x), x

@@ -1,0 +1,91 @@
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from common.sampling_params import SamplingParams
+
+try:
+    from common.engine.layers import fused
+except ImportError:  # no triton (the CPU build of torch): the torch path below serves
+    fused = None
+
+
+@dataclass
+class SamplingBatch:
+    """Per-row sampling settings of one step, as device tensors (built once per step)."""
+
+    temperatures: torch.Tensor  # [B] float32; 0 = greedy
+    top_ks: torch.Tensor | None  # [B] int64, vocab size where disabled; None if no row uses top-k
+    top_ps: torch.Tensor | None  # [B] float32; None if no row uses top-p
+    generators: list[torch.Generator | None]  # per row: its own seeded generator, or None
+    all_greedy: bool
+    seeds: torch.Tensor | None = None  # [B] int64 Philox seeds: set exactly when the fused sampler runs
+
+    @classmethod
+    def build(cls, params: list[SamplingParams], generators: list[torch.Generator | None], vocab_size: int,
+              device: torch.device, positions: list[int] | None = None,
+              upload: Callable[[torch.Tensor], torch.Tensor] | None = None) -> SamplingBatch:
+        """`upload` moves a host tensor to `device` (the model runner passes its pinned, copy-stream one);
+        `positions` (each row's token count) seed the fused CUDA sampler, so that a request with a seed
+        draws the same tokens on every run."""
+        upload = upload or (lambda t: t.to(device))
+        temps = [p.temperature for p in params]
+        all_greedy = all(t == 0.0 for t in temps)
+        use_k = any(0 < p.top_k < vocab_size for p in params)
+        use_p = any(p.top_p < 1.0 for p in params)
+        use_fused = (device.type == "cuda" and fused is not None and positions is not None
+                     and not (all_greedy or use_k or use_p))
+        return cls(
+            temperatures=upload(torch.tensor(temps, dtype=torch.float32)),
+            top_ks=upload(torch.tensor([p.top_k if 0 < p.top_k < vocab_size else vocab_size for p in params]))
+            if use_k else None,
+            top_ps=upload(torch.tensor([p.top_p for p in params], dtype=torch.float32)) if use_p else None,
+            generators=generators,
+            all_greedy=all_greedy,
+            seeds=upload(torch.tensor(_philox_seeds(params, positions))) if use_fused else None,
+        )
+
+
+def _philox_seeds(params: list[SamplingParams], positions: list[int]) -> list[int]:
+    base = int(torch.randint(0, 2**31 - 1, ()))  # the process RNG: unseeded rows differ every step
+    return [(p.seed * 1_000_003 + pos) % 2**31 if p.seed is not None else (base + i * 7919) % 2**31
+            for i, (p, pos) in enumerate(zip(params, positions))]
+
+
+def sample(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
+    """Greedy rows take the argmax; the others the Gumbel-max trick: argmax(p / E) with E ~ Exp(1)."""
+    if batch.seeds is not None:
+        return fused.gumbel_argmax(logits, batch.temperatures, batch.seeds)
+    logits = logits.float()
+    greedy = logits.argmax(dim=-1)
+    if batch.all_greedy:
+        return greedy
+    temps = batch.temperatures
+    scaled = logits / torch.where(temps > 0, temps, 1.0).unsqueeze(1)
+    if batch.top_ks is not None or batch.top_ps is not None:
+        scaled = _mask_top_k_top_p(scaled, batch.top_ks, batch.top_ps)
+    probs = scaled.softmax(dim=-1)
+    noise = torch.empty_like(probs).exponential_()
+    for i, gen in enumerate(batch.generators):
+        if gen is not None:
+            noise[i].exponential_(generator=gen)
+    sampled = (probs / noise).argmax(dim=-1)
+    return torch.where(temps == 0, greedy, sampled)
+
+
+def _mask_top_k_top_p(logits: torch.Tensor, top_ks: torch.Tensor | None, top_ps: torch.Tensor | None) -> torch.Tensor:
+    sorted_logits, order = logits.sort(dim=-1, descending=True)
+    vocab = logits.shape[-1]
+    drop = torch.zeros_like(sorted_logits, dtype=torch.bool)
+    if top_ks is not None:
+        drop |= torch.arange(vocab, device=logits.device).unsqueeze(0) >= top_ks.unsqueeze(1)
+    if top_ps is not None:
+        probs = sorted_logits.masked_fill(drop, float("-inf")).softmax(dim=-1)
+        # Mass strictly before each token: the token that crosses top_p is kept.
+        before = probs.cumsum(dim=-1) - probs
+        drop |= before >= top_ps.unsqueeze(1)
+    sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
+    return torch.empty_like(logits).scatter_(-1, order, sorted_logits)

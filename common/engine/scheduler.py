@@ -1,0 +1,158 @@
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+from common.engine.block_manager import BlockManager
+from common.engine.sequence import PENDING, Sequence, SequenceStatus
+
+
+@dataclass
+class ScheduledBatch:
+    """One step's work: seqs[i] computes num_new_tokens[i] tokens. Decodes (one token) come first."""
+
+    seqs: list[Sequence]
+    num_new_tokens: list[int]
+
+    @property
+    def num_decodes(self) -> int:
+        return next((i for i, n in enumerate(self.num_new_tokens) if n != 1), len(self.num_new_tokens))
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(self.num_new_tokens)
+
+    @property
+    def decode_only(self) -> bool:
+        return self.num_decodes == len(self.seqs)
+
+
+class Scheduler:
+    """Continuous batching with chunked prefill under a token budget and preemption by recompute.
+
+    Each step serves running sequences first (decodes before unfinished prefills), then admits waiting
+    ones while the budget, `max_num_seqs` and free blocks allow. A sequence's whole prompt gets its
+    blocks when it is admitted; decodes that need a new block preempt the most recently admitted
+    sequence when none is free.
+    """
+
+    def __init__(self, block_manager: BlockManager, max_num_seqs: int, max_num_batched_tokens: int,
+                 max_model_len: int, eos_token_ids: list[int]):
+        self.block_manager = block_manager
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.max_model_len = max_model_len
+        self.eos_token_ids = set(eos_token_ids)
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+        self.num_preemptions = 0
+
+    def add(self, seq: Sequence) -> None:
+        self.waiting.append(seq)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def schedule(self) -> ScheduledBatch | None:
+        budget = self.max_num_batched_tokens
+        scheduled: list[tuple[Sequence, int]] = []
+        ready = [s for s in self.running if not self._awaits_last_token(s)]
+        queue = deque(sorted(ready, key=lambda s: s.num_uncomputed() > 1))
+        preempted = False
+        while queue and budget > 0:
+            seq = queue.popleft()
+            n = min(seq.num_uncomputed(), budget)
+            while not self.block_manager.allocate(seq, seq.num_computed_tokens + n):
+                victim = queue.pop() if queue else seq
+                self._preempt(victim)
+                preempted = True
+                if victim is seq:
+                    break
+            else:
+                scheduled.append((seq, n))
+                budget -= n
+        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs and not preempted:
+            seq = self.waiting[0]
+            if not self.block_manager.allocate(seq, seq.num_tokens):
+                break
+            self.waiting.popleft()
+            seq.status = SequenceStatus.RUNNING
+            self.running.append(seq)
+            n = min(seq.num_uncomputed(), budget)
+            scheduled.append((seq, n))
+            budget -= n
+        if not scheduled:
+            return None
+        scheduled.sort(key=lambda item: item[1] != 1)
+        return ScheduledBatch([s for s, _ in scheduled], [n for _, n in scheduled])
+
+    def advance(self, batch: ScheduledBatch) -> list[int]:
+        """Once a batch is launched: count its tokens as computed and give each sequence that completes a
+        PENDING token, so the next step can be scheduled before this one's tokens are known. Returns the
+        computed counts before the step, for `resolve`."""
+        olds = []
+        for seq, n in zip(batch.seqs, batch.num_new_tokens):
+            olds.append(seq.num_computed_tokens)
+            seq.num_computed_tokens += n
+            if seq.num_computed_tokens == seq.num_tokens:
+                seq.token_ids.append(PENDING)
+        return olds
+
+    def resolve(self, batch: ScheduledBatch, olds: list[int], sampled: list[int]) -> list[Sequence]:
+        """The batch's tokens are known: fill in its PENDING tokens, register full blocks in the prefix
+        cache, finish what is done. Returns the sequences that got a token (finished ones included)."""
+        updated = []
+        for seq, n, old, token in zip(batch.seqs, batch.num_new_tokens, olds, sampled):
+            if seq.status != SequenceStatus.RUNNING:
+                continue  # aborted, preempted or finished (one step late) while this step was in flight
+            pos = old + n
+            if seq.token_ids[pos] != PENDING:
+                self.block_manager.commit(seq, old)
+                continue  # a chunk of a longer prompt: no token yet
+            seq.token_ids[pos] = token
+            self.block_manager.commit(seq, old)
+            if seq.prefill_only:
+                self.finish(seq, "prefilled", free=False)  # its blocks wait for the KV handoff
+            elif reason := self.finish_reason(seq, token, pos + 1):
+                self.finish(seq, reason)
+            updated.append(seq)
+        return updated
+
+    def _awaits_last_token(self, seq: Sequence) -> bool:
+        """Its PENDING token will be its last: nothing more to compute."""
+        if not seq.token_ids or seq.token_ids[-1] != PENDING:
+            return False
+        return (seq.prefill_only or seq.num_completion_tokens >= seq.sampling.max_tokens
+                or seq.num_tokens >= self.max_model_len)
+
+    def finish(self, seq: Sequence, reason: str, free: bool = True) -> None:
+        if seq.status == SequenceStatus.RUNNING:
+            self.running.remove(seq)
+        elif seq.status == SequenceStatus.WAITING and seq in self.waiting:
+            self.waiting.remove(seq)
+        elif seq.status == SequenceStatus.FINISHED:
+            return
+        seq.status = SequenceStatus.FINISHED
+        seq.finish_reason = reason
+        seq.drop_pending()  # a token sampled after the last one counts for nothing
+        if free:
+            self.block_manager.free_blocks(seq)
+
+    def finish_reason(self, seq: Sequence, token: int, num_tokens: int) -> str | None:
+        """Why `seq` ends with `token` as its `num_tokens`-th token, if it does."""
+        sp = seq.sampling
+        if (token in self.eos_token_ids and not sp.ignore_eos) or token in sp.stop_token_ids:
+            return "stop"
+        if num_tokens - seq.num_prompt_tokens >= sp.max_tokens or num_tokens >= self.max_model_len:
+            return "length"
+        return None
+
+    def _preempt(self, seq: Sequence) -> None:
+        self.running.remove(seq)
+        self.block_manager.free_blocks(seq)
+        seq.status = SequenceStatus.WAITING
+        seq.drop_pending()  # recomputed on its return
+        seq.num_computed_tokens = 0
+        seq.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.appendleft(seq)

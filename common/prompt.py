@@ -1,0 +1,45 @@
+"""Prompts: the tokenizer, the chat template, and the one rule every prompt must pass (router and engine alike).
+
+Tensor-free: the router tokenizes with it and never loads torch.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from common.sampling_params import InvalidRequest
+
+
+def load_tokenizer(model: str | Path) -> Any:
+    """The checkpoint's tokenizer. A `tokenizer.json` loads as a fast tokenizer without torch (transformers'
+    auto classes import it); a checkpoint with only a slow tokenizer goes through AutoTokenizer."""
+    if (Path(model) / "tokenizer.json").is_file():
+        from transformers import PreTrainedTokenizerFast
+
+        return PreTrainedTokenizerFast.from_pretrained(str(model))
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(model))
+
+
+def encode_prompt(tokenizer: Any, prompt: str, chat: bool = False) -> list[int]:
+    """Raw prompts exactly as `tokenizer.encode`; chat prompts through the model's chat template."""
+    if not isinstance(prompt, str):
+        raise InvalidRequest("prompt", f"must be a string, got {type(prompt).__name__}")
+    if chat:
+        text = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False,
+                                             add_generation_prompt=True)
+        return tokenizer.encode(text, add_special_tokens=False)
+    return tokenizer.encode(prompt)
+
+
+def check_prompt(ids: list[int], max_model_len: int, vocab_size: int) -> None:
+    """Raises InvalidRequest naming the problem: an empty prompt, one longer than max_model_len, or a token id that
+    is not an integer in [0, vocab_size)."""
+    if not ids:
+        raise InvalidRequest("prompt", "is empty")
+    if len(ids) > max_model_len:
+        raise InvalidRequest("prompt", f"has {len(ids)} tokens, more than max_model_len={max_model_len}")
+    # C-speed passes: a prompt may hold a million ids.
+    if not set(map(type, ids)) <= {int} or min(ids) < 0 or max(ids) >= vocab_size:
+        raise InvalidRequest("token_ids", f"every token id must be an integer in [0, {vocab_size})")
