@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import ipaddress
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -108,6 +109,16 @@ def secure_client(sock: zmq.Socket, keys: CurveKeys) -> None:
     sock.curve_serverkey = keys.server_public
     sock.curve_secretkey = keys.client_secret
     sock.curve_publickey = keys.client_public
+
+
+def socket_security(keys: CurveKeys | None) -> Callable[[zmq.Socket, bool], None] | None:
+    """`secure(sock, server)` for sockets made later (a worker's data channel), or None without a token."""
+    if keys is None:
+        return None
+
+    def secure(sock: zmq.Socket, server: bool) -> None:
+        (secure_server if server else secure_client)(sock, keys)
+    return secure
 
 
 class _OnlyTokenHolders:

@@ -1,102 +1,154 @@
+"""The decode worker: reserves blocks, lands the KV a prefill worker sends into them, and decodes in batches."""
 from __future__ import annotations
 
 import logging
 import time
 
+import msgspec
+
+from common import auth
 from common import protocol as P
+from common.config import EngineConfig
 from common.sampling_params import InvalidRequest
+from common.worker.config import WorkerConfig
 from common.worker.runtime import Worker
+from kvtransfer.endpoint import KVEndpoint
+from kvtransfer.handoff import Handoff, HandoffState, HandoffTable
 
 log = logging.getLogger(__name__)
 
 
 class DecodeWorker(Worker):
-    """Reserves blocks for a prompt before any KV is sent (a transfer never writes blocks this worker
-    does not own), admits the request into continuous batching when its KV lands, and streams tokens."""
+    """Reserves blocks for a prompt before any KV is sent (a transfer never writes blocks this worker does not
+    own), admits the request into continuous batching once its KV has landed, and streams its tokens. A request
+    aborted or timed out while its KV still lands keeps its blocks until the transport is done with them."""
 
     role = "decode"
 
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.handoffs: dict[str, P.KVHandoff] = {}  # handoffs whose KV is still arriving (streaming transports)
+    def __init__(self, config: WorkerConfig, engine_config: EngineConfig):
+        super().__init__(config, engine_config)
+        self.kv = KVEndpoint(self.ctx, self.engine.runner.kv_pool, self.engine.config.device, config.kv_transports,
+                             config.host, config.handoff_timeout, auth.socket_security(self.keys))
+        self.handoffs = HandoffTable()
+        self.handlers[P.Reserve] = self.on_reserve
+        self.inputs[self.kv.channel.inbox] = self.on_data_frames
 
-    def on_message(self, msg: P.Message) -> None:
-        if not isinstance(msg, P.Reserve):
-            return super().on_message(msg)
+    def hello(self) -> P.WorkerHello:
+        return msgspec.structs.replace(super().hello(), transports=list(self.kv.transports),
+                                       kv_address=self.kv.address, kv=self.kv.descriptors())
+
+    def close(self) -> None:
+        self.kv.close()
+        super().close()
+
+    # ---- router -> decode: room for the KV ------------------------------------------------------------
+    def on_reserve(self, msg: P.Reserve) -> None:
         try:
             blocks = self.engine.reserve(msg.request_id, msg.token_ids, msg.sampling)
         except InvalidRequest as e:
-            self.send(P.Error(request_id=msg.request_id, code=P.BAD_REQUEST, message=str(e)))
+            self.fail(msg.request_id, P.BAD_REQUEST, str(e))
             return
         if blocks is None:
-            self.send(P.Error(request_id=msg.request_id, code=P.OVERLOADED, retry_after=0.05,
-                              message=f"decode worker {self.config.worker_id} has no free KV blocks"))
+            self.fail(msg.request_id, P.OVERLOADED, f"decode worker {self.config.worker_id} has no free KV blocks",
+                      retry_after=0.05)
             return
-        self.leases[msg.request_id] = time.monotonic() + self.config.handoff_timeout
+        self.handoffs.open(Handoff(msg.request_id, msg.prefill_worker_id,
+                                   deadline=time.monotonic() + self.config.handoff_timeout))
         self.send(P.Reserved(request_id=msg.request_id, block_ids=blocks))
 
-    def on_data(self, msg: P.Message, frames: list[memoryview]) -> None:
-        if isinstance(msg, P.KVHandoff):
-            self.receive(msg, frames)
-        else:
-            super().on_data(msg, frames)
+    # ---- transfer -> decode batch --------------------------------------------------------------------
+    def on_data_frames(self, frames: list) -> None:
+        try:
+            record = P.decode(frames[0].buffer, expect=(P.KVHandoff,))
+        except P.ProtocolError as e:
+            log.warning("bad frame on the data channel: %s", e)
+            return
+        self.receive(record, [f.buffer for f in frames[1:]])
 
-    def receive(self, h: P.KVHandoff, frames: list[memoryview]) -> None:
-        """transfer -> decode batch: land the KV in the reserved blocks, admit the request, report its first token."""
-        reserved = self.engine.reserved.get(h.request_id)
-        transport = self.transports.get(h.transport)
+    def receive(self, record: P.KVHandoff, frames: list[memoryview]) -> None:
+        """Land the KV in the reserved blocks (now, or when the transport is done), then admit the request."""
+        h = self.handoffs.get(record.request_id)
+        seq = self.engine.get(record.request_id)
+        transport = self.kv.transports.get(record.transport)
         problem = None
-        if h.request_id in self.transfers:
-            problem = "a handoff of this request is already arriving"
-        elif reserved is None:
+        if h is None:
             problem = "no reservation (aborted or timed out)"
-        elif h.layout != self.layout:
-            problem = f"KV layout mismatch: sender {h.layout}, receiver {self.layout}"
-        elif h.dst_block_ids != reserved.block_table or h.num_tokens != reserved.num_prompt_tokens:
+        elif h.state is not HandoffState.RESERVED:
+            problem = "a handoff of this request is already arriving"
+        elif record.dst_block_ids != seq.block_table or record.num_tokens != seq.num_prompt_tokens:
             problem = "handoff does not match the reservation"
         elif transport is None:
-            problem = f"no {h.transport!r} transport here"
-        pending = None
-        code = P.INTERNAL  # a mismatch is a bug or a misconfiguration
-        if problem is None:
-            try:
-                pending = transport.receive(h.request_id, h.src_worker_id, h.dst_block_ids, frames)
-            except Exception as e:
-                log.exception("request %s: receiving KV failed", h.request_id)
-                problem, code = f"receiving KV failed: {e}", P.ABORTED
-        elif transport is not None:
-            try:  # a streaming sender still sends the bytes: take them off the wire, or later handoffs misalign
-                transport.discard(h.request_id, h.src_worker_id, frames)
-            except Exception as e:
-                log.warning("request %s: could not discard the refused KV: %s", h.request_id, e)
-        if pending is not None:  # the KV is on its way: admit the request once it has landed
-            self.transfers[h.request_id] = pending
-            self.handoffs[h.request_id] = h
-            return
-        self.finish_receive(h, problem, code)
-
-    def on_transfer_done(self, request_id: str, future, aborted: bool) -> None:
-        h = self.handoffs.pop(request_id)
-        if aborted:
-            self.channel.send(h.reply_to, P.HandoffAck(request_id=request_id, ok=False, message="aborted"))
-            self.abort(request_id)
-        elif future.exception() is not None:
-            log.error("request %s: receiving KV failed: %s", request_id, future.exception())
-            self.finish_receive(h, f"receiving KV failed: {future.exception()}", P.ABORTED)
-        else:
-            self.finish_receive(h, None)
-
-    def finish_receive(self, h: P.KVHandoff, problem: str | None, code: str = P.INTERNAL) -> None:
-        """Acknowledge the handoff; admit the request, or fail it when its KV did not land."""
-        problem = problem if problem is None else problem[:P.MAX_MESSAGE_LEN]
-        # Acked either way: the prefill worker frees its blocks now, not when its lease runs out.
-        self.channel.send(h.reply_to, P.HandoffAck(request_id=h.request_id, ok=problem is None, message=problem or ""))
+            problem = f"no {record.transport!r} transport here"
         if problem is not None:
-            if h.request_id in self.engine.reserved and h.request_id not in self.transfers:
-                self.abort(h.request_id)
-                self.send(P.Error(request_id=h.request_id, code=code, message=problem))
+            self.refuse(record, frames, transport, problem)
+            if h is not None and h.state is HandoffState.RESERVED:  # a mismatch: a bug or a misconfiguration
+                h.fail(P.INTERNAL, problem)
+                self.settle(h)
             return
-        self.leases.pop(h.request_id, None)
-        seq = self.engine.admit_prefilled(h.request_id, h.first_token)
-        seq.num_cached_tokens = h.cached_tokens
-        self.report([seq])
+        h.record = record
+        try:
+            pending = transport.receive(record, seq.block_table, frames)
+        except Exception as e:
+            log.exception("request %s: receiving KV failed", record.request_id)
+            h.fail(P.ABORTED, f"receiving KV failed: {e}")
+            self.settle(h)
+            return
+        h.moving(pending, HandoffState.LANDING, h.deadline)
+        self.handoffs.watch(h)
+        if h.state is HandoffState.LANDED:
+            self.settle(h)
+
+    def refuse(self, record: P.KVHandoff, frames: list[memoryview], transport, problem: str) -> None:
+        """Acknowledge a handoff this worker will not take; a streaming sender's bytes are still taken off the
+        wire, or the handoffs after it would misalign."""
+        if transport is not None:
+            try:
+                transport.discard(record, frames)
+            except Exception as e:
+                log.warning("request %s: could not discard the refused KV: %s", record.request_id, e)
+        self.kv.channel.send(record.reply_to, P.HandoffAck(request_id=record.request_id, ok=False,
+                                                           message=problem[:P.MAX_MESSAGE_LEN]))
+
+    # ---- the handoffs' lives ---------------------------------------------------------------------------
+    def busy(self) -> bool:
+        return self.handoffs.transferring
+
+    def tick(self, now: float, expire: bool) -> None:
+        for h in self.handoffs.transfers_ended() + (self.handoffs.expired(now) if expire else []):
+            self.settle(h)
+
+    def settle(self, h: Handoff) -> None:
+        """LANDED: admit the request and acknowledge. FAILED: acknowledge (the prefill worker frees its blocks now),
+        report (once), and free the reserved blocks once no transport writes into them."""
+        if h.state is HandoffState.LANDED:
+            self.answer(h, ok=True)
+            seq = self.engine.admit_prefilled(h.request_id, h.record.first_token, h.record.cached_tokens)
+            h.state = HandoffState.ACKED
+            self.handoffs.close(h.request_id)
+            self.report([seq])
+            return
+        if h.state is not HandoffState.FAILED:
+            return
+        self.answer(h, ok=False)
+        if h.report and not h.reported:
+            h.reported = True
+            self.fail(h.request_id, h.code, h.reason)
+        if not h.busy:
+            self.engine.abort(h.request_id)
+            self.handoffs.close(h.request_id)
+
+    def answer(self, h: Handoff, ok: bool) -> None:
+        """The handoff_ack, once, to the prefill worker that sent the KV (if it came)."""
+        if h.record is None or h.answered:
+            return
+        h.answered = True
+        self.kv.channel.send(h.record.reply_to, P.HandoffAck(request_id=h.request_id, ok=ok,
+                                                             message="" if ok else h.reason[:P.MAX_MESSAGE_LEN]))
+
+    def abort(self, request_id: str) -> None:
+        h = self.handoffs.get(request_id)
+        if h is None:
+            self.engine.abort(request_id)
+            return
+        h.fail(P.ABORTED, "aborted", report=False)
+        self.settle(h)

@@ -1,7 +1,7 @@
 """CUDA IPC: on one node, the prefill worker copies its blocks straight into the decode worker's pool.
 
-The decode worker exports its KV pool once: the CUDA IPC handle of the pool's memory, as bytes and
-ints in its msgpack descriptor (no pickle). A prefill worker maps each peer's pool once and, for each
+The decode worker exports its KV pool once: the CUDA IPC handle of the pool's memory, in its typed descriptor
+(docs/protocol.md; bytes and ints, no pickle). A prefill worker maps each peer's pool once and, for each
 handoff, copies its blocks into the reserved block ids on a side stream: one copy per run of ids
 consecutive on both sides, or one block-copy kernel when the runs are many (`copy`), then waits for
 the copy before `send` returns. The `kv_handoff` record goes out only after that, so the decode worker
@@ -21,11 +21,11 @@ import torch
 from torch.multiprocessing.reductions import rebuild_cuda_tensor, reduce_tensor
 
 from common.engine.device import TORCH_DTYPES
-from kvtransfer.block_copy import BlockCopy
-from kvtransfer.descriptors import TransferError, pack, unpack
-from kvtransfer.transport import Sent, Transport, check_block_ids, check_layout, joint_runs, layout_record
+from common.protocol import CudaIpcDescriptor, CudaIpcPool
+from kvtransfer.errors import TransferError
+from kvtransfer.segments import check_block_ids, joint_runs
+from kvtransfer.transport import Sent, Transport
 
-VERSION = 1
 MAX_COPY_RUNS = 16  # more runs than this go through the block-copy kernel
 STRATEGIES = ("auto", "runs", "kernel")
 # A same-process peer (tests, benchmarks): a process cannot open its own IPC handle, so it uses the tensor.
@@ -40,25 +40,24 @@ def visible_gpus() -> list[str]:
     return [gpu_uuid(i) for i in range(torch.cuda.device_count())]
 
 
-def export_tensor(t: torch.Tensor) -> dict:
+def export_tensor(t: torch.Tensor) -> CudaIpcPool:
     """Everything another process needs to map `t`'s memory: IPC handles as bytes, the rest ints."""
     _, args = reduce_tensor(t)
     (_, size, stride, offset, _, dtype, device, handle, storage_bytes, storage_offset_bytes, _,
      ref_counter_handle, ref_counter_offset, event_handle, event_sync_required) = args
-    return {"shape": list(size), "stride": list(stride), "offset": offset, "dtype": str(dtype).removeprefix("torch."),
-            "device": device, "handle": handle, "storage_bytes": storage_bytes,
-            "storage_offset_bytes": storage_offset_bytes, "ref_counter_handle": ref_counter_handle,
-            "ref_counter_offset": ref_counter_offset, "event_handle": event_handle,
-            "event_sync_required": event_sync_required}
+    return CudaIpcPool(shape=list(size), stride=list(stride), offset=offset, dtype=str(dtype).removeprefix("torch."),
+                       device=device, handle=handle, storage_bytes=storage_bytes,
+                       storage_offset_bytes=storage_offset_bytes, ref_counter_handle=ref_counter_handle,
+                       ref_counter_offset=ref_counter_offset, event_handle=event_handle,
+                       event_sync_required=event_sync_required)
 
 
-def import_tensor(share: dict, device_index: int) -> torch.Tensor:
+def import_tensor(share: CudaIpcPool, device_index: int) -> torch.Tensor:
     """Map an exported tensor; `device_index` is this process's index of the GPU it lives on."""
     return rebuild_cuda_tensor(
-        torch.Tensor, torch.Size(share["shape"]), tuple(share["stride"]), share["offset"], torch.UntypedStorage,
-        TORCH_DTYPES[share["dtype"]], device_index, share["handle"], share["storage_bytes"], share["storage_offset_bytes"],
-        False, share["ref_counter_handle"], share["ref_counter_offset"], share["event_handle"],
-        share["event_sync_required"])
+        torch.Tensor, torch.Size(share.shape), tuple(share.stride), share.offset, torch.UntypedStorage,
+        TORCH_DTYPES[share.dtype], device_index, share.handle, share.storage_bytes, share.storage_offset_bytes,
+        False, share.ref_counter_handle, share.ref_counter_offset, share.event_handle, share.event_sync_required)
 
 
 def enable_peer_access(a: int, b: int) -> None:
@@ -84,24 +83,24 @@ class CudaIPCTransport(Transport):
             raise ValueError(f"cuda_ipc strategy must be one of {', '.join(STRATEGIES)}, got {strategy!r}")
         self.strategy = strategy
         # peer id -> (its descriptor, its mapped pool, the block-copy kernel into it)
-        self.peers: dict[str, tuple[bytes, torch.Tensor, BlockCopy]] = {}
+        self.peers: dict[str, tuple[CudaIpcDescriptor, torch.Tensor, object]] = {}
         self.streams: dict[torch.device, tuple[torch.cuda.Stream, torch.cuda.Event]] = {}
         self._ids = torch.empty(0, dtype=torch.int64)  # pinned block ids, read by the kernel in place
-        self._descriptor: bytes | None = None
+        self._descriptor: CudaIpcDescriptor | None = None
 
-    def descriptor(self) -> bytes:
+    def descriptor(self) -> CudaIpcDescriptor:
         if self._descriptor is None:
             kv = self.pool.kv
             share = export_tensor(kv)
-            _EXPORTED[share["handle"]] = kv
-            self._descriptor = pack({
-                "v": VERSION, "pid": os.getpid(), "gpu": gpu_uuid(kv.device.index), "visible": visible_gpus(),
-                "layout": layout_record(self.pool.layout), "num_blocks": self.pool.num_blocks, "pool": share})
+            _EXPORTED[share.handle] = kv
+            self._descriptor = CudaIpcDescriptor(pid=os.getpid(), gpu=gpu_uuid(kv.device.index),
+                                                 visible=visible_gpus(), layout=self.pool.layout,
+                                                 num_blocks=self.pool.num_blocks, pool=share)
         return self._descriptor
 
     # ---- prefill side -------------------------------------------------------------------------------
-    def send(self, request_id, peer_id, peer_descriptor, src_block_ids, dst_block_ids):
-        dst_kv = self.peer_pool(peer_id, peer_descriptor)
+    def send(self, request_id, peer_id, peer, src_block_ids, dst_block_ids):
+        dst_kv = self.peer_pool(peer_id, peer.cuda_ipc)
         check_block_ids(src_block_ids, self.pool.num_blocks, "source")
         check_block_ids(dst_block_ids, dst_kv.shape[0], f"{peer_id}'s")
         if len(src_block_ids) != len(dst_block_ids):
@@ -109,36 +108,34 @@ class CudaIPCTransport(Transport):
         self.copy(src_block_ids, dst_block_ids, dst_kv, peer_id)
         return Sent()
 
-    def peer_pool(self, peer_id: str, descriptor: bytes) -> torch.Tensor:
+    def peer_pool(self, peer_id: str, d: CudaIpcDescriptor | None) -> torch.Tensor:
         """The peer's KV pool, mapped into this process on first use (and again if its descriptor changes)."""
         cached = self.peers.get(peer_id)
-        if cached is not None and cached[0] == descriptor:
+        if cached is not None and cached[0] == d:
             return cached[1]
-        if not descriptor:
+        if d is None:
             raise TransferError(f"{peer_id} published no cuda_ipc descriptor")
-        d = unpack(descriptor, f"cuda_ipc descriptor of {peer_id}", ("v", "pid", "gpu", "layout", "num_blocks", "pool"))
-        if d["v"] != VERSION:
-            raise TransferError(f"cuda_ipc descriptor of {peer_id}: version {d['v']!r}, this worker speaks {VERSION}")
-        check_layout(self.pool.layout, d["layout"], peer_id)
+        self.check_peer_layout(d.layout, peer_id)
         visible = visible_gpus()
-        if d["gpu"] not in visible:
+        if d.gpu not in visible:
             raise TransferError(
-                f"{peer_id}'s KV pool is on GPU {d['gpu']}, which this process cannot see (CUDA_VISIBLE_DEVICES="
+                f"{peer_id}'s KV pool is on GPU {d.gpu}, which this process cannot see (CUDA_VISIBLE_DEVICES="
                 f"{os.environ.get('CUDA_VISIBLE_DEVICES', '<unset>')}): put both workers on one GPU, start them with "
                 f"--gpu-visibility node or use nccl")
-        share = d["pool"]
-        kv = _EXPORTED.get(share["handle"]) if d["pid"] == os.getpid() else None
-        enable_peer_access(self.pool.kv.device.index, visible.index(d["gpu"]))
+        kv = _EXPORTED.get(d.pool.handle) if d.pid == os.getpid() else None
+        enable_peer_access(self.pool.kv.device.index, visible.index(d.gpu))
         if kv is None:
             try:
-                kv = import_tensor(share, visible.index(d["gpu"]))
+                kv = import_tensor(d.pool, visible.index(d.gpu))
             except Exception as e:
                 raise TransferError(f"cannot map {peer_id}'s KV pool by CUDA IPC: {e}") from e
-        expected = (d["num_blocks"], *self.pool.kv.shape[1:])
+        expected = (d.num_blocks, *self.pool.kv.shape[1:])
         if tuple(kv.shape) != expected or kv.dtype != self.pool.kv.dtype:
             raise TransferError(f"{peer_id}'s KV pool is {tuple(kv.shape)} {kv.dtype}, expected {expected} "
                                 f"{self.pool.kv.dtype}")
-        self.peers[peer_id] = (descriptor, kv, BlockCopy(self.pool.kv, kv))
+        from kvtransfer.block_copy import BlockCopy  # triton: loaded once a GPU pool pair exists
+
+        self.peers[peer_id] = (d, kv, BlockCopy(self.pool.kv, kv))
         return kv
 
     def copy(self, src_block_ids: list[int], dst_block_ids: list[int], dst_kv: torch.Tensor, peer_id: str) -> None:
@@ -187,7 +184,7 @@ class CudaIPCTransport(Transport):
         return self._ids[:n], self._ids[n:2 * n]
 
     # ---- decode side: the prefill worker already wrote the blocks -----------------------------------
-    def receive(self, request_id, peer_id, dst_block_ids, frames):
+    def receive(self, record, dst_block_ids, frames):
         if frames:
             raise TransferError(f"cuda_ipc handoffs carry no payload frames, got {len(frames)}")
         return None

@@ -1,46 +1,64 @@
+"""The prefill worker: prompts in, KV blocks and first tokens out to the decode workers that reserved room."""
 from __future__ import annotations
 
 import dataclasses
 import logging
 import time
 
+import msgspec
+
+from common import auth
 from common import protocol as P
-from common.faults import crash
-from common.engine.sequence import Sequence
 from common.config import EngineConfig
-from common.worker.runtime import Worker, WorkerConfig
-from kvtransfer.descriptors import TransferError, unpack_descriptors
+from common.engine.sequence import Sequence
+from common.faults import crash
+from common.worker.config import WorkerConfig
+from common.worker.runtime import Worker
+from kvtransfer.endpoint import KVEndpoint
+from kvtransfer.errors import TransferError
+from kvtransfer.handoff import Handoff, HandoffState, HandoffTable
 
 log = logging.getLogger(__name__)
 
 
 class PrefillWorker(Worker):
     """Prefills prompts in varlen batches, samples each first token, and hands the KV blocks to the decode
-    worker that reserved room for them. Its blocks stay held (and stay in its prefix cache) until the
-    decode worker acknowledges the handoff, or the lease runs out, and in any case until the transport
-    has stopped reading them."""
+    worker that reserved room for them. A request's blocks stay held (and in its prefix cache) until the decode
+    worker acknowledges the handoff or its deadline passes, and in any case until the transport has stopped
+    reading them (`kvtransfer/handoff.py`)."""
 
     role = "prefill"
 
     def __init__(self, config: WorkerConfig, engine_config: EngineConfig):
         # Its batches are prompts only: decode CUDA graphs would cost memory and start-up time for nothing.
         super().__init__(config, dataclasses.replace(engine_config, enforce_eager=True))
-        self.tasks: dict[str, P.PrefillTask] = {}
+        self.kv = KVEndpoint(self.ctx, self.engine.runner.kv_pool, self.engine.config.device, config.kv_transports,
+                             config.host, config.handoff_timeout, auth.socket_security(self.keys))
+        self.handoffs = HandoffTable()
+        self.handlers[P.PrefillTask] = self.on_prefill_task
+        self.inputs[self.kv.channel.inbox] = self.on_data_frames
 
-    def on_message(self, msg: P.Message) -> None:
-        if not isinstance(msg, P.PrefillTask):
-            return super().on_message(msg)
-        if self.faults.claim("crash_prefill", [msg.token_ids], self.config.worker_id):
+    def hello(self) -> P.WorkerHello:
+        return msgspec.structs.replace(super().hello(), transports=list(self.kv.transports),
+                                       kv_address=self.kv.address, kv=self.kv.descriptors())
+
+    def close(self) -> None:
+        self.kv.close()
+        super().close()
+
+    # ---- router -> prefill -> KV blocks --------------------------------------------------------------
+    def on_prefill_task(self, task: P.PrefillTask) -> None:
+        """router -> prefill batch: queue the prompt; its blocks go to `task.dst_block_ids` once prefilled."""
+        if self.faults.claim("crash_prefill", [task.token_ids], self.config.worker_id):
             crash()
-        expected = self.engine.block_manager.blocks_needed(len(msg.token_ids))
-        if len(msg.dst_block_ids) != expected:
-            self.send(P.Error(request_id=msg.request_id, code=P.BAD_REQUEST,
-                              message=f"{len(msg.dst_block_ids)} destination blocks for a prompt needing {expected}"))
-        elif msg.transport not in self.transports:
-            self.send(P.Error(request_id=msg.request_id, code=P.UNAVAILABLE,
-                              message=f"this prefill worker has no {msg.transport!r} transport"))
-        elif self.add_request(msg.request_id, msg.token_ids, msg.sampling, prefill_only=True):
-            self.tasks[msg.request_id] = msg
+        expected = self.engine.block_manager.blocks_needed(len(task.token_ids))
+        if len(task.dst_block_ids) != expected:
+            self.fail(task.request_id, P.BAD_REQUEST,
+                      f"{len(task.dst_block_ids)} destination blocks for a prompt needing {expected}")
+        elif task.transport not in self.kv.transports:
+            self.fail(task.request_id, P.UNAVAILABLE, f"this prefill worker has no {task.transport!r} transport")
+        elif self.add_request(task.request_id, task.token_ids, task.sampling, prefill_only=True):
+            self.handoffs.open(Handoff(task.request_id, task.decode_worker_id, deadline=None, task=task))
 
     def on_step(self, updated: list[Sequence]) -> None:
         for seq in updated:
@@ -48,52 +66,71 @@ class PrefillWorker(Worker):
                 self.hand_off(seq)
 
     def hand_off(self, seq: Sequence) -> None:
-        """prefill batch -> KV blocks -> transfer: move the prompt's blocks into the decode worker's."""
-        task = self.tasks[seq.request_id]
-        n = len(task.dst_block_ids)
+        """KV blocks -> transfer: move the prompt's blocks into the decode worker's, then announce them."""
+        h = self.handoffs.get(seq.request_id)
+        task = h.task
         fault = next((f for f in ("kv_send_error", "kv_drop", "kv_corrupt")
                       if self.faults.claim(f, [seq.token_ids], self.config.worker_id)), None)
         try:
             if fault == "kv_send_error":
                 raise TransferError("injected fault kv_send_error")
-            descriptor = unpack_descriptors(task.decode_kv_descriptor).get(task.transport, b"")
-            sent = self.transports[task.transport].send(seq.request_id, task.decode_worker_id, descriptor,
-                                                        seq.block_table[:n], task.dst_block_ids)
-            frames = [memoryview(b"\0")] if fault == "kv_corrupt" else sent.frames
-            handoff = P.KVHandoff(request_id=seq.request_id, src_worker_id=self.config.worker_id,
-                                  first_token=seq.last_token, num_tokens=seq.num_prompt_tokens,
-                                  transport=task.transport, layout=self.layout, dst_block_ids=task.dst_block_ids,
-                                  reply_to=self.channel.address, cached_tokens=seq.num_cached_tokens)
-            if sent.done is not None:  # still streaming from our blocks: keep them until it is done
-                self.transfers[seq.request_id] = sent.done
-            if fault != "kv_drop":  # a dropped handoff is found out by the leases on both sides
-                self.channel.send(task.decode_kv_address, handoff, frames)
+            sent = self.kv.transports[task.transport].send(seq.request_id, task.decode_worker_id, task.decode_kv,
+                                                           seq.block_table[:len(task.dst_block_ids)],
+                                                           task.dst_block_ids)
+            h.moving(sent.done, HandoffState.SENDING, time.monotonic() + self.config.handoff_timeout)
+            self.handoffs.watch(h)
+            record = P.KVHandoff(request_id=seq.request_id, src_worker_id=self.config.worker_id,
+                                 first_token=seq.last_token, num_tokens=seq.num_prompt_tokens,
+                                 transport=task.transport, dst_block_ids=task.dst_block_ids,
+                                 reply_to=self.kv.address, cached_tokens=seq.num_cached_tokens, nccl=sent.nccl)
+            payload = [memoryview(b"\0")] if fault == "kv_corrupt" else sent.payload
+            if fault != "kv_drop":  # a dropped handoff is found out by the deadlines on both sides
+                self.kv.channel.send(task.decode_kv_address, record, payload)
         except Exception as e:  # the request fails and its blocks are freed on both sides; the worker goes on
             log.exception("request %s: KV transfer to %s failed", seq.request_id, task.decode_worker_id)
-            self.fail_transfer(seq.request_id, e)
+            h.fail(P.ABORTED, f"KV transfer failed: {e}")
+            self.settle(h)
+
+    # ---- decode -> prefill: the acknowledgement -------------------------------------------------------
+    def on_data_frames(self, frames: list) -> None:
+        try:
+            msg = P.decode(frames[0].buffer, expect=(P.HandoffAck,))
+        except P.ProtocolError as e:
+            log.warning("bad frame on the data channel: %s", e)
             return
-        self.leases[seq.request_id] = time.monotonic() + self.config.handoff_timeout
+        h = self.handoffs.get(msg.request_id)
+        if h is None:
+            return
+        if msg.ok:
+            h.state = HandoffState.ACKED
+        else:  # the decode worker refused it and told the router: only the blocks are left to free here
+            log.warning("request %s: decode worker refused the KV: %s", msg.request_id, msg.message)
+            h.fail(P.ABORTED, msg.message, report=False)
+        self.settle(h)
 
-    def on_transfer_done(self, request_id: str, future, aborted: bool) -> None:
-        if aborted:
-            self.abort(request_id)
-        elif future.exception() is not None:
-            log.error("request %s: KV transfer failed: %s", request_id, future.exception())
-            self.fail_transfer(request_id, future.exception())
+    # ---- the handoffs' lives ---------------------------------------------------------------------------
+    def busy(self) -> bool:
+        return self.handoffs.transferring
 
-    def fail_transfer(self, request_id: str, e: BaseException) -> None:
-        self.abort(request_id)
-        message = f"KV transfer failed: {e}"[:P.MAX_MESSAGE_LEN]
-        self.send(P.Error(request_id=request_id, code=P.ABORTED, message=message))
+    def tick(self, now: float, expire: bool) -> None:
+        for h in self.handoffs.transfers_ended() + (self.handoffs.expired(now) if expire else []):
+            self.settle(h)
 
-    def on_data(self, msg: P.Message, frames: list[memoryview]) -> None:
-        if isinstance(msg, P.HandoffAck):
-            if not msg.ok:
-                log.warning("request %s: decode worker refused the KV: %s", msg.request_id, msg.message)
-            self.abort(msg.request_id)  # frees the held blocks either way
-        else:
-            super().on_data(msg, frames)
+    def settle(self, h: Handoff) -> None:
+        """Act on a handoff's state: report a failure (once), and free its blocks once it is over and no transport
+        reads them."""
+        if h.state is HandoffState.FAILED and h.report and not h.reported:
+            h.reported = True
+            log.warning("request %s: %s", h.request_id, h.reason)
+            self.fail(h.request_id, h.code, h.reason)
+        if h.state in (HandoffState.ACKED, HandoffState.FAILED) and not h.busy:
+            self.engine.abort(h.request_id)
+            self.handoffs.close(h.request_id)
 
     def abort(self, request_id: str) -> None:
-        self.tasks.pop(request_id, None)
-        super().abort(request_id)
+        h = self.handoffs.get(request_id)
+        if h is None:
+            self.engine.abort(request_id)
+            return
+        h.fail(P.ABORTED, "aborted", report=False)
+        self.settle(h)

@@ -7,7 +7,6 @@ every frame with `common.protocol`. docs/client.md is the user guide.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import itertools
 import logging
 import random
@@ -40,6 +39,7 @@ from common.protocol import (
     Submit,
     Timings,
     Usage,
+    checked,
     decode,
     encode,
 )
@@ -48,7 +48,7 @@ from common.sampling_params import InvalidRequest, SamplingParams
 log = logging.getLogger(__name__)
 
 Prompt = Union[str, list[int]]
-SAMPLING_FIELDS = tuple(f.name for f in dataclasses.fields(SamplingParams))
+SAMPLING_FIELDS = SamplingParams.field_names()
 SCALE_TIMEOUT_S = 900.0  # `pdcluster scale`: workers load their model, or drain their requests
 READY_POLL_S = 0.2  # between stats polls in wait_ready
 READY_STATS_TIMEOUT_S = 1.0  # one stats request in wait_ready; a later one is sent if it expires
@@ -135,8 +135,8 @@ def build_submit(prompt: Prompt, *, chat: bool, stream: bool, request_id: str | 
     else:
         raise InvalidRequest("prompt", f"expected a string or a list of token ids, got {type(prompt).__name__}")
     try:
-        return Submit(request_id=request_id if request_id is not None else uuid.uuid4().hex, prompt=text,
-                      token_ids=ids, chat=chat, sampling=params, stream=stream)
+        return checked(Submit(request_id=request_id if request_id is not None else uuid.uuid4().hex, prompt=text,
+                              token_ids=ids, chat=chat, sampling=params, stream=stream))
     except ProtocolError as exc:
         field, _, problem = exc.message.partition(": ")
         raise InvalidRequest(field, problem) from None

@@ -14,7 +14,7 @@ from common import faults
 from common.config import ConfigError, EngineConfig
 from common.worker.config import WorkerConfig
 from kvtransfer.choice import available_transports
-from kvtransfer.descriptors import TransferError
+from kvtransfer.errors import TransferError
 from router.router import Router, RouterConfig
 
 log = logging.getLogger(__name__)

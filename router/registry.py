@@ -1,8 +1,9 @@
 from __future__ import annotations
 
-import dataclasses
 import time
 from dataclasses import dataclass, field
+
+import msgspec
 
 from common import protocol as P
 
@@ -49,8 +50,7 @@ class WorkerInfo:
 
     def stats(self) -> P.WorkerStats:
         return P.WorkerStats(worker_id=self.worker_id, role=self.role, alive=self.alive, draining=self.draining,
-                             node_id=self.hello.node_id,
-                             **{f.name: getattr(self.load, f.name) for f in dataclasses.fields(P.WorkerLoad)})
+                             node_id=self.hello.node_id, **msgspec.structs.asdict(self.load))
 
 
 class WorkerRegistry:
@@ -107,7 +107,7 @@ class WorkerRegistry:
         return None if worker_id is None else self.workers.get(worker_id)
 
     def heartbeat(self, worker: WorkerInfo, hb: P.Heartbeat) -> None:
-        worker.load = P.WorkerLoad(**{f.name: getattr(hb, f.name) for f in dataclasses.fields(P.WorkerLoad)})
+        worker.load = hb.load
         worker.last_seen = time.monotonic()
         worker.blocks_promised = 0
 

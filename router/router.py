@@ -22,8 +22,8 @@ from common import auth
 from common import protocol as P
 from common.prompt import check_prompt, encode_prompt, load_tokenizer
 from common.sampling_params import InvalidRequest, SamplingParams
-from kvtransfer.choice import choose_transport, peer_info
-from kvtransfer.descriptors import TransferError
+from kvtransfer.choice import choose_transport
+from kvtransfer.errors import TransferError
 from router.detokenizer import IncrementalDetokenizer
 from router.registry import WorkerInfo, WorkerRegistry
 
@@ -203,7 +203,7 @@ class Router:
                     raise P.ProtocolError(P.BAD_REQUEST, f"a message must be one frame, got {len(frames)}")
                 await self.on_client(identity, P.decode(frames[0], expect=P.CLIENT_TO_ROUTER))
             except P.ProtocolError as e:
-                await self.to_client(identity, e.to_error())
+                await self.to_client(identity, P.error_reply(e))
             except Exception:
                 log.exception("router failed on a client message")
                 await self.to_client(identity, P.Error(request_id="", code=P.INTERNAL, message="router error"))
@@ -422,7 +422,7 @@ class Router:
             prefill.prefill_tokens += len(req.prompt_ids)
             prefill.assigned.add(req.rid)
         try:
-            transport = choose_transport(peer_info(prefill.hello), peer_info(decode.hello), self.config.kv_transport)
+            transport = choose_transport(prefill.hello, decode.hello, self.config.kv_transport)
         except TransferError as e:  # --kv-transport names one these two workers cannot use
             return await self.fail(req, P.UNAVAILABLE, str(e))
         if (prefill.worker_id, decode.worker_id) not in self._pairs:
@@ -433,7 +433,7 @@ class Router:
         await self.to_worker(prefill, P.PrefillTask(
             request_id=req.rid, token_ids=req.prompt_ids, sampling=req.sampling, decode_worker_id=decode.worker_id,
             decode_kv_address=decode.hello.kv_address, dst_block_ids=msg.block_ids, transport=transport,
-            decode_kv_descriptor=decode.hello.kv_descriptor))
+            decode_kv=decode.hello.kv))
 
     async def on_worker_error(self, worker: WorkerInfo, msg: P.Error) -> None:
         req = self.requests.get(msg.request_id)

@@ -134,7 +134,7 @@ def test_step_totals_count_the_work_the_router_sees(tiny_qwen3_dir, overlap):
         assert totals.num_prefill_tokens == sum(map(len, prompts))
         assert 3 * 5 <= totals.num_decode_tokens <= 3 * 6
         assert 6 <= totals.steps <= 6 + 2 and totals.seconds > 0
-        assert (load["busy_steps"], load["decode_tokens_run"]) == (totals.steps, totals.num_decode_tokens)
+        assert (load.busy_steps, load.decode_tokens_run) == (totals.steps, totals.num_decode_tokens)
         before = (totals.steps, totals.seconds)
         llm.engine.step()  # nothing to run: not a busy step, and not busy time
         assert (llm.engine.totals.steps, llm.engine.totals.seconds) == before

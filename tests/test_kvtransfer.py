@@ -1,5 +1,5 @@
-"""KV transports on CPU: run grouping, descriptors (msgpack, no pickle), layout checks, transport choice,
-and the nccl transport end to end on gloo (both ranks in this process, one link thread each)."""
+"""KV transports on CPU: run grouping, descriptors (typed records, plain msgpack, no pickle), layout checks, transport
+choice, and the nccl transport end to end on gloo (both ranks in this process, one link thread each)."""
 from __future__ import annotations
 
 import random
@@ -9,25 +9,23 @@ from concurrent.futures import Future
 from types import SimpleNamespace
 
 import msgpack
+import msgspec
 import pytest
 import torch
 
 from common import protocol as P
-from common.engine.kv_pool import KVLayout, KVPool
-from common.sampling_params import SamplingParams
-from common.engine.sequence import Sequence
-from common.worker.runtime import WorkerConfig
-from decode_worker.worker import DecodeWorker
-from kvtransfer import descriptors as D
-from kvtransfer import transport as T
+from common.engine.kv_pool import KVPool
+from common.protocol import CudaIpcDescriptor, CudaIpcPool, KVDescriptors, KVLayout, NcclDescriptor, WorkerHello
+from kvtransfer import segments as T
 from kvtransfer.choice import available_transports, choose_transport
 from kvtransfer.cuda_ipc import CudaIPCTransport
-from kvtransfer.descriptors import TransferError, pack_descriptors, unpack_descriptors
+from kvtransfer.errors import TransferError
 from kvtransfer.host import HostTransport
-from kvtransfer.nccl import NcclTransport
-from prefill_worker.worker import PrefillWorker
+from kvtransfer.nccl import link as L
+from kvtransfer.nccl.transport import NcclTransport
+from kvtransfer.transport import Sent as T_Sent
 
-LAYOUT = KVLayout(num_layers=3, block_size=4, num_kv_heads=2, head_dim=8, dtype=torch.float32)
+LAYOUT = KVLayout(num_layers=3, block_size=4, num_kv_heads=2, head_dim=8, dtype="float32")
 SENTINEL = -7.0
 
 
@@ -125,46 +123,60 @@ def test_a_block_bigger_than_a_chunk_is_a_segment_of_its_own(monkeypatch):
     assert T.plan_segments([0, 1, 2], [3, 4, 5], LAYOUT.block_bytes, "gather") == [(0, 1), (1, 1), (2, 1)]
 
 
-# ---- descriptors ---------------------------------------------------------------------------------------
+# ---- descriptors: typed records of the wire schema, checked once a pair connects ---------------------
 
-def test_nccl_descriptor_is_plain_msgpack():
+SHARE = CudaIpcPool(shape=[10, 3, 2, 4, 2, 8], stride=[384, 128, 64, 16, 8, 1], offset=0, dtype="bfloat16", device=0,
+                    handle=b"\x02" + bytes(range(64)), storage_bytes=7680, storage_offset_bytes=0,
+                    ref_counter_handle=b"/torch_123_456_0", ref_counter_offset=0, event_handle=bytes(64),
+                    event_sync_required=True)
+
+
+def hello(name: str, node: str, transports: list[str], **descriptors) -> WorkerHello:
+    return WorkerHello(worker_id=name, role="decode", model_fingerprint="m", num_blocks=10, layout=LAYOUT,
+                       max_model_len=64, vocab_size=100, transports=transports, node_id=node,
+                       kv=KVDescriptors(**descriptors))
+
+
+def through_the_wire(msg: P.Message) -> P.Message:
+    """`msg` as its receiver decodes it; what travels is plain msgpack (no extension types, no pickle)."""
+    frame = P.encode(msg)
+    assert primitive(msgpack.unpackb(frame, raw=False, ext_hook=no_ext))
+    return P.decode(frame)
+
+
+def test_nccl_descriptor_is_a_typed_record():
     transport = NcclTransport(blank_pool(4), "127.0.0.1")
     try:
-        blob = transport.descriptor()
-        record = msgpack.unpackb(blob, raw=False, ext_hook=no_ext)
-        assert primitive(record)
-        assert record["backend"] == "gloo" and record["host"] == "127.0.0.1" and record["port"] > 0
-        assert record["layout"] == {"num_layers": 3, "block_size": 4, "num_kv_heads": 2, "head_dim": 8,
-                                    "dtype": "float32"}
-        assert record["num_blocks"] == 4
-        assert transport.descriptor() == blob  # one store, one descriptor
+        d = transport.descriptor()
+        assert isinstance(d, NcclDescriptor)
+        assert d.backend == "gloo" and d.host == "127.0.0.1" and d.port > 0 and d.gpu == ""
+        assert d.layout == LAYOUT and d.num_blocks == 4
+        assert transport.descriptor() == d  # one store, one descriptor
+        sent = hello("d0", "n1", ["host", "nccl"], nccl=d)
+        assert through_the_wire(sent) == sent
     finally:
         transport.close()
 
 
-def test_descriptors_round_trip_through_the_hello_blob():
-    blob = pack_descriptors({"host": b"", "nccl": b"\x81\xa1v\x01", "cuda_ipc": bytes(range(256))})
-    assert primitive(msgpack.unpackb(blob, raw=False, ext_hook=no_ext))
-    assert unpack_descriptors(blob) == {"nccl": b"\x81\xa1v\x01", "cuda_ipc": bytes(range(256))}
-    assert unpack_descriptors(b"") == {}
-    with pytest.raises(TransferError, match="not msgpack"):
-        unpack_descriptors(b"\xc1")
-    with pytest.raises(TransferError, match="expected a map"):
-        unpack_descriptors(msgpack.packb([1, 2]))
-
-
-def test_cuda_ipc_share_record_is_bytes_and_ints():
-    """What export_tensor produces (a CUDA IPC handle) survives msgpack unchanged; the GPU tests map it."""
-    share = {"shape": [10, 3, 2, 4, 2, 8], "stride": [384, 128, 64, 16, 8, 1], "offset": 0, "dtype": "bfloat16",
-             "device": 0, "handle": b"\x02" + bytes(range(64)), "storage_bytes": 7680, "storage_offset_bytes": 0,
-             "ref_counter_handle": b"/torch_123_456_0", "ref_counter_offset": 0, "event_handle": bytes(64),
-             "event_sync_required": True}
-    record = {"v": 1, "pid": 1, "gpu": "GPU-x", "visible": ["GPU-x"], "layout": T.layout_record(LAYOUT),
-              "num_blocks": 10, "pool": share}
-    blob = D.pack(record)
-    assert D.unpack(blob, "cuda_ipc") == record and primitive(msgpack.unpackb(blob, raw=False, ext_hook=no_ext))
+def test_cuda_ipc_descriptor_is_bytes_and_ints():
+    """What export_tensor produces (a CUDA IPC handle) survives the wire unchanged; the GPU tests map it."""
+    d = CudaIpcDescriptor(pid=1, gpu="GPU-x", visible=["GPU-x"], layout=LAYOUT, num_blocks=10, pool=SHARE)
+    sent = hello("d0", "n1", ["cuda_ipc"], cuda_ipc=d)
+    assert through_the_wire(sent).kv.cuda_ipc == d
     with pytest.raises(TypeError):
-        D.pack({"dtype": torch.float32})  # no pickle fallback
+        msgspec.msgpack.encode({"dtype": torch.float32})  # no pickle fallback
+
+
+def test_a_malformed_descriptor_is_refused_at_the_boundary():
+    body = msgspec.to_builtins(hello("d0", "n1", ["nccl"], nccl=NcclDescriptor(
+        backend="nccl", host="h", port=1, layout=LAYOUT, num_blocks=4)))
+    body["kv"]["nccl"]["port"] = 70000
+    with pytest.raises(P.ProtocolError, match="kv.nccl.port: expected an integer <= 65535"):
+        P.decode(msgpack.packb({"v": 1, **body}))
+    body["kv"]["nccl"]["port"] = 1
+    body["kv"]["nccl"]["layout"]["dtype"] = "int8"
+    with pytest.raises(P.ProtocolError, match="kv.nccl.layout.dtype: must be one of float32, bfloat16, float16"):
+        P.decode(msgpack.packb({"v": 1, **body}))
 
 
 # ---- fail fast ----------------------------------------------------------------------------------------
@@ -172,19 +184,20 @@ def test_cuda_ipc_share_record_is_bytes_and_ints():
 @pytest.mark.parametrize("field, value", [("block_size", 16), ("dtype", "bfloat16"), ("num_kv_heads", 8),
                                           ("num_layers", 28), ("head_dim", 128)])
 def test_layout_mismatch_names_the_field(field, value):
-    theirs = {**T.layout_record(LAYOUT), field: value}
-    with pytest.raises(TransferError, match=f"KV layout mismatch with d0: {field} "):
-        T.check_layout(LAYOUT, theirs, "d0")
-    T.check_layout(LAYOUT, T.layout_record(LAYOUT), "d0")
+    theirs = msgspec.structs.replace(LAYOUT, **{field: value})
+    transport = HostTransport(blank_pool(2))
+    with pytest.raises(TransferError, match=f"KV layout mismatch with d0 \\(here vs there\\): {field} "):
+        transport.check_peer_layout(theirs, "d0")
+    transport.check_peer_layout(LAYOUT, "d0")
 
 
 def test_nccl_send_refuses_a_peer_with_another_layout_before_connecting():
-    other = KVLayout(num_layers=3, block_size=8, num_kv_heads=2, head_dim=8, dtype=torch.float32)
+    other = msgspec.structs.replace(LAYOUT, block_size=8)
     decode = NcclTransport(KVPool(other, 4, "cpu"))
     prefill = NcclTransport(filled_pool(4, 0))
     try:
-        with pytest.raises(TransferError, match="block_size 4 here, 8 on d0"):
-            prefill.send("r1", "d0", decode.descriptor(), [0], [1])
+        with pytest.raises(TransferError, match="block_size 4 vs 8"):
+            prefill.send("r1", "d0", KVDescriptors(nccl=decode.descriptor()), [0], [1])
         assert prefill.sending == {}
     finally:
         prefill.close()
@@ -216,18 +229,14 @@ def _link(backend: str, timeout: float):
 def test_nccl_wait_polls_until_done_before_the_blocking_wait():
     """NCCL's blocking wait sleeps ~1 ms between its own checks (capping 64 MiB segments at ~90 GB/s):
     the link polls completion itself and calls wait only once the operation is done."""
-    from kvtransfer.nccl import _wait
-
     work = _Work(polls=5)
-    _wait(_link("nccl", 10.0), work)
+    L.wait(_link("nccl", 10.0), work)
     assert work.checks == 6 and work.waited_done
 
 
 def test_posted_segments_bound_only_those_holding_scratch_memory(monkeypatch):
     """Views of a pool stay posted (no host round trip between them); a third scratch segment waits for the
     oldest one, and a scatter runs right after its own receive completes."""
-    from kvtransfer import nccl
-
     events: list[str] = []
 
     class Work:
@@ -237,8 +246,8 @@ def test_posted_segments_bound_only_those_holding_scratch_memory(monkeypatch):
         def wait(self):
             events.append(f"wait {self.name}")
 
-    monkeypatch.setattr(nccl, "IN_FLIGHT", 2)
-    posted = nccl._Posted(SimpleNamespace(backend="gloo", timeout=1.0))
+    monkeypatch.setattr(L, "IN_FLIGHT", 2)
+    posted = L.Posted(SimpleNamespace(backend="gloo", timeout=1.0))
     t = torch.empty(1)
     for name in ("header", "view0", "view1"):
         posted.add(Work(name), t)
@@ -260,8 +269,6 @@ def test_the_receiver_posts_what_needs_no_wait_when_nothing_earlier_is_left(monk
     with operations left and a transfer not posted here (a sender's) are the link thread's."""
     import queue
 
-    from kvtransfer import nccl
-
     posts: list[tuple[str, int]] = []
 
     class Work:
@@ -272,17 +279,17 @@ def test_the_receiver_posts_what_needs_no_wait_when_nothing_earlier_is_left(monk
         posts.append((threading.current_thread().name, int(t[0])))
         return Work()
 
-    monkeypatch.setattr(nccl, "_post", post)
-    monkeypatch.setattr(nccl, "IN_FLIGHT", 2)
-    link = object.__new__(nccl._Link)
+    monkeypatch.setattr(L, "post", post)
+    monkeypatch.setattr(L, "IN_FLIGHT", 2)
+    link = object.__new__(L.Link)
     link.lock, link.unposted, link.error, link.group = threading.Lock(), 0, None, None
     link.backend, link.timeout, link.jobs = "gloo", 1.0, queue.SimpleQueue()
 
     def op(i, **kw):
-        return nccl._Op("send", lambda: torch.tensor([i]), **kw)
+        return L.Op("send", lambda: torch.tensor([i]), **kw)
 
     def transfer(*ops):
-        return nccl._Transfer(link, list(ops), None, None)
+        return L.Transfer(link, list(ops), None, None)
 
     def run_jobs():
         def loop():
@@ -311,16 +318,14 @@ def test_the_receiver_posts_what_needs_no_wait_when_nothing_earlier_is_left(monk
 
 
 def test_gloo_a_trailer_out_of_step_fails_the_handoff_and_breaks_the_link():
-    """Metadata naming another request than the bytes that arrive: the receive fails once they are in."""
+    """A record naming another request than the bytes that arrive: the receive fails once they are in."""
     pair = Pair()
     try:
         sent = pair.send("r1", [1, 2], [4, 5])
-        meta = D.unpack(sent.frames[0], "meta")
-        forged = D.pack({**meta, "request_id": "r9"})
         with pytest.raises(TransferError, match="out of step"):
-            pair.decode.receive("r9", "p0", [4, 5], [forged]).result(timeout=30)
+            pair.decode.receive(record("r9", sent, [4, 5]), [4, 5], []).result(timeout=30)
         sent.done.result(timeout=30)
-        assert pair.decode.receiving[meta["link"]].error is not None
+        assert pair.decode.receiving[sent.nccl.link].error is not None
     finally:
         pair.close()
 
@@ -328,8 +333,6 @@ def test_gloo_a_trailer_out_of_step_fails_the_handoff_and_breaks_the_link():
 def test_a_scatter_keeps_its_scratch_buffer_from_reuse_until_its_stream_has_read_it(monkeypatch):
     """A receive buffer may be made on the decode worker's thread (its compute stream) and scattered on the link
     stream; freed right after the scatter is queued, the allocator could hand it to the compute stream first."""
-    from kvtransfer import nccl
-
     events: list[str] = []
 
     class Work:
@@ -343,7 +346,7 @@ def test_a_scatter_keeps_its_scratch_buffer_from_reuse_until_its_stream_has_read
             events.append(f"record {stream}")
 
     monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: "link-stream")
-    posted = nccl._Posted(SimpleNamespace(backend="gloo", timeout=1.0))
+    posted = L.Posted(SimpleNamespace(backend="gloo", timeout=1.0))
     posted.add(Work(), CudaBuffer(), scratch=True, then=lambda: events.append("scatter"))
     posted.drain()
     assert events == ["wait", "record link-stream", "scatter"]
@@ -354,15 +357,13 @@ def test_link_threads_poll_with_a_fine_timer_slack():
     """A 20 us poll must not sleep 70 us: the link thread drops its timer slack to 1 us; others keep theirs."""
     import ctypes
 
-    from kvtransfer import nccl
-
     def slack() -> int:  # PR_GET_TIMERSLACK: this thread's, in ns
         return ctypes.CDLL(None).prctl(30, 0, 0, 0, 0)
 
     seen: list[int] = []
 
     def link_thread():
-        nccl._fine_timer_slack()
+        L.fine_timer_slack()
         seen.append(slack())
 
     before = slack()
@@ -375,36 +376,33 @@ def test_link_threads_poll_with_a_fine_timer_slack():
 def test_nccl_wait_gives_up_polling_at_the_deadline_and_lets_wait_raise():
     import time
 
-    from kvtransfer.nccl import _wait
-
     work = _Work(polls=None)
     start = time.monotonic()
     with pytest.raises(TimeoutError):
-        _wait(_link("nccl", 0.05), work)
+        L.wait(_link("nccl", 0.05), work)
     assert 0.05 <= time.monotonic() - start < 5 and work.checks > 1
 
 
 def test_gloo_wait_does_not_poll():
     """Gloo's send/recv work completes only inside wait: polling it would spin until the deadline."""
-    from kvtransfer.nccl import _wait
-
     work = _Work(polls=None)
     with pytest.raises(TimeoutError):
-        _wait(_link("gloo", 10.0), work)
+        L.wait(_link("gloo", 10.0), work)
     assert work.checks == 0
 
 
 def test_sends_refuse_bad_block_ids():
     decode, prefill = NcclTransport(blank_pool(4)), NcclTransport(filled_pool(4, 0))
+    peer = KVDescriptors(nccl=decode.descriptor())
     try:
         with pytest.raises(TransferError, match=r"d0's block ids out of range \[0, 4\): \[4\]"):
-            prefill.send("r1", "d0", decode.descriptor(), [0, 1], [3, 4])
+            prefill.send("r1", "d0", peer, [0, 1], [3, 4])
         with pytest.raises(TransferError, match="source block ids"):
-            prefill.send("r1", "d0", decode.descriptor(), [9], [3])
+            prefill.send("r1", "d0", peer, [9], [3])
         with pytest.raises(TransferError, match="2 source blocks for 1"):
-            prefill.send("r1", "d0", decode.descriptor(), [0, 1], [3])
+            prefill.send("r1", "d0", peer, [0, 1], [3])
         with pytest.raises(TransferError, match="published no nccl descriptor"):
-            prefill.send("r1", "d0", b"", [0], [3])
+            prefill.send("r1", "d0", KVDescriptors(), [0], [3])
     finally:
         prefill.close()
         decode.close()
@@ -426,17 +424,16 @@ def test_available_transports():
         available_transports("cuda", "rdma")
 
 
-def peer(name: str, node: str, transports: list[str], **descriptors: dict) -> dict:
-    blob = pack_descriptors({k: D.pack(v) for k, v in descriptors.items()})
-    return {"worker_id": name, "transports": transports, "node_id": node, "kv_descriptor": blob}
+def peer(name: str, node: str, transports: list[str], **descriptors) -> WorkerHello:
+    return hello(name, node, transports, **descriptors)
 
 
-def ipc(gpu: str, visible: list[str]) -> dict:
-    return {"v": 1, "gpu": gpu, "visible": visible}
+def ipc(gpu: str, visible: list[str]) -> CudaIpcDescriptor:
+    return CudaIpcDescriptor(pid=1, gpu=gpu, visible=visible, layout=LAYOUT, num_blocks=10, pool=SHARE)
 
 
-def nccl(backend: str, gpu: str = "") -> dict:
-    return {"v": 1, "backend": backend, "gpu": gpu}
+def nccl(backend: str, gpu: str = "") -> NcclDescriptor:
+    return NcclDescriptor(backend=backend, host="10.0.0.1", port=29500, gpu=gpu, layout=LAYOUT, num_blocks=10)
 
 
 def test_choose_transport_from_placement():
@@ -478,14 +475,23 @@ def test_choose_transport_on_cpu():
         choose_transport(p, d, "nccl")
 
 
-def test_choose_transport_without_descriptors_trusts_the_lists():
-    both = {"transports": ["cuda_ipc", "nccl", "host"], "node_id": "n1"}
-    assert choose_transport(both, both) == "cuda_ipc"
-    assert choose_transport(both, {**both, "node_id": "n2"}) == "nccl"
-    assert choose_transport({"transports": ["host"], "node_id": ""}, both) == "host"
+def test_a_transport_offered_without_its_descriptor_is_never_chosen():
+    both = ["cuda_ipc", "nccl", "host"]
+    p, d = peer("p0", "n1", both), peer("d0", "n1", both)  # e.g. a worker that could not start them
+    assert choose_transport(p, d) == "host"
+    with pytest.raises(TransferError, match="'cuda_ipc' cannot connect p0 -> d0: a worker published no cuda_ipc"):
+        choose_transport(p, d, "cuda_ipc")
+    with pytest.raises(TransferError, match="'nccl' cannot connect p0 -> d0: a worker published no nccl"):
+        choose_transport(p, d, "nccl")
 
 
 # ---- the nccl transport end to end, on gloo -----------------------------------------------------------
+
+def record(request_id: str, sent: T_Sent, dst_ids: list[int]) -> P.KVHandoff:
+    """The kv_handoff a prefill worker sends after `sent`, as the decode worker reads it."""
+    return P.KVHandoff(request_id=request_id, src_worker_id="p0", first_token=1, num_tokens=len(dst_ids) * 4,
+                       transport="nccl", dst_block_ids=dst_ids, reply_to="tcp://127.0.0.1:1", nccl=sent.nccl)
+
 
 class Pair:
     """A prefill-side and a decode-side nccl transport in this process; a handoff runs both halves."""
@@ -494,14 +500,14 @@ class Pair:
         self.src, self.dst = filled_pool(src_blocks, 0), blank_pool(dst_blocks)
         self.prefill = NcclTransport(self.src, timeout=timeout, strategy=strategy)
         self.decode = NcclTransport(self.dst, timeout=timeout)
-        self.descriptor = self.decode.descriptor()
+        self.peer = KVDescriptors(nccl=self.decode.descriptor())
 
-    def send(self, request_id: str, src_ids: list[int], dst_ids: list[int]) -> T.Sent:
-        return self.prefill.send(request_id, "d0", self.descriptor, src_ids, dst_ids)
+    def send(self, request_id: str, src_ids: list[int], dst_ids: list[int]) -> T_Sent:
+        return self.prefill.send(request_id, "d0", self.peer, src_ids, dst_ids)
 
     def handoff(self, request_id: str, src_ids: list[int], dst_ids: list[int]) -> None:
         sent = self.send(request_id, src_ids, dst_ids)
-        received = self.decode.receive(request_id, "p0", dst_ids, sent.frames)
+        received = self.decode.receive(record(request_id, sent, dst_ids), dst_ids, sent.payload)
         assert isinstance(received, Future) and isinstance(sent.done, Future)
         received.result(timeout=30)
         sent.done.result(timeout=30)
@@ -547,9 +553,9 @@ def test_gloo_handoffs_in_a_row_and_a_refused_one_between(small_chunks):
         jobs = [(f"r{i}", rng.sample(range(64), 5), ids) for i, ids in enumerate([[0, 1, 2, 3, 4], [9, 7, 8, 20, 21],
                                                                                   [40, 41, 42, 43, 44]])]
         sent = [pair.send(rid, s, d) for rid, s, d in jobs]
-        first = pair.decode.receive("r0", "p0", jobs[0][2], sent[0].frames)
-        drained = pair.decode.discard("r1", "p0", sent[1].frames)  # e.g. aborted while it was prefilling
-        third = pair.decode.receive("r2", "p0", jobs[2][2], sent[2].frames)
+        first = pair.decode.receive(record("r0", sent[0], jobs[0][2]), jobs[0][2], [])
+        drained = pair.decode.discard(record("r1", sent[1], jobs[1][2]), [])  # e.g. aborted while it was prefilling
+        third = pair.decode.receive(record("r2", sent[2], jobs[2][2]), jobs[2][2], [])
         for future in (first, drained, third, *(s.done for s in sent)):
             future.result(timeout=30)
         assert_landed(pair.src, pair.dst, jobs[0][1] + jobs[2][1], jobs[0][2] + jobs[2][2])
@@ -562,28 +568,23 @@ def test_gloo_receive_refuses_a_mismatched_reservation_and_stays_aligned():
     try:
         sent = pair.send("r1", [1, 2, 3], [4, 5, 6])
         with pytest.raises(TransferError, match="3 blocks sent for 2 reserved"):
-            pair.decode.receive("r1", "p0", [4, 5], sent.frames)
+            pair.decode.receive(record("r1", sent, [4, 5, 6]), [4, 5], [])
         sent.done.result(timeout=30)  # the sender finished: the bytes were drained
-        with pytest.raises(TransferError, match="names request 'r1', the handoff 'r2'"):
-            pair.decode.receive("r2", "p0", [4, 5, 6], sent.frames)
         pair.handoff("r3", [7, 8], [10, 11])
         assert_landed(pair.src, pair.dst, [7, 8], [10, 11])
     finally:
         pair.close()
 
 
-def test_malformed_metadata_is_refused():
+def test_a_handoff_without_its_stream_is_refused():
     pair = Pair()
     try:
-        for meta, problem in [(b"\xc1", "not msgpack"), (D.pack({"v": 1}), "missing link, seq"),
-                              (D.pack({"v": 1, "link": "x", "seq": -1, "request_id": "r1", "block_bytes": 8,
-                                       "segments": [1]}), "malformed"),
-                              (D.pack({"v": 1, "link": "x", "seq": 0, "request_id": "r1", "block_bytes": 8,
-                                       "segments": [1]}), "version 1, this worker speaks 2")]:
-            with pytest.raises(TransferError, match=problem):
-                pair.decode.receive("r1", "p0", [1], [meta])
-        with pytest.raises(TransferError, match="1 metadata frame, got 2"):
-            pair.decode.receive("r1", "p0", [1], [b"", b""])
+        sent = pair.send("r1", [1], [2])
+        without = msgspec.structs.replace(record("r1", sent, [2]), nccl=None)
+        with pytest.raises(TransferError, match="names none"):
+            pair.decode.receive(without, [2], [])
+        with pytest.raises(TransferError, match="no payload frames, got 2"):
+            pair.decode.receive(record("r1", sent, [2]), [2], [b"", b""])
         assert pair.decode.receiving == {}
     finally:
         pair.close()
@@ -609,7 +610,7 @@ def test_gloo_out_of_order_metadata_breaks_the_link():
     try:
         pair.send("r1", [1], [2])  # its record is lost on the way
         second = pair.send("r2", [3], [4])
-        failed = pair.decode.receive("r2", "p0", [4], second.frames)  # r1's record never arrived
+        failed = pair.decode.receive(record("r2", second, [4]), [4], [])  # r1's record never arrived
         with pytest.raises(TransferError, match="out of order: got 1, expected 0"):
             failed.result(timeout=30)
     finally:
@@ -618,136 +619,7 @@ def test_gloo_out_of_order_metadata_breaks_the_link():
 
 def test_host_transport_round_trip():
     src, dst = filled_pool(8, 1), blank_pool(8)
-    sent = HostTransport(src).send("r1", "d0", b"", [6, 1, 2], [0, 7, 3])
-    assert sent.done is None and len(sent.frames) == 1
-    assert HostTransport(dst).receive("r1", "p0", [0, 7, 3], sent.frames) is None
+    sent = HostTransport(src).send("r1", "d0", KVDescriptors(), [6, 1, 2], [0, 7, 3])
+    assert sent.done is None and sent.nccl is None and len(sent.payload) == 1
+    assert HostTransport(dst).receive(None, [0, 7, 3], sent.payload) is None
     assert_landed(src, dst, [6, 1, 2], [0, 7, 3])
-
-
-# ---- the workers hold blocks while a streaming transport still uses them --------------------------------
-
-class StubEngine:
-    """The parts of LLMEngine the handoff code touches; records what it was asked to do."""
-
-    def __init__(self):
-        self.reserved: dict[str, Sequence] = {}
-        self.aborted: list[str] = []
-        self.admitted: list[str] = []
-
-    def reserve(self, request_id: str, block_ids: list[int]) -> None:
-        seq = Sequence(request_id, [1] * (len(block_ids) * LAYOUT.block_size - 1), SamplingParams())
-        seq.block_table = block_ids
-        self.reserved[request_id] = seq
-
-    def abort(self, request_id: str) -> None:
-        self.aborted.append(request_id)
-        self.reserved.pop(request_id, None)
-
-    def admit_prefilled(self, request_id: str, first_token: int) -> Sequence:
-        self.admitted.append(request_id)
-        seq = self.reserved.pop(request_id)
-        seq.token_ids.append(first_token)
-        return seq
-
-
-class StubTransport:
-    """A streaming transport: receive and send return futures the test resolves."""
-
-    name = "stream"
-
-    def __init__(self):
-        self.pending: Future = Future()
-        self.discarded: list[str] = []
-
-    def receive(self, request_id, peer_id, dst_block_ids, frames):
-        return self.pending
-
-    def discard(self, request_id, peer_id, frames):
-        self.discarded.append(request_id)
-
-
-WIRE_LAYOUT = P.KVLayout(block_size=LAYOUT.block_size, num_layers=LAYOUT.num_layers, num_kv_heads=LAYOUT.num_kv_heads,
-                         head_dim=LAYOUT.head_dim, dtype="float32")
-
-
-def stub_worker(cls):
-    """A worker of role `cls` without an engine, sockets or thread: its handlers, and what they send."""
-    w = object.__new__(cls)
-    w.config = WorkerConfig(worker_id="w0", router_address="")
-    w.engine = StubEngine()
-    w.transports = {"stream": StubTransport()}
-    w.layout = WIRE_LAYOUT
-    w.leases, w.transfers, w._abort_after_transfer = {}, {}, set()
-    w.handoffs, w.tasks = {}, {}
-    w.to_router, w.to_peers = [], []
-    w.send = w.to_router.append
-    w.channel = type("Channel", (), {"send": lambda _, address, msg, payload=None: w.to_peers.append(msg)})()
-    return w
-
-
-def handoff(request_id: str, block_ids: list[int]) -> P.KVHandoff:
-    return P.KVHandoff(request_id=request_id, src_worker_id="p0", first_token=42,
-                       num_tokens=len(block_ids) * LAYOUT.block_size - 1, transport="stream", layout=WIRE_LAYOUT,
-                       dst_block_ids=block_ids, reply_to="tcp://127.0.0.1:1")
-
-
-def test_decode_admits_only_after_the_kv_has_landed():
-    w = stub_worker(DecodeWorker)
-    w.engine.reserve("r1", [4, 5])
-    w.receive(handoff("r1", [4, 5]), [])
-    assert "r1" in w.transfers and w.engine.admitted == [] and w.to_peers == []
-    w._poll_transfers()
-    assert w.engine.admitted == []  # not yet
-    w.transports["stream"].pending.set_result(None)
-    w._poll_transfers()
-    assert w.engine.admitted == ["r1"] and w.transfers == {}
-    assert [(m.request_id, m.ok) for m in w.to_peers] == [("r1", True)]
-    assert isinstance(w.to_router[-1], P.TokenBatch) and w.to_router[-1].updates[0].token_ids == [42]
-
-
-def test_decode_keeps_blocks_of_an_aborted_request_until_its_transfer_ends():
-    """Freed blocks could be reserved by the next request while bytes still land in them."""
-    w = stub_worker(DecodeWorker)
-    w.engine.reserve("r1", [4, 5])
-    w.receive(handoff("r1", [4, 5]), [])
-    w.abort("r1")  # the client gave up, or the lease ran out
-    assert w.engine.aborted == [] and "r1" in w.engine.reserved
-    w.transports["stream"].pending.set_result(None)
-    w._poll_transfers()
-    assert w.engine.aborted == ["r1"] and w.engine.admitted == []
-    assert [(m.request_id, m.ok, m.message) for m in w.to_peers] == [("r1", False, "aborted")]
-
-
-def test_decode_fails_the_request_when_its_transfer_fails():
-    w = stub_worker(DecodeWorker)
-    w.engine.reserve("r1", [4, 5])
-    w.receive(handoff("r1", [4, 5]), [])
-    w.transports["stream"].pending.set_exception(TransferError("link broke"))
-    w._poll_transfers()
-    assert w.engine.aborted == ["r1"] and w.engine.admitted == []
-    assert w.to_peers[0].ok is False and "link broke" in w.to_peers[0].message
-    assert isinstance(w.to_router[-1], P.Error) and w.to_router[-1].code == P.ABORTED
-
-
-def test_decode_drains_a_refused_handoff():
-    w = stub_worker(DecodeWorker)
-    w.receive(handoff("gone", [4, 5]), [])  # no reservation: aborted before its KV came
-    assert w.transports["stream"].discarded == ["gone"] and w.transfers == {}
-    assert w.to_peers[0].ok is False and "no reservation" in w.to_peers[0].message
-
-
-def test_prefill_keeps_blocks_until_its_send_ends():
-    w = stub_worker(PrefillWorker)
-    sending: Future = Future()
-    w.transfers["r1"] = sending
-    w.on_data(P.HandoffAck(request_id="r1", ok=True), [])  # acknowledged before the send future resolved
-    assert w.engine.aborted == []
-    sending.set_result(None)
-    w._poll_transfers()
-    assert w.engine.aborted == ["r1"]
-    failing: Future = Future()
-    w.transfers["r2"] = failing
-    failing.set_exception(TransferError("peer gone"))
-    w._poll_transfers()
-    assert w.engine.aborted == ["r1", "r2"]
-    assert isinstance(w.to_router[-1], P.Error) and "peer gone" in w.to_router[-1].message

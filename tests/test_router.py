@@ -108,9 +108,9 @@ class Sim:
         return self
 
     async def heartbeat(self, w: FakeWorker) -> None:
-        await self.send(w, P.Heartbeat(worker_id=w.worker_id, queued_requests=len(w.tasks), queued_tokens=0,
-                                       running_requests=len(w.running), kv_blocks_total=w.num_blocks,
-                                       kv_blocks_free=w.free))
+        await self.send(w, P.Heartbeat(worker_id=w.worker_id, load=P.WorkerLoad(
+            queued_requests=len(w.tasks), queued_tokens=0, running_requests=len(w.running), kv_blocks_total=w.num_blocks,
+            kv_blocks_free=w.free)))
 
     async def submit(self, rid: str, prompt_len: int = 20, max_tokens: int = 4, stream: bool = False,
                      token_ids: list[int] | None = None) -> list[P.Message]:
@@ -482,8 +482,8 @@ def test_the_worker_endpoint_survives_garbage(make_router):
         sock.connect(router.worker_address)
         try:
             w0 = FakeWorker("w0", "decode")
-            beat = P.Heartbeat(worker_id="w0", queued_requests=0, queued_tokens=0, running_requests=0,
-                               kv_blocks_total=1, kv_blocks_free=1)
+            beat = P.Heartbeat(worker_id="w0", load=P.WorkerLoad(queued_requests=0, queued_tokens=0, running_requests=0,
+                                                                 kv_blocks_total=1, kv_blocks_free=1))
             for frames in ([b"\xc1"], [P.encode(beat), b"x"], [P.encode(P.Ping())[:-1]], [P.encode(P.Abort(request_id="r"))],
                            [P.encode(beat)]):
                 await sock.send_multipart(frames)

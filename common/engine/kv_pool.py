@@ -1,34 +1,21 @@
+"""The paged KV cache of one rank: one block-major tensor, kv[block, layer, k|v, slot, head, dim] (docs/design.md)."""
 from __future__ import annotations
-
-from dataclasses import dataclass
 
 import torch
 
-
-@dataclass(frozen=True)
-class KVLayout:
-    """Shape of one rank's KV pool; prefill and decode workers must agree on it to exchange blocks."""
-
-    num_layers: int
-    block_size: int
-    num_kv_heads: int
-    head_dim: int
-    dtype: torch.dtype
-
-    @property
-    def block_bytes(self) -> int:
-        """Bytes of one block across all layers, K and V."""
-        return self.num_layers * 2 * self.block_size * self.num_kv_heads * self.head_dim * self.dtype.itemsize
+from common.engine.device import TORCH_DTYPES
+from common.protocol import KVLayout
 
 
 class KVPool:
-    """The paged KV cache of one rank, block-major: kv[block, layer, k|v, slot, head, dim] (docs/design.md)."""
+    """The pool's memory and its per-layer views; `layout` is the wire record peers compare it by."""
 
     def __init__(self, layout: KVLayout, num_blocks: int, device: torch.device | str):
         self.layout = layout
         self.num_blocks = num_blocks
+        self.dtype = TORCH_DTYPES[layout.dtype]
         self.kv = torch.zeros(num_blocks, layout.num_layers, 2, layout.block_size, layout.num_kv_heads,
-                              layout.head_dim, dtype=layout.dtype, device=device)
+                              layout.head_dim, dtype=self.dtype, device=device)
 
     def k_cache(self, layer: int) -> torch.Tensor:
         return self.kv[:, layer, 0]

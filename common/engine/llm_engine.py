@@ -12,9 +12,10 @@ from common.engine.device import place
 from common.engine.launch_clock import LaunchClock
 from common.engine.model_runner import InFlight, ModelRunner
 from common.prompt import check_prompt
+from common.protocol import WorkerLoad
 from common.sampling_params import InvalidRequest, SamplingParams
 from common.engine.scheduler import ScheduledBatch, Scheduler
-from common.engine.sequence import Sequence
+from common.engine.sequence import Sequence, SequenceStatus
 
 log = logging.getLogger(__name__)
 
@@ -70,11 +71,8 @@ class LLMEngine:
         self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, config.max_num_batched_tokens,
                                    config.max_model_len, config.model_config.eos_token_ids)
         # Every live sequence, by request id: queued or running in the scheduler, or (disaggregated) holding
-        # blocks outside it: `reserved` on a decode worker until its KV arrives, `held` on a prefill worker
-        # until the decode worker has its KV.
+        # blocks outside it, RESERVED or HELD (its status says which).
         self.requests: dict[str, Sequence] = {}
-        self.reserved: dict[str, Sequence] = {}
-        self.held: dict[str, Sequence] = {}
         self.last_step = StepStats()
         self.totals = StepStats()  # since start: what a benchmark diffs over a load point (via heartbeats)
         # With overlap: the batch whose tokens are still on their way (batch, tokens, computed counts before).
@@ -86,7 +84,7 @@ class LLMEngine:
                     prefill_only: bool = False) -> Sequence:
         """Validates and queues a request; raises InvalidRequest (naming the field) and changes nothing on bad input.
 
-        A `prefill_only` request stops after its first token and keeps its blocks until `release`.
+        A `prefill_only` request stops after its first token and keeps its blocks (HELD) until `abort`.
         """
         seq = self._new_sequence(request_id, prompt_token_ids, sampling, prefill_only)
         self.requests[request_id] = seq
@@ -98,13 +96,17 @@ class LLMEngine:
         seq = self._new_sequence(request_id, prompt_token_ids, sampling)
         if not self.block_manager.allocate(seq, seq.num_tokens, use_cache=False):
             return None
-        self.requests[request_id] = self.reserved[request_id] = seq
+        seq.status = SequenceStatus.RESERVED
+        self.requests[request_id] = seq
         return list(seq.block_table)
 
-    def admit_prefilled(self, request_id: str, first_token: int) -> Sequence:
+    def admit_prefilled(self, request_id: str, first_token: int, cached_tokens: int = 0) -> Sequence:
         """Decode side: the KV of a reserved request has arrived; it joins the batch as a decode."""
-        seq = self.reserved.pop(request_id)
+        seq = self.requests[request_id]
+        assert seq.status is SequenceStatus.RESERVED, seq
+        seq.status = SequenceStatus.WAITING
         seq.num_computed_tokens = seq.num_prompt_tokens
+        seq.num_cached_tokens = cached_tokens
         self.block_manager.commit(seq, 0)
         seq.token_ids.append(first_token)
         self.scheduler.add(seq)
@@ -113,12 +115,8 @@ class LLMEngine:
             self.requests.pop(request_id)
         return seq
 
-    def release(self, request_id: str) -> None:
-        """Prefill side: the decode worker has the KV (or will never need it); free the blocks."""
-        seq = self.held.pop(request_id, None)
-        if seq is not None:
-            self.requests.pop(request_id, None)
-            self.block_manager.free_blocks(seq)
+    def get(self, request_id: str) -> Sequence | None:
+        return self.requests.get(request_id)
 
     def _new_sequence(self, request_id: str, ids: list[int], sampling: SamplingParams,
                       prefill_only: bool = False) -> Sequence:
@@ -132,12 +130,16 @@ class LLMEngine:
         check_prompt(ids, self.config.max_model_len, self.config.model_config.vocab_size)
 
     def abort(self, request_id: str) -> bool:
+        """The request leaves this engine, whatever its status, and its blocks are freed (a HELD one's too: the
+        decode worker has its KV, or never will)."""
         seq = self.requests.pop(request_id, None)
         if seq is None:
             return False
-        if self.reserved.pop(request_id, None) or self.held.pop(request_id, None):
+        if seq.status in (SequenceStatus.RESERVED, SequenceStatus.HELD):
             self.block_manager.free_blocks(seq)
-        self.scheduler.finish(seq, "abort")
+            seq.status = SequenceStatus.FINISHED
+        else:
+            self.scheduler.finish(seq, "abort")
         return True
 
     def step(self) -> list[Sequence]:
@@ -181,7 +183,7 @@ class LLMEngine:
         updated = self.scheduler.resolve(batch, olds, in_flight.tokens())
         for seq in updated:
             if seq.finish_reason == "prefilled":
-                self.held[seq.request_id] = seq
+                seq.status = SequenceStatus.HELD
             elif seq.is_finished:
                 self.requests.pop(seq.request_id, None)
         return updated
@@ -193,10 +195,10 @@ class LLMEngine:
     def num_free_blocks(self) -> int:
         return self.block_manager.num_free_blocks
 
-    def load(self) -> dict[str, int | float]:
+    def load(self) -> WorkerLoad:
         """What a router needs to balance work (queue depths and KV use), and the busy steps' totals."""
         sched = self.scheduler
-        return dict(
+        return WorkerLoad(
             queued_requests=len(sched.waiting),
             queued_tokens=sum(s.num_uncomputed() for s in sched.waiting)
             + sum(s.num_uncomputed() for s in sched.running if s.num_uncomputed() > 1),

@@ -15,12 +15,13 @@ from common.config import EngineConfig
 from common.engine.context import forward_context
 from common.engine.cuda_graph import DecodeGraphs
 from common.engine.device import torch_dtype
-from common.engine.kv_pool import KVLayout, KVPool
+from common.engine.kv_pool import KVPool
 from common.engine.layers.sampler import SamplingBatch, sample
 from common.engine.loader import init_dummy_weights, load_weights
 from common.engine.models.llama import CausalLM
 from common.engine.scheduler import ScheduledBatch
 from common.engine.sequence import PENDING, Sequence
+from common.protocol import KVLayout
 
 log = logging.getLogger(__name__)
 
@@ -117,7 +118,8 @@ class ModelRunner:
         self._launches = 0
         self._last_tokens: torch.Tensor | None = None
         self._copy_stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
-        self.layout = KVLayout(mc.num_layers, config.block_size, attn_layers[0].num_kv_heads, mc.head_dim, self.dtype)
+        self.layout = KVLayout(block_size=config.block_size, num_layers=mc.num_layers,
+                               num_kv_heads=attn_layers[0].num_kv_heads, head_dim=mc.head_dim, dtype=config.dtype_name)
         self.kv_pool = KVPool(self.layout, self._num_kv_blocks(), self.device)
         for i, layer in enumerate(attn_layers):
             layer.k_cache, layer.v_cache = self.kv_pool.k_cache(i), self.kv_pool.v_cache(i)

@@ -16,9 +16,11 @@ PENDING = -1
 
 
 class SequenceStatus(Enum):
-    WAITING = auto()
-    RUNNING = auto()
+    WAITING = auto()  # queued in the scheduler
+    RUNNING = auto()  # in the scheduler's batch
     FINISHED = auto()
+    RESERVED = auto()  # disaggregated, decode side: holds blocks its KV will be written into, outside the scheduler
+    HELD = auto()  # disaggregated, prefill side: prefilled, its blocks kept until the decode worker has the KV
 
 
 class Sequence:

@@ -1,31 +1,32 @@
-"""A worker: one engine behind a ZMQ connection to the router, plus a KV data channel to its peers.
+"""A worker: one engine behind a ZMQ connection to the router.
 
-`Worker` owns the loop (messages in, one engine step, token updates out, heartbeats, leases);
-the roles (`ColocatedWorker` here, `PrefillWorker`, `DecodeWorker`) only add their handlers.
+`Worker` owns the loop: messages in, one engine step when it is due, token updates out, heartbeats. A role (the
+colocated one below; `prefill_worker/`, `decode_worker/`) says which messages it takes (`handlers`), may add
+sockets of its own to the loop (`inputs`: the KV data channel) and work to do between steps (`tick`), and what
+follows a step (`on_step`).
 """
 from __future__ import annotations
 
 import logging
 import threading
 import time
-from concurrent.futures import Future
+from collections.abc import Callable
 
 import zmq
 
 from common import auth
 from common import protocol as P
 from common.config import EngineConfig
-from common.worker.config import WorkerConfig, model_fingerprint
 from common.engine.llm_engine import LLMEngine
+from common.engine.sequence import Sequence
 from common.faults import Faults, crash
 from common.sampling_params import InvalidRequest
-from common.engine.sequence import Sequence
-from kvtransfer.channel import DataChannel
-from kvtransfer.choice import available_transports
-from kvtransfer.descriptors import TransferError, pack_descriptors
-from kvtransfer.endpoint import make_transport
+from common.worker.config import WorkerConfig, model_fingerprint
 
 log = logging.getLogger(__name__)
+
+IDLE_POLL_MS = 20  # between messages when nothing runs
+TRANSFER_POLL_MS = 1  # while a KV transfer is in flight: its end frees or admits a request
 
 
 class Worker:
@@ -36,63 +37,44 @@ class Worker:
         self.engine = LLMEngine(engine_config)
         self.faults = Faults(config.fault_dir)
         self.ctx = zmq.Context()
-        keys = auth.keys_from_token(config.auth_token) if config.auth_token else None
-        self._authenticator = auth.start_authenticator(self.ctx, keys) if keys else None
+        self.keys = auth.keys_from_token(config.auth_token) if config.auth_token else None
+        self._authenticator = auth.start_authenticator(self.ctx, self.keys) if self.keys else None
         self.router = self.ctx.socket(zmq.DEALER)
         self.router.setsockopt(zmq.IDENTITY, config.worker_id.encode())
         self.router.setsockopt(zmq.LINGER, 0)
-        if keys:
-            auth.secure_client(self.router, keys)
+        if self.keys:
+            auth.secure_client(self.router, self.keys)
         self.router.connect(config.router_address)
-        def secure(sock: zmq.Socket, server: bool) -> None:
-            (auth.secure_server if server else auth.secure_client)(sock, keys)
-        self.channel = DataChannel(self.ctx, config.host, secure if keys else None)
-        pool = self.engine.runner.kv_pool
-        names = config.kv_transports or available_transports(self.engine.config.device)
-        self.transports = {}
-        for name in names:
-            try:
-                self.transports[name] = make_transport(name, pool, config.host, config.handoff_timeout)
-            except TransferError as e:
-                if config.kv_transports:  # asked for by name: fail fast
-                    raise
-                log.warning("KV transport %s is not available: %s", name, e)
-        self.layout = P.KVLayout(block_size=pool.layout.block_size, num_layers=pool.layout.num_layers,
-                                 num_kv_heads=pool.layout.num_kv_heads, head_dim=pool.layout.head_dim,
-                                 dtype=str(pool.layout.dtype).removeprefix("torch."))
         self._stopped = threading.Event()
-        self.leases: dict[str, float] = {}  # request id -> deadline of its pending handoff
-        # KV transfers still reading or writing a request's blocks (nccl): the blocks are freed only after.
-        self.transfers: dict[str, Future] = {}
-        self._abort_after_transfer: set[str] = set()
+        self.handlers: dict[type[P.Message], Callable] = {
+            P.Ping: lambda msg: self.send(P.Pong(nonce=msg.nonce)),
+            P.Shutdown: lambda msg: self.stop(),
+            P.AbortRequest: lambda msg: self.abort(msg.request_id),
+        }
+        self.inputs: dict[zmq.Socket, Callable[[list[zmq.Frame]], None]] = {self.router: self._on_router_frames}
 
     # ---- the loop -----------------------------------------------------------------------------------
     def run(self) -> None:
         self.send(self.hello())
         poller = zmq.Poller()
-        poller.register(self.router, zmq.POLLIN)
-        poller.register(self.channel.inbox, zmq.POLLIN)
+        for sock in self.inputs:
+            poller.register(sock, zmq.POLLIN)
         next_heartbeat = 0.0
         try:
             while not self._stopped.is_set():
                 if self.engine.has_unfinished():  # take messages until the next step is due (whole ms)
                     timeout = int(self.engine.launch_delay() * 1e3)
                 else:
-                    timeout = 1 if self.transfers else 20
-                ready = dict(poller.poll(timeout))
-                if self.router in ready:
-                    self._drain(self.router, self._on_router_frame)
-                if self.channel.inbox in ready:
-                    self._drain(self.channel.inbox, self._on_data_frames)
-                if self.transfers:
-                    self._poll_transfers()
+                    timeout = TRANSFER_POLL_MS if self.busy() else IDLE_POLL_MS
+                for sock, _ in poller.poll(timeout):
+                    self._drain(sock, self.inputs[sock])
+                now = time.monotonic()
+                self.tick(now, expire=now >= next_heartbeat)
                 if self.engine.has_unfinished() and self.engine.launch_delay() <= 0:
                     self.on_step(self.engine.step())
-                now = time.monotonic()
                 if now >= next_heartbeat:
-                    self.send(P.Heartbeat(worker_id=self.config.worker_id, **self.engine.load()))
+                    self.send(P.Heartbeat(worker_id=self.config.worker_id, load=self.engine.load()))
                     next_heartbeat = now + self.config.heartbeat_interval
-                    self._expire_leases(now)
         finally:
             self.close()
 
@@ -100,16 +82,13 @@ class Worker:
         self._stopped.set()
 
     def close(self) -> None:
-        for transport in self.transports.values():
-            transport.close()
-        self.channel.close()
         self.router.close()
         if self._authenticator is not None:
             self._authenticator.stop()
         self.ctx.term()
         self.engine.close()
 
-    def _drain(self, sock: zmq.Socket, handle) -> None:
+    def _drain(self, sock: zmq.Socket, handle: Callable[[list[zmq.Frame]], None]) -> None:
         while True:
             try:
                 frames = sock.recv_multipart(zmq.NOBLOCK, copy=False)
@@ -117,98 +96,68 @@ class Worker:
                 return
             handle(frames)
 
-    def _on_router_frame(self, frames: list[zmq.Frame]) -> None:
+    def _on_router_frames(self, frames: list[zmq.Frame]) -> None:
         try:
             msg = P.decode(frames[0].buffer, expect=P.ROUTER_TO_WORKER)
         except P.ProtocolError as e:
             log.warning("bad frame from router: %s", e)
-            self.send(e.to_error())
+            self.send(P.error_reply(e))
             return
-        if isinstance(msg, P.Ping):
-            self.send(P.Pong(nonce=msg.nonce))
-        elif isinstance(msg, P.Shutdown):
-            self.stop()
-        elif isinstance(msg, P.AbortRequest):
-            self.abort(msg.request_id)
+        handler = self.handlers.get(type(msg))
+        if handler is None:
+            self.send(P.Error(request_id=getattr(msg, "request_id", ""), code=P.UNKNOWN_TYPE,
+                              message=f"a {self.role} worker does not take {msg.TYPE}"))
         else:
-            self.on_message(msg)
+            handler(msg)
 
-    def _on_data_frames(self, frames: list[zmq.Frame]) -> None:
-        try:
-            msg = P.decode(frames[0].buffer, expect=P.DATA_PLANE)
-        except P.ProtocolError as e:
-            log.warning("bad frame on the data channel: %s", e)
-            return
-        self.on_data(msg, [f.buffer for f in frames[1:]])
-
-    def _poll_transfers(self) -> None:
-        for request_id in [r for r, f in self.transfers.items() if f.done()]:
-            future = self.transfers.pop(request_id)
-            aborted = request_id in self._abort_after_transfer
-            self._abort_after_transfer.discard(request_id)
-            self.on_transfer_done(request_id, future, aborted)
-
-    def _expire_leases(self, now: float) -> None:
-        for request_id in [r for r, deadline in self.leases.items() if deadline < now]:
-            log.warning("request %s: KV handoff timed out", request_id)
-            self.abort(request_id)
-            self.send(P.Error(request_id=request_id, code=P.TIMEOUT, message="KV handoff timed out"))
-
-    # ---- shared by the roles ------------------------------------------------------------------------
-    def send(self, msg: P.Message) -> None:
-        self.router.send(P.encode(msg), copy=False)
-
+    # ---- what a role adds ---------------------------------------------------------------------------
     def hello(self) -> P.WorkerHello:
-        cfg, ecfg = self.config, self.engine.config
-        descriptors = {name: t.descriptor() for name, t in self.transports.items()}
+        cfg = self.engine.config
         return P.WorkerHello(
-            worker_id=cfg.worker_id, role=self.role, model_fingerprint=model_fingerprint(ecfg),
-            num_blocks=self.engine.block_manager.num_blocks, layout=self.layout, max_model_len=ecfg.max_model_len,
-            vocab_size=ecfg.model_config.vocab_size, transports=list(self.transports),
-            kv_address=self.channel.address, kv_descriptor=pack_descriptors(descriptors),
-            node_id=cfg.node_id, device_index=cfg.device_index)
+            worker_id=self.config.worker_id, role=self.role, model_fingerprint=model_fingerprint(cfg),
+            num_blocks=self.engine.block_manager.num_blocks, layout=self.engine.runner.kv_pool.layout,
+            max_model_len=cfg.max_model_len, vocab_size=cfg.model_config.vocab_size, node_id=self.config.node_id,
+            device_index=self.config.device_index)
 
-    def add_request(self, request_id: str, token_ids: list[int], sampling, **kw) -> bool:
-        try:
-            self.engine.add_request(request_id, token_ids, sampling, **kw)
-            return True
-        except InvalidRequest as e:
-            self.send(P.Error(request_id=request_id, code=P.BAD_REQUEST, message=str(e)))
-            return False
+    def busy(self) -> bool:
+        """Work outside the engine that the loop must poll for soon (a KV transfer in flight)."""
+        return False
 
-    def abort(self, request_id: str) -> None:
-        self.leases.pop(request_id, None)
-        if request_id in self.transfers:  # a transport still touches its blocks: free them when it is done
-            self._abort_after_transfer.add(request_id)
-            return
-        self.engine.abort(request_id)
-
-    def report(self, seqs: list[Sequence]) -> None:
-        """One token_batch for the sequences that got a token this step."""
-        updates = [P.TokenUpdate(request_id=s.request_id, token_ids=[s.last_token],
-                                 finish_reason=s.finish_reason if s.is_finished else None,
-                                 cached_tokens=s.num_cached_tokens) for s in seqs]
-        if updates:
-            self.send(P.TokenBatch(updates=updates))
-
-    # ---- what the roles implement -------------------------------------------------------------------
-    def on_message(self, msg: P.Message) -> None:
-        self.send(P.Error(request_id=getattr(msg, "request_id", ""), code=P.UNKNOWN_TYPE,
-                          message=f"a {self.role} worker does not take {msg.TYPE}"))
-
-    def on_data(self, msg: P.Message, frames: list[memoryview]) -> None:
-        log.warning("a %s worker got an unexpected %s on its data channel", self.role, msg.TYPE)
+    def tick(self, now: float, expire: bool) -> None:
+        """Between steps: work outside the engine (`expire`: deadlines are due for a check)."""
 
     def on_step(self, updated: list[Sequence]) -> None:
         self.report(updated)
         if self.faults.claim("crash_decode", (s.token_ids for s in updated), self.config.worker_id):
             crash()
 
-    def on_transfer_done(self, request_id: str, future: Future, aborted: bool) -> None:
-        """A KV transfer in `transfers` ended (`future` holds its outcome); `aborted`: the request was
-        aborted meanwhile and its blocks wait to be freed."""
-        if aborted:
-            self.abort(request_id)
+    def abort(self, request_id: str) -> None:
+        """The router gave the request up: it leaves the engine, and its blocks are freed."""
+        self.engine.abort(request_id)
+
+    # ---- shared by the roles ------------------------------------------------------------------------
+    def send(self, msg: P.Message) -> None:
+        self.router.send(P.encode(msg), copy=False)
+
+    def fail(self, request_id: str, code: str, message: str, retry_after: float | None = None) -> None:
+        self.send(P.Error(request_id=request_id, code=code, message=message[:P.MAX_MESSAGE_LEN],
+                          retry_after=retry_after))
+
+    def add_request(self, request_id: str, token_ids: list[int], sampling: P.Sampling, **kw) -> bool:
+        try:
+            self.engine.add_request(request_id, token_ids, sampling, **kw)
+            return True
+        except InvalidRequest as e:
+            self.fail(request_id, P.BAD_REQUEST, str(e))
+            return False
+
+    def report(self, seqs: list[Sequence]) -> None:
+        """decode batch -> tokens: one token_batch for the sequences that got a token this step."""
+        updates = [P.TokenUpdate(request_id=s.request_id, token_ids=[s.last_token],
+                                 finish_reason=s.finish_reason if s.is_finished else None,
+                                 cached_tokens=s.num_cached_tokens) for s in seqs]
+        if updates:
+            self.send(P.TokenBatch(updates=updates))
 
 
 class ColocatedWorker(Worker):
@@ -216,8 +165,6 @@ class ColocatedWorker(Worker):
 
     role = "colocated"
 
-    def on_message(self, msg: P.Message) -> None:
-        if isinstance(msg, P.GenerateTask):
-            self.add_request(msg.request_id, msg.token_ids, msg.sampling)
-        else:
-            super().on_message(msg)
+    def __init__(self, config: WorkerConfig, engine_config: EngineConfig):
+        super().__init__(config, engine_config)
+        self.handlers[P.GenerateTask] = lambda msg: self.add_request(msg.request_id, msg.token_ids, msg.sampling)

@@ -3,10 +3,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import dataclasses
 import json
 import logging
 import sys
+
+import msgspec
 
 from common import auth
 from common.protocol import DEFAULT_ROUTER_ADDRESS
@@ -52,7 +53,7 @@ def run(args: argparse.Namespace) -> None:
     elif args.stats:
         with Client(args.address, auth_token=token) as client:
             stats = answer_or_exit(lambda: client.stats(timeout=args.timeout or STATS_TIMEOUT_S))
-        print(json.dumps(dataclasses.asdict(stats)), flush=True)
+        print(json.dumps(msgspec.to_builtins(stats)), flush=True)
     elif not asyncio.run(_generate_all(args, token)):
         raise SystemExit(1)
 
@@ -71,7 +72,7 @@ def answer_or_exit(call):
 async def _generate_all(args: argparse.Namespace, token: str | None) -> bool:
     """Send every prompt at once, print results in prompt order; False if any failed."""
     prompts = read_prompts(args)
-    sampling = dataclasses.asdict(sampling_from_args(args))
+    sampling = msgspec.structs.asdict(sampling_from_args(args))
     async with AsyncClient(args.address, timeout=args.timeout, auth_token=token) as client:
         outcomes = await asyncio.gather(
             *(client.generate(p, chat=args.chat, **sampling) for p in prompts), return_exceptions=True

@@ -2,9 +2,10 @@
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import sys
+
+import msgspec
 
 from common import auth
 from router.client import Client
@@ -31,7 +32,7 @@ def run(args: argparse.Namespace) -> None:
                                            ("colocated", args.workers)) if d is not None)
     with Client(args.address, auth_token=auth.load_token(args.auth_token_file)) as client:
         reply = answer_or_exit(lambda: client.scale(role, delta, timeout=args.timeout))
-    print(json.dumps(dataclasses.asdict(reply)), flush=True)
+    print(json.dumps(msgspec.to_builtins(reply)), flush=True)
     if not reply.ok:
         print(f"pdcluster: error: {reply.message}", file=sys.stderr)
         raise SystemExit(1)

@@ -1,0 +1,59 @@
+"""Records nested in messages: usage and timings of a request, a worker's load, one step's tokens of a request."""
+from __future__ import annotations
+
+from common.protocol.schema import Count, FinishReason, Id, OptionalId, Record, Role, Seconds, TokenIds
+from common.sampling_params import InvalidRequest
+
+
+class Usage(Record, kw_only=True):
+    prompt_tokens: Count
+    completion_tokens: Count
+    cached_tokens: Count
+
+    def _check(self) -> None:
+        if self.cached_tokens > self.prompt_tokens:
+            raise InvalidRequest("cached_tokens", "more than prompt_tokens")
+
+
+class Timings(Record, kw_only=True):
+    """Seconds, measured at the router."""
+
+    queued: Seconds
+    ttft: Seconds | None  # None when no token was produced
+    e2e: Seconds
+    itl: list[Seconds]
+
+
+class WorkerLoad(Record, kw_only=True):
+    queued_requests: Count
+    queued_tokens: Count
+    running_requests: Count
+    kv_blocks_total: Count
+    kv_blocks_free: Count
+    # Since the worker started, over the engine steps that ran (or collected) a batch: their number, their
+    # wall time, the tokens they ran and the GPU time of their batches. Differences over a time span give
+    # its mean step time and batch, and how busy the GPU was.
+    busy_steps: Count = 0
+    busy_seconds: Seconds = 0.0
+    prefill_tokens_run: Count = 0
+    decode_tokens_run: Count = 0
+    gpu_seconds: Seconds = 0.0
+
+    def _check(self) -> None:
+        if self.kv_blocks_free > self.kv_blocks_total:
+            raise InvalidRequest("kv_blocks_free", "more than kv_blocks_total")
+
+
+class WorkerStats(WorkerLoad, kw_only=True):
+    worker_id: Id
+    role: Role
+    alive: bool
+    draining: bool = False  # being removed: gets no new requests, finishes the ones it has
+    node_id: OptionalId = ""
+
+
+class TokenUpdate(Record, kw_only=True):
+    request_id: Id
+    token_ids: TokenIds
+    finish_reason: FinishReason | None = None
+    cached_tokens: Count = 0

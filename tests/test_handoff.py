@@ -1,0 +1,253 @@
+"""One KV handoff per request, on each side: its states, and the workers' rule that a request's blocks are never freed
+while a streaming transport still reads or writes them (kvtransfer/handoff.py)."""
+from __future__ import annotations
+
+import time
+from concurrent.futures import Future
+
+from common import protocol as P
+from common.engine.sequence import Sequence
+from common.sampling_params import SamplingParams
+from common.worker.config import WorkerConfig
+from decode_worker.worker import DecodeWorker
+from kvtransfer.errors import TransferError
+from kvtransfer.handoff import Handoff, HandoffState, HandoffTable
+from prefill_worker.worker import PrefillWorker
+
+BLOCK_SIZE = 4
+
+
+# ---- the table ------------------------------------------------------------------------------------------
+
+def test_a_transfer_ending_moves_the_handoff_on_once():
+    table = HandoffTable()
+    ok, broken = Future(), Future()
+    for rid, pending in (("ok", ok), ("broken", broken)):
+        h = table.open(Handoff(rid, "p0", deadline=time.monotonic() + 60))
+        h.moving(pending, HandoffState.LANDING, h.deadline)
+        table.watch(h)
+    assert table.transferring and table.transfers_ended() == []
+    ok.set_result(None)
+    broken.set_exception(TransferError("link broke"))
+    ended = {h.request_id: h for h in table.transfers_ended()}
+    assert ended["ok"].state is HandoffState.LANDED and not ended["ok"].busy
+    assert ended["broken"].state is HandoffState.FAILED and ended["broken"].code == P.ABORTED
+    assert "link broke" in ended["broken"].reason
+    assert table.transfers_ended() == [] and not table.transferring and len(table) == 2
+
+
+def test_a_copy_that_finished_at_once_lands_without_a_transfer_to_poll():
+    h = Handoff("r1", "p0", deadline=None)
+    h.moving(None, HandoffState.SENDING, time.monotonic() + 60)
+    assert h.state is HandoffState.LANDED and not h.busy and h.deadline is not None
+
+
+def test_deadlines_fail_what_is_still_waiting_and_nothing_else():
+    table = HandoffTable()
+    now = time.monotonic()
+    late = table.open(Handoff("late", "p0", deadline=now - 1))
+    table.open(Handoff("prefilling", "d0", deadline=None))  # no deadline before the send
+    table.open(Handoff("on_time", "p0", deadline=now + 60))
+    done = table.open(Handoff("acked", "p0", deadline=now - 1, state=HandoffState.ACKED))
+    assert table.expired(now) == [late]
+    assert late.state is HandoffState.FAILED and late.code == P.TIMEOUT and done.state is HandoffState.ACKED
+    assert table.expired(now) == []  # failed once
+
+
+def test_the_first_failure_is_the_one_reported():
+    h = Handoff("r1", "p0", deadline=None)
+    h.fail(P.ABORTED, "aborted", report=False)
+    h.fail(P.TIMEOUT, "KV handoff timed out")
+    assert (h.code, h.reason, h.report) == (P.ABORTED, "aborted", False)
+
+
+# ---- the workers ----------------------------------------------------------------------------------------
+
+class StubEngine:
+    """The parts of LLMEngine the handoff code touches; records what it was asked to do."""
+
+    def __init__(self):
+        self.requests: dict[str, Sequence] = {}
+        self.aborted: list[str] = []
+        self.admitted: list[str] = []
+
+    def reserve(self, request_id: str, block_ids: list[int]) -> None:
+        seq = Sequence(request_id, [1] * (len(block_ids) * BLOCK_SIZE - 1), SamplingParams())
+        seq.block_table = block_ids
+        self.requests[request_id] = seq
+
+    def get(self, request_id: str) -> Sequence | None:
+        return self.requests.get(request_id)
+
+    def abort(self, request_id: str) -> None:
+        self.aborted.append(request_id)
+        self.requests.pop(request_id, None)
+
+    def admit_prefilled(self, request_id: str, first_token: int, cached_tokens: int = 0) -> Sequence:
+        self.admitted.append(request_id)
+        seq = self.requests.pop(request_id)
+        seq.token_ids.append(first_token)
+        return seq
+
+
+class StubTransport:
+    """A streaming transport: receive and send return futures the test resolves."""
+
+    name = "nccl"
+
+    def __init__(self):
+        self.pending: Future = Future()
+        self.discarded: list[str] = []
+
+    def receive(self, record, dst_block_ids, frames):
+        return self.pending
+
+    def discard(self, record, frames):
+        self.discarded.append(record.request_id)
+
+
+class StubEndpoint:
+    def __init__(self, sent: list):
+        self.transports = {"nccl": StubTransport()}
+        self.address = "tcp://127.0.0.1:2"
+        self.channel = type("Channel", (), {"send": lambda _, address, msg, payload=None: sent.append(msg)})()
+
+
+def stub_worker(cls):
+    """A worker of role `cls` without an engine, sockets or thread: its handlers, and what they send."""
+    w = object.__new__(cls)
+    w.config = WorkerConfig(worker_id="w0", router_address="")
+    w.engine = StubEngine()
+    w.handoffs = HandoffTable()
+    w.to_router, w.to_peers = [], []
+    w.kv = StubEndpoint(w.to_peers)
+    w.send = w.to_router.append
+    return w
+
+
+def reserved(w: DecodeWorker, request_id: str, block_ids: list[int]) -> None:
+    w.engine.reserve(request_id, block_ids)
+    w.handoffs.open(Handoff(request_id, "p0", deadline=time.monotonic() + 60))
+
+
+def handoff(request_id: str, block_ids: list[int]) -> P.KVHandoff:
+    return P.KVHandoff(request_id=request_id, src_worker_id="p0", first_token=42,
+                       num_tokens=len(block_ids) * BLOCK_SIZE - 1, transport="nccl", dst_block_ids=block_ids,
+                       reply_to="tcp://127.0.0.1:1",
+                       nccl=P.NcclStream(link="x", seq=0, block_bytes=64, segments=[len(block_ids)]))
+
+
+def tick(w) -> None:
+    w.tick(time.monotonic(), expire=True)
+
+
+def test_decode_admits_only_after_the_kv_has_landed():
+    w = stub_worker(DecodeWorker)
+    reserved(w, "r1", [4, 5])
+    w.receive(handoff("r1", [4, 5]), [])
+    assert w.handoffs.get("r1").state is HandoffState.LANDING and w.busy()
+    assert w.engine.admitted == [] and w.to_peers == []
+    tick(w)
+    assert w.engine.admitted == []  # not yet
+    w.kv.transports["nccl"].pending.set_result(None)
+    tick(w)
+    assert w.engine.admitted == ["r1"] and "r1" not in w.handoffs and not w.busy()
+    assert [(m.request_id, m.ok) for m in w.to_peers] == [("r1", True)]
+    assert isinstance(w.to_router[-1], P.TokenBatch) and w.to_router[-1].updates[0].token_ids == [42]
+
+
+def test_decode_keeps_blocks_of_an_aborted_request_until_its_transfer_ends():
+    """Freed blocks could be reserved by the next request while bytes still land in them."""
+    w = stub_worker(DecodeWorker)
+    reserved(w, "r1", [4, 5])
+    w.receive(handoff("r1", [4, 5]), [])
+    w.abort("r1")  # the client gave up
+    assert w.engine.aborted == [] and "r1" in w.engine.requests
+    assert [(m.request_id, m.ok, m.message) for m in w.to_peers] == [("r1", False, "aborted")]
+    w.kv.transports["nccl"].pending.set_result(None)
+    tick(w)
+    assert w.engine.aborted == ["r1"] and w.engine.admitted == [] and "r1" not in w.handoffs
+    assert len(w.to_peers) == 1  # acknowledged once
+    assert not any(isinstance(m, P.Error) for m in w.to_router)  # the router aborted it: nothing to report
+
+
+def test_decode_times_out_a_handoff_whose_kv_lands_too_late_and_frees_after_the_transfer():
+    w = stub_worker(DecodeWorker)
+    reserved(w, "r1", [4, 5])
+    w.receive(handoff("r1", [4, 5]), [])
+    w.handoffs.get("r1").deadline = time.monotonic() - 1
+    tick(w)
+    assert [(m.code, m.request_id) for m in w.to_router] == [(P.TIMEOUT, "r1")] and w.engine.aborted == []
+    w.kv.transports["nccl"].pending.set_result(None)
+    tick(w)
+    assert w.engine.aborted == ["r1"] and w.engine.admitted == [] and len(w.to_router) == 1
+
+
+def test_decode_fails_the_request_when_its_transfer_fails():
+    w = stub_worker(DecodeWorker)
+    reserved(w, "r1", [4, 5])
+    w.receive(handoff("r1", [4, 5]), [])
+    w.kv.transports["nccl"].pending.set_exception(TransferError("link broke"))
+    tick(w)
+    assert w.engine.aborted == ["r1"] and w.engine.admitted == []
+    assert w.to_peers[0].ok is False and "link broke" in w.to_peers[0].message
+    assert isinstance(w.to_router[-1], P.Error) and w.to_router[-1].code == P.ABORTED
+
+
+def test_decode_drains_a_refused_handoff():
+    w = stub_worker(DecodeWorker)
+    w.receive(handoff("gone", [4, 5]), [])  # no reservation: aborted before its KV came
+    assert w.kv.transports["nccl"].discarded == ["gone"] and not w.busy()
+    assert w.to_peers[0].ok is False and "no reservation" in w.to_peers[0].message
+
+
+def test_decode_refuses_a_handoff_that_does_not_match_its_reservation():
+    w = stub_worker(DecodeWorker)
+    reserved(w, "r1", [4, 5])
+    w.receive(handoff("r1", [4, 6]), [])
+    assert w.kv.transports["nccl"].discarded == ["r1"] and w.engine.aborted == ["r1"]
+    assert w.to_peers[0].ok is False and "does not match the reservation" in w.to_peers[0].message
+    assert w.to_router[-1].code == P.INTERNAL and "r1" not in w.handoffs
+
+
+def prefill_sending(w: PrefillWorker, request_id: str, pending: Future) -> Handoff:
+    h = w.handoffs.open(Handoff(request_id, "d0", deadline=None))
+    h.moving(pending, HandoffState.SENDING, time.monotonic() + 60)
+    w.handoffs.watch(h)
+    return h
+
+
+def test_prefill_keeps_blocks_until_its_send_ends():
+    w = stub_worker(PrefillWorker)
+    sending: Future = Future()
+    prefill_sending(w, "r1", sending)
+    w.on_data_frames([type("F", (), {"buffer": P.encode(P.HandoffAck(request_id="r1", ok=True))})()])
+    assert w.engine.aborted == []  # acknowledged before the send future resolved
+    sending.set_result(None)
+    tick(w)
+    assert w.engine.aborted == ["r1"] and "r1" not in w.handoffs
+    failing: Future = Future()
+    prefill_sending(w, "r2", failing)
+    failing.set_exception(TransferError("peer gone"))
+    tick(w)
+    assert w.engine.aborted == ["r1", "r2"]
+    assert isinstance(w.to_router[-1], P.Error) and "peer gone" in w.to_router[-1].message
+
+
+def test_prefill_frees_the_blocks_of_a_refused_handoff_without_a_second_error():
+    w = stub_worker(PrefillWorker)
+    prefill_sending(w, "r1", Future()).pending.set_result(None)
+    tick(w)
+    assert w.handoffs.get("r1").state is HandoffState.LANDED  # sent: waiting for the ack
+    w.on_data_frames([type("F", (), {"buffer": P.encode(P.HandoffAck(request_id="r1", ok=False,
+                                                                      message="layout"))})()])
+    assert w.engine.aborted == ["r1"] and w.to_router == []  # the decode worker reported it
+
+
+def test_prefill_times_out_without_an_ack():
+    w = stub_worker(PrefillWorker)
+    prefill_sending(w, "r1", Future()).pending.set_result(None)
+    tick(w)
+    w.handoffs.get("r1").deadline = time.monotonic() - 1
+    tick(w)
+    assert w.engine.aborted == ["r1"] and [(m.code, m.request_id) for m in w.to_router] == [(P.TIMEOUT, "r1")]
