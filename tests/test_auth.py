@@ -111,7 +111,7 @@ def test_only_token_holders_complete_the_handshake():
 
 
 def test_no_pickle_on_any_socket():
-    """Everything that crosses a socket is msgpack (common/protocol.py); pickle would run a peer's code.
+    """Everything that crosses a socket is msgpack (common/protocol/); pickle would run a peer's code.
     Checks the code itself (imports, calls, keywords), not the docs that say so."""
     modules = {"pickle", "cloudpickle", "dill", "marshal", "shelve"}
     calls = {"send_pyobj", "recv_pyobj", "send_serialized", "recv_serialized", "loads", "load"}

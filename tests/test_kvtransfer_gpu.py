@@ -17,15 +17,17 @@ import signal
 import pytest
 import torch
 
-from common.engine.kv_pool import KVLayout, KVPool
+from common import protocol as P
+from common.engine.kv_pool import KVPool
+from common.protocol import KVDescriptors, KVLayout
+from kvtransfer import segments as T
 from kvtransfer.cuda_ipc import CudaIPCTransport
-from kvtransfer.descriptors import TransferError
-from kvtransfer.nccl import NcclTransport
-from kvtransfer import transport as T
+from kvtransfer.errors import TransferError
+from kvtransfer.nccl.transport import NcclTransport
 
 pytestmark = pytest.mark.gpu
 
-LAYOUT = KVLayout(num_layers=4, block_size=16, num_kv_heads=8, head_dim=128, dtype=torch.bfloat16)  # 256 KiB blocks
+LAYOUT = KVLayout(num_layers=4, block_size=16, num_kv_heads=8, head_dim=128, dtype="bfloat16")  # 256 KiB blocks
 NUM_BLOCKS = 96
 SENTINEL = -3.0
 TRANSPORTS = {"cuda_ipc": CudaIPCTransport, "nccl": NcclTransport}
@@ -45,15 +47,17 @@ def decode_peer(kind: str, device: str, conn) -> None:
     pool = KVPool(LAYOUT, NUM_BLOCKS, device)
     pool.kv.fill_(SENTINEL)
     transport = TRANSPORTS[kind](pool, "127.0.0.1", 60.0)
-    conn.send(transport.descriptor())
+    conn.send(KVDescriptors(**{kind: transport.descriptor()}))
     try:
         while (msg := conn.recv()) is not None:
-            op, request_id, dst_ids, frames, expected = msg
+            op, request_id, dst_ids, frames, stream, expected = msg
+            record = P.KVHandoff(request_id=request_id, src_worker_id="p0", first_token=0, num_tokens=1,
+                                 transport=kind, dst_block_ids=dst_ids, reply_to="", nccl=stream)
             try:
                 if op == "receive":
-                    pending = transport.receive(request_id, "p0", dst_ids, frames)
+                    pending = transport.receive(record, dst_ids, frames)
                 else:
-                    pending = transport.discard(request_id, "p0", frames)
+                    pending = transport.discard(record, frames)
                 if pending is not None:
                     pending.result(timeout=60)
                 torch.cuda.synchronize()
@@ -78,11 +82,11 @@ def check(pool: KVPool, dst_ids: list[int], expected: torch.Tensor | None) -> st
     return f"blocks {touched[:8]} were written but not reserved" if touched else ""
 
 
-def prefill_peer_expecting_refusal(descriptor: bytes, conn) -> None:
+def prefill_peer_expecting_refusal(descriptor: P.CudaIpcDescriptor, conn) -> None:
     """A prefill worker that sees only its own GPU tries to write into a pool on another one."""
     pool = KVPool(LAYOUT, NUM_BLOCKS, "cuda:0")
     try:
-        CudaIPCTransport(pool).send("r1", "d0", descriptor, [0], [0])
+        CudaIPCTransport(pool).send("r1", "d0", KVDescriptors(cuda_ipc=descriptor), [0], [0])
         conn.send("sent without error")
     except TransferError as e:
         conn.send(str(e))
@@ -102,8 +106,8 @@ class Peer:
         assert self.conn.poll(REPLY_TIMEOUT), "the decode peer did not answer"
         return self.conn.recv()
 
-    def ask(self, op: str, request_id: str, dst_ids: list[int], frames: list, expected) -> str:
-        self.conn.send((op, request_id, dst_ids, [bytes(f) for f in frames], expected))
+    def ask(self, op: str, request_id: str, dst_ids: list[int], sent, expected) -> str:
+        self.conn.send((op, request_id, dst_ids, [bytes(f) for f in sent.payload], sent.nccl, expected))
         status, problem = self.recv()
         assert status == "ok", problem
         return problem
@@ -117,7 +121,7 @@ class Peer:
 
 def source_pool(device: str) -> KVPool:
     pool = KVPool(LAYOUT, NUM_BLOCKS, device)
-    pool.kv.copy_(torch.randn(pool.kv.shape, generator=torch.Generator().manual_seed(0)).to(LAYOUT.dtype))
+    pool.kv.copy_(torch.randn(pool.kv.shape, generator=torch.Generator().manual_seed(0)).to(pool.dtype))
     return pool
 
 
@@ -151,16 +155,16 @@ def run_handoffs(kind: str, src_device: str, dst_device: str) -> None:
                 n += 1
                 sent = sender.send(f"r{n}", "d0", peer.descriptor, src_ids, dst_ids)
                 expected = src.kv[src_ids].cpu()
-                problem = peer.ask("receive", f"r{n}", dst_ids, sent.frames, expected)
+                problem = peer.ask("receive", f"r{n}", dst_ids, sent, expected)
                 if sent.done is not None:
                     sent.done.result(timeout=60)
                 assert problem == "", f"{kind} {strategy} {src_ids[:4]}... -> {dst_ids[:4]}...: {problem}"
         if kind == "nccl":  # a refused handoff is drained and the link stays aligned
             sent = sender.send("refused", "d0", peer.descriptor, [1, 2, 3], [4, 5, 6])
-            assert peer.ask("discard", "refused", [], sent.frames, None) == ""
+            assert peer.ask("discard", "refused", [], sent, None) == ""
             sent.done.result(timeout=60)
             sent = sender.send("after", "d0", peer.descriptor, [7, 9], [8, 10])
-            assert peer.ask("receive", "after", [8, 10], sent.frames, src.kv[[7, 9]].cpu()) == ""
+            assert peer.ask("receive", "after", [8, 10], sent, src.kv[[7, 9]].cpu()) == ""
             sent.done.result(timeout=60)
             assert len(sender.sending) == 1  # one link for the whole test
     finally:
@@ -188,7 +192,7 @@ def test_cuda_ipc_descriptor_maps_in_this_process_too():
     src, dst = source_pool("cuda:0"), KVPool(LAYOUT, NUM_BLOCKS, "cuda:0")
     dst.kv.fill_(SENTINEL)
     receiver, sender = CudaIPCTransport(dst), CudaIPCTransport(src)
-    sender.send("r1", "d0", receiver.descriptor(), [5, 1, 2], [7, 8, 0])
+    sender.send("r1", "d0", KVDescriptors(cuda_ipc=receiver.descriptor()), [5, 1, 2], [7, 8, 0])
     assert torch.equal(dst.kv[[7, 8, 0]], src.kv[[5, 1, 2]])
     assert sender.peer_pool("d0", receiver.descriptor()).data_ptr() == dst.kv.data_ptr()
 
@@ -201,17 +205,17 @@ def test_cuda_ipc_does_not_wait_for_work_queued_after_the_blocks_were_written(st
     receiver, sender = CudaIPCTransport(dst), CudaIPCTransport(src, strategy=strategy)
     torch.cuda.synchronize()
     torch.cuda._sleep(2_000_000_000)  # about a second of GPU clock cycles
-    sender.send("r1", "d0", receiver.descriptor(), [5, 1, 2, 9], [7, 8, 0, 3])
+    sender.send("r1", "d0", KVDescriptors(cuda_ipc=receiver.descriptor()), [5, 1, 2, 9], [7, 8, 0, 3])
     assert not torch.cuda.current_stream().query(), "send returned only after the compute stream's later work"
     torch.cuda.synchronize()
     assert torch.equal(dst.kv[[7, 8, 0, 3]], src.kv[[5, 1, 2, 9]])
 
 
 def test_cuda_ipc_refuses_a_layout_mismatch():
-    other = KVLayout(num_layers=4, block_size=32, num_kv_heads=8, head_dim=128, dtype=torch.bfloat16)
+    other = KVLayout(num_layers=4, block_size=32, num_kv_heads=8, head_dim=128, dtype="bfloat16")
     receiver, sender = CudaIPCTransport(KVPool(other, 8, "cuda:0")), CudaIPCTransport(source_pool("cuda:0"))
-    with pytest.raises(TransferError, match="KV layout mismatch with d0: block_size 16 here, 32 on d0"):
-        sender.send("r1", "d0", receiver.descriptor(), [0], [0])
+    with pytest.raises(TransferError, match=r"KV layout mismatch with d0 \(here vs there\): block_size 16 vs 32"):
+        sender.send("r1", "d0", KVDescriptors(cuda_ipc=receiver.descriptor()), [0], [0])
 
 
 @two_gpus()
@@ -260,7 +264,7 @@ def test_nccl_send_does_not_wait_for_work_queued_after_the_blocks_were_written()
             if n:  # the first handoff opens the link
                 torch.cuda._sleep(4_000_000_000)  # about two seconds of GPU clock cycles
             sent = sender.send(f"r{n}", "d0", peer.descriptor, src_ids, dst_ids)
-            assert peer.ask("receive", f"r{n}", dst_ids, sent.frames, expected) == ""
+            assert peer.ask("receive", f"r{n}", dst_ids, sent, expected) == ""
             sent.done.result(timeout=60)
         assert not torch.cuda.current_stream(0).query(), "the blocks moved only after the compute stream's later work"
     finally:
@@ -275,7 +279,7 @@ def test_nccl_refuses_two_ranks_on_one_gpu():
     sender = NcclTransport(source_pool("cuda:0"))
     try:
         with pytest.raises(TransferError, match="both workers are on one GPU.*use cuda_ipc"):
-            sender.send("r1", "d0", receiver.descriptor(), [0], [0])
+            sender.send("r1", "d0", KVDescriptors(nccl=receiver.descriptor()), [0], [0])
         assert sender.sending == {}
     finally:
         sender.close()
