@@ -117,6 +117,12 @@ def default_workers() -> int:
     return min(MAX_WORKERS, cpus)
 
 
+def write_config_and_tokenizer(out: Path, cfg: dict[str, Any]) -> None:
+    write_json(out / "config.json", cfg)
+    write_json(out / "generation_config.json", generation_config(cfg))
+    write_random_tokenizer(out, cfg)
+
+
 def prepare_random(config: str | os.PathLike[str], out: Path, seed: int = 0, dtype: Any = None, *,
                    overwrite: bool = False, max_shard_bytes: int = SHARD_BYTES, workers: int | None = None) -> Path:
     """Write a random-weight checkpoint of ``config`` (a built-in name or a config.json path) to ``out``, with a
@@ -132,9 +138,7 @@ def prepare_random(config: str | os.PathLike[str], out: Path, seed: int = 0, dty
     out = Path(out).expanduser().absolute()
     log.info("preparing random %s (%s, seed %d) in %s", name, dtype, seed, out)
     with staging_dir(out, overwrite) as tmp:
-        write_json(tmp / "config.json", cfg)
-        write_json(tmp / "generation_config.json", generation_config(cfg))
-        write_random_tokenizer(tmp, cfg)
+        write_config_and_tokenizer(tmp, cfg)
         chunks = random_tensors(specs, cfg, seed, TINY_INIT.get(name, {}), workers or default_workers())
         write_checkpoint(tmp, specs, chunks, desc=f"random {Path(name).name}", max_shard_bytes=max_shard_bytes)
         write_prep_info(tmp, source=f"random:{name}", seed=seed, dtype=dtype, rng="numpy-pcg64-blocks")
@@ -148,8 +152,6 @@ def prepare_tokenizer(config: str | os.PathLike[str], out: Path, *, overwrite: b
     cfg = finalize_config(raw, parse_dtype(None, raw))
     out = Path(out).expanduser().absolute()
     with staging_dir(out, overwrite) as tmp:
-        write_json(tmp / "config.json", cfg)
-        write_json(tmp / "generation_config.json", generation_config(cfg))
-        write_random_tokenizer(tmp, cfg)
+        write_config_and_tokenizer(tmp, cfg)
         write_prep_info(tmp, source=f"tokenizer:{name}")
     return out
