@@ -17,10 +17,10 @@ import os
 
 import torch
 import triton
-from triton.testing import do_bench
 
 from common.engine.attention import torch_ops, triton_ops
 from common.engine.attention.decode_plan import DecodePlan, plan_decode, wave_units
+from scripts.bench_gpu import bench_ms, device_summary, hbm_bandwidth, log, require_gpus
 
 DTYPE = torch.bfloat16
 MODELS = {"qwen3-0.6b": (16, 8, 128), "qwen3-8b": (32, 8, 128)}  # (Hq, Hkv, D)
@@ -32,22 +32,6 @@ PREFILL_TOKENS = (1024, 4096, 16384)
 STORE_TOKENS = (256, 4096, 16384)
 CHECK_SEQS = 4  # decode: sequences checked against torch_ops
 CHECK_QUERIES = 256  # prefill: trailing queries checked against torch_ops
-
-
-def log(line: str) -> None:
-    print(line, flush=True)
-
-
-def bench_ms(fn) -> float:
-    return do_bench(fn, return_mode="median")
-
-
-def copy_bandwidth() -> float:
-    """Device-to-device copy, bytes read + written per second (GB/s)."""
-    src = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
-    dst = torch.empty_like(src)
-    ms = bench_ms(lambda: dst.copy_(src))
-    return 2 * src.numel() / ms / 1e6
 
 
 class Pool:
@@ -254,7 +238,7 @@ def sweep_decode(pool: Pool, copy_gbs: float, out_dir: str | None) -> None:
                 continue
             if not err <= 2e-2:  # NaN too
                 raise AssertionError(f"{model} b{batch} c{context} {launch}: max err {err}")
-            timed[target, launch] = do_bench(run, warmup=5, rep=25, return_mode="median")
+            timed[target, launch] = bench_ms(run, warmup=5, rep=25)
         if default not in timed:
             plan = plan_decode([context] * batch, NUM_KV_HEADS, q.device)
             timed[default] = bench_ms(lambda: triton_ops.paged_decode_attention(q, k_cache, v_cache, tables, lens,
@@ -278,16 +262,16 @@ def sweep_decode(pool: Pool, copy_gbs: float, out_dir: str | None) -> None:
             f"{cfg(b):>16}{b_ms * 1e3:>8.1f}{100 * gb / b_ms * 1e3 / copy_gbs:>5.0f}%{d_ms / b_ms:>6.2f}")
 
 
-def main() -> None:
-    assert torch.cuda.is_available(), "needs a CUDA GPU"
-    log(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, "
-        f"{torch.cuda.get_device_properties(0).multi_processor_count} SMs")
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(prog="bench_attention", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sweep", action="store_true", help="time decode launch settings at the engine's shapes")
     ap.add_argument("--mixed", action="store_true", help="only the decode of one long context among short ones")
     ap.add_argument("--out", default=None, help="--sweep: write every timing to OUT/decode_sweep.json")
-    args = ap.parse_args()
-    copy_gbs = copy_bandwidth()
+    args = ap.parse_args(argv)
+    require_gpus("bench_attention")
+    log(device_summary())
+    copy_gbs = hbm_bandwidth()
     log(f"device-to-device copy: {copy_gbs:.0f} GB/s (read + write)")
     if args.sweep:
         sweep_decode(Pool(256, 4096 + 256), copy_gbs, args.out)

@@ -13,22 +13,15 @@ from __future__ import annotations
 import argparse
 import random
 import tempfile
-import time
 from pathlib import Path
 
 import torch
 
 from common.config import EngineConfig
 from common.engine.llm import LLM
-from scripts.model_prep import prepare_tokenizer
 from common.sampling_params import SamplingParams
-
-# Dense bf16 tensor-core peak (TFLOP/s) of the cards we run on; MFU is measured against it.
-PEAK_TFLOPS = {"H100": 989.0, "H200": 989.0, "A100": 312.0}
-
-
-def log(line: str = "") -> None:
-    print(line, flush=True)
+from scripts.bench_gpu import cuda_kernels, device_summary, hbm_bandwidth, log, peak_tflops, require_gpus, sync_time
+from scripts.model_prep import prepare_tokenizer
 
 
 def model_dir(config: str, root: Path) -> Path:
@@ -39,28 +32,6 @@ def make_llm(path: Path, **kw) -> LLM:
     args = dict(device="cuda", dtype="bfloat16", load_format="dummy", gpu_memory_utilization=0.85)
     args.update(kw)
     return LLM.from_config(EngineConfig(model=str(path), **args))
-
-
-def sync_time() -> float:
-    torch.cuda.synchronize()
-    return time.perf_counter()
-
-
-def peak_tflops() -> float:
-    name = torch.cuda.get_device_name()
-    return next((v for k, v in PEAK_TFLOPS.items() if k in name), float("nan"))
-
-
-def copy_bandwidth_gbs() -> float:
-    """Device-to-device copy of 1 GiB, bytes read + written per second: the practical HBM roofline."""
-    src = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
-    dst = torch.empty_like(src)
-    dst.copy_(src)
-    t0 = sync_time()
-    for _ in range(10):
-        dst.copy_(src)
-    dt = (sync_time() - t0) / 10
-    return 2 * src.numel() / dt / 1e9
 
 
 # ---- offline throughput -------------------------------------------------------------------------
@@ -258,12 +229,12 @@ def profile_decode(root: Path, config: str, context: int, batch: int, overlap: b
             for _ in range(steps):
                 llm.engine.step()
             wall = (sync_time() - t0) / steps
-        events = [e for e in prof.key_averages() if e.device_type == torch.autograd.DeviceType.CUDA]
+        events = cuda_kernels(prof)
         gpu_us = sum(e.self_device_time_total for e in events) / steps
         log(f"== profile: {config}, batch {batch}, context {context}, overlap {overlap}: wall {wall * 1e3:.3f} ms/step, "
             f"GPU busy {gpu_us / 1e3:.3f} ms/step ({gpu_us / 1e3 / (wall * 1e3):.0%})")
         log(f"{'kernel':<90}{'calls/step':>11}{'us/step':>10}")
-        for e in sorted(events, key=lambda e: -e.self_device_time_total)[:25]:
+        for e in events[:25]:
             log(f"{e.key[:88]:<90}{e.count / steps:>11.1f}{e.self_device_time_total / steps:>10.1f}")
         for rid in rids:
             llm.engine.abort(rid)
@@ -278,9 +249,10 @@ DECODE_MODES = {"graphs": ("graphs", {}), "no-overlap": ("graphs, no overlap", {
 
 def bench_decode(root: Path, config: str, context: int, modes: list[str] = list(DECODE_MODES)) -> None:
     path = model_dir(config, root)
-    bw = copy_bandwidth_gbs()
-    log(f"== decode step, {config} bf16, context {context} tokens/seq; device copy bandwidth {bw:.0f} GB/s")
-    log("   roofline = (weight bytes + KV bytes read) / copy bandwidth")
+    bw = hbm_bandwidth()
+    log(f"== decode step, {config} bf16, context {context} tokens/seq; device copy bandwidth {bw:.0f} GB/s "
+        "(read + write)")
+    log("   roofline = (weight bytes + KV bytes read) / copy bandwidth (read + write)")
     log(f"{'mode':<20}{'batch':>6}{'step ms':>10}{'roofline ms':>13}{'x roofline':>12}{'tok/s':>10}")
     for name, kw in (DECODE_MODES[m] for m in modes):
         llm = make_llm(path, max_num_seqs=256, max_model_len=context + DECODE_TOKENS + 16, **kw)
@@ -345,8 +317,8 @@ def bench_prefill(root: Path, config: str) -> None:
         llm.close()
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(prog="bench_engine", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("what", choices=["throughput", "decode", "prefill", "profile", "all"])
     ap.add_argument("--batch", type=int, default=64, help="profile: decode batch size")
     ap.add_argument("--no-overlap", action="store_true", help="profile: without overlapped scheduling")
@@ -357,10 +329,9 @@ def main() -> None:
     ap.add_argument("--tp", type=int, default=1, help="throughput: tensor-parallel size (no eager or HF runs)")
     ap.add_argument("--modes", default=",".join(DECODE_MODES),
                     help=f"decode: comma list of {', '.join(DECODE_MODES)} (default: all)")
-    args = ap.parse_args()
-    if not torch.cuda.is_available():
-        raise SystemExit("bench_engine: needs a CUDA GPU")
-    log(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}")
+    args = ap.parse_args(argv)
+    require_gpus("bench_engine")
+    log(device_summary())
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         if args.what == "profile":

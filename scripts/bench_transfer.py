@@ -21,13 +21,11 @@ relative to that prefill time.
 from __future__ import annotations
 
 import argparse
-import json
 import multiprocessing as mp
 import random
 import statistics
 import sys
 import time
-from pathlib import Path
 
 import torch
 
@@ -36,8 +34,9 @@ from kvtransfer import cuda_ipc
 from kvtransfer.cuda_ipc import CudaIPCTransport
 from kvtransfer.nccl import NcclTransport
 from kvtransfer.transport import joint_runs, plan_segments
+from scripts.bench_gpu import copy_bandwidth, cuda_kernels, device_summary, log, require_gpus
+from scripts.model_prep import resolve_config
 
-CONFIGS = Path(__file__).resolve().parent / "model_prep" / "configs"
 MODELS = ("qwen3-0.6b", "qwen3-8b")
 TRANSPORTS = {"cuda_ipc": CudaIPCTransport, "nccl": NcclTransport}
 STRATEGIES = {"cuda_ipc": cuda_ipc.STRATEGIES, "nccl": ("auto", "runs", "gather")}
@@ -48,12 +47,8 @@ CASES = (("cuda_ipc/1gpu", "cuda_ipc", "cuda:0"), ("cuda_ipc/2gpu", "cuda_ipc", 
 TIMEOUT = 300.0
 
 
-def log(line: str) -> None:
-    print(line, flush=True)
-
-
 def kv_layout(model: str, block_size: int) -> KVLayout:
-    c = json.loads((CONFIGS / f"{model}.json").read_text())
+    _, c = resolve_config(model)
     return KVLayout(c["num_hidden_layers"], block_size, c["num_key_value_heads"], c["head_dim"], torch.bfloat16)
 
 
@@ -114,23 +109,6 @@ class Peer:
 
 # ---- measurements -------------------------------------------------------------------------------------
 
-def copy_bandwidth(src: str, dst: str, nbytes: int = 1 << 30) -> float:
-    """Payload GB/s of one large copy_ from `src` to `dst` (bytes copied, not read + written)."""
-    a = torch.empty(nbytes, dtype=torch.uint8, device=src)
-    b = torch.empty(nbytes, dtype=torch.uint8, device=dst)
-    times = []
-    for i in range(13):
-        torch.cuda.synchronize(src)
-        torch.cuda.synchronize(dst)
-        start = time.perf_counter()
-        b.copy_(a)
-        torch.cuda.synchronize(src)
-        torch.cuda.synchronize(dst)
-        if i >= 3:
-            times.append(time.perf_counter() - start)
-    return nbytes / statistics.median(times) / 1e9
-
-
 def operations(kind: str, strategy: str, src_ids: list[int], dst_ids: list[int], block_bytes: int) -> int:
     """Copies, kernels or messages one handoff takes."""
     if kind == "nccl":
@@ -161,8 +139,7 @@ def profile_transfer(sender, peer: Peer, descriptor: bytes, src_ids: list[int], 
 
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         time_transfer(sender, peer, descriptor, src_ids, dst_ids, iters=1, warmup=0)
-    events = [e for e in prof.key_averages() if e.device_type == torch.autograd.DeviceType.CUDA]
-    for e in sorted(events, key=lambda e: -e.self_device_time_total)[:5]:
+    for e in cuda_kernels(prof)[:5]:
         log(f"      {e.key[:70]:<72}{e.count:>5}x {e.self_device_time_total / 1e3:>9.3f} ms")
 
 
@@ -183,10 +160,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--prefill-ms", nargs="+", type=float, default=None,
                    help="prefill time of each prompt length (one value for all): adds a +TTFT column")
     args = p.parse_args(argv)
-    if not torch.cuda.is_available():
-        print("bench_transfer: needs CUDA GPUs, and torch sees none: it measures GPU-to-GPU KV transfers "
-              "(cuda_ipc, nccl); the host transport is what a CPU cluster uses", file=sys.stderr)
-        return 2
+    require_gpus("bench_transfer", why=" (it measures GPU-to-GPU KV transfers, cuda_ipc and nccl; the host "
+                 "transport is what a CPU cluster uses)")
     prefill_ms = args.prefill_ms
     if prefill_ms is not None and len(prefill_ms) not in (1, len(args.tokens)):
         p.error(f"--prefill-ms: give one value or one per --tokens ({len(args.tokens)})")
@@ -194,9 +169,7 @@ def main(argv: list[str] | None = None) -> int:
     cases = [c for c in CASES if c[0] in args.transports and (gpus >= 2 or c[2] == SOURCE)]
     skipped = [c[0] for c in CASES if c[0] in args.transports and c not in cases]
 
-    nccl = torch.cuda.nccl.version()
-    log(f"{torch.cuda.get_device_name(0)} x{gpus}, torch {torch.__version__}, NCCL "
-        f"{nccl if isinstance(nccl, int) else '.'.join(map(str, nccl))}")
+    log(device_summary())
     copy_gbs = {SOURCE: copy_bandwidth(SOURCE, SOURCE)}
     line = f"device copy (payload bytes/s, 1 GiB): {copy_gbs[SOURCE]:.0f} GB/s on GPU 0"
     if gpus >= 2:

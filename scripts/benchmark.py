@@ -32,152 +32,25 @@ import asyncio
 import json
 import logging
 import math
-import os
 import random
 import shlex
-import signal
-import socket
-import subprocess
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 from common.sampling_params import InvalidRequest
 from scripts import bench_workloads as W
+from scripts.bench_config import DEFAULT_NUM_REQUESTS, BenchConfig
 from scripts.bench_metrics import SLO, RequestRecord, summarize
-from scripts.bench_workloads import BenchRequest, LengthRange, TraceEntry
+from scripts.bench_server import (ClusterError, ServeProcess, engine_activity, engine_totals, free_port, infer_mode,
+                                  serve_command, wait_ready, watch)
+from scripts.bench_workloads import BenchRequest, TraceEntry
 
 log = logging.getLogger("pdcluster.bench")
-
-REPO_ROOT = Path(__file__).resolve().parent.parent
-MODES = ("disagg", "colocated")
-WORKLOADS = ("random", "long-short", "shared-prefix", "trace")
-DEFAULT_RATES = "1,2,4,8"
-DEFAULT_NUM_REQUESTS = 100
-READY_POLL_S = 2.0  # between checks that `serve` is still alive while waiting for it
-STOP_TIMEOUT_S = 120.0
-
-
-def _opt(default: Any, help: str) -> Any:
-    return field(default=default, metadata={"help": help})
-
-
-@dataclass
-class BenchConfig:
-    out: str = field(metadata={"help": "folder for results.json, report.md, the plots and the serve logs"})
-    model: str | None = _opt(None, "checkpoint folder: what the started clusters serve; its config gives the "
-                                   "vocabulary size")
-    address: str | None = _opt(None, "benchmark the cluster running at this router address instead of "
-                                     "starting one per mode")
-    modes: str | None = _opt(None, "comma list of disagg, colocated (default: both; with --address: the "
-                                   "running cluster's)")
-    rates: str | None = _opt(None, f"comma list of Poisson arrival rates, requests/s; inf = all at once "
-                                   f"(default: {DEFAULT_RATES})")
-    concurrency: str | None = _opt(None, "comma list of closed-loop concurrencies, instead of --rates")
-    num_requests: int | None = _opt(None, f"requests per load point (default: {DEFAULT_NUM_REQUESTS}; "
-                                          "a trace's: all its lines)")
-    warmup_requests: int = _opt(4, "requests sent to each cluster before measuring, not counted")
-    unloaded_requests: int = _opt(8, "requests sent one at a time after the warm-up, before the load points: "
-                                     "each mode's unloaded reference (0: none)")
-    workload: str = _opt("random", "random, long-short, shared-prefix or trace")
-    input_len: str = _opt("512", "prompt tokens, N or LO:HI (uniform); shared-prefix: after the system prompt")
-    output_len: str = _opt("128", "output tokens, N or LO:HI (uniform)")
-    long_input_len: str = _opt("4096", "long-short: prompt tokens of the long requests")
-    long_output_len: str = _opt("16", "long-short: output tokens of the long requests")
-    long_fraction: float = _opt(0.25, "long-short: share of long requests")
-    prefix_len: int = _opt(1024, "shared-prefix: tokens of each system prompt")
-    num_prefixes: int = _opt(4, "shared-prefix: distinct system prompts")
-    trace: str | None = _opt(None, "trace workload: JSON lines {\"arrival\": s, \"input_len\": n, "
-                                   "\"output_len\": n}")
-    slo_ttft: float = _opt(1.0, "SLO on time to first token, seconds")
-    slo_tpot: float = _opt(0.05, "SLO on time per output token after the first, seconds")
-    seed: int = _opt(0, "seed of prompts, lengths and arrival times")
-    vocab_size: int | None = _opt(None, "prompt token ids are below this (default: the model's vocab_size)")
-    request_timeout: float = _opt(600.0, "seconds one request may take before it counts as failed")
-    ready_timeout: float = _opt(900.0, "seconds a started cluster may take to become ready")
-    device: str = _opt("auto", "serve: cpu, cuda or auto")
-    prefill_workers: int = _opt(1, "serve, disagg: prefill workers")
-    decode_workers: int = _opt(1, "serve, disagg: decode workers")
-    workers: int = _opt(1, "serve, colocated: engine replicas")
-    gpus_per_worker: float = _opt(1.0, "serve: GPUs per worker (0.5 puts two workers on one GPU)")
-    colocated_gpus_per_worker: float | None = _opt(None, "serve, colocated: GPUs per worker (default: "
-                                                         "--gpus-per-worker)")
-    serve_args: str = _opt("", "more `pdcluster serve` flags for every cluster, e.g. "
-                               "--serve-args='--max-num-seqs 128 --enforce-eager'")
-
-    def __post_init__(self) -> None:
-        if not self.address and not self.model:
-            raise ValueError("bench: --model is required to start clusters (or give --address)")
-        if self.address and (self.modes or "").count(",") > 0:
-            raise ValueError("bench: --address benchmarks one running cluster: give at most one mode")
-        for mode in self.mode_list():
-            if mode not in MODES:
-                raise ValueError(f"--modes: expected disagg and/or colocated, got {mode!r}")
-        if self.rates and self.concurrency:
-            raise ValueError("bench: give --rates (open loop) or --concurrency (closed loop), not both")
-        self.rate_list()
-        self.concurrency_list()
-        if self.workload not in WORKLOADS:
-            raise ValueError(f"--workload: expected one of {', '.join(WORKLOADS)}, got {self.workload!r}")
-        if (self.workload == "trace") != (self.trace is not None):
-            raise ValueError("bench: --trace FILE goes with --workload trace, and only with it")
-        for name in ("input_len", "output_len", "long_input_len", "long_output_len"):
-            self.lengths(name)
-        if not 0 <= self.long_fraction <= 1:
-            raise ValueError(f"--long-fraction: must be in [0, 1], got {self.long_fraction:g}")
-        positive = ("prefix_len", "num_prefixes", "num_requests", "prefill_workers", "decode_workers", "workers",
-                    "vocab_size", "slo_ttft", "slo_tpot", "request_timeout", "ready_timeout", "gpus_per_worker",
-                    "colocated_gpus_per_worker")
-        for name in positive:
-            value = getattr(self, name)
-            if value is not None and not value > 0:
-                raise ValueError(f"--{name.replace('_', '-')}: must be > 0, got {value:g}")
-        for name in ("warmup_requests", "unloaded_requests"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"--{name.replace('_', '-')}: must be >= 0, got {getattr(self, name)}")
-        try:
-            shlex.split(self.serve_args)
-        except ValueError as e:
-            raise ValueError(f"--serve-args: {e}") from None
-
-    def mode_list(self) -> list[str]:
-        modes = [m.strip() for m in (self.modes or ("" if self.address else ",".join(MODES))).split(",") if m.strip()]
-        if len(set(modes)) != len(modes):
-            raise ValueError(f"--modes: a mode is named twice in {self.modes!r}")
-        return modes
-
-    def rate_list(self) -> list[float]:
-        rates = []
-        for item in (self.rates or DEFAULT_RATES).split(","):
-            try:
-                rate = float(item)
-            except ValueError:
-                raise ValueError(f"--rates: expected numbers (requests/s) or inf, got {item.strip()!r}") from None
-            if not rate > 0 or math.isnan(rate):
-                raise ValueError(f"--rates: must be > 0, got {item.strip()!r}")
-            rates.append(rate)
-        return rates
-
-    def concurrency_list(self) -> list[int]:
-        if not self.concurrency:
-            return []
-        try:
-            values = [int(item) for item in self.concurrency.split(",")]
-        except ValueError:
-            raise ValueError(f"--concurrency: expected integers, got {self.concurrency!r}") from None
-        if min(values) < 1:
-            raise ValueError(f"--concurrency: must be >= 1, got {self.concurrency!r}")
-        return values
-
-    def lengths(self, name: str) -> LengthRange:
-        try:
-            return LengthRange.parse(getattr(self, name))
-        except ValueError as e:
-            raise ValueError(f"--{name.replace('_', '-')}: {e}") from None
 
 
 # ---- load points and workloads ------------------------------------------------------------------
@@ -259,96 +132,6 @@ def model_vocab_size(cfg: BenchConfig) -> int:
         raise ValueError(f"--model: cannot read vocab_size from {str(path)!r}: {e}") from None
 
 
-# ---- the cluster --------------------------------------------------------------------------------
-class ClusterError(Exception):
-    """A cluster that would not start, or died: its mode's run stops, the others go on."""
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def serve_command(cfg: BenchConfig, mode: str, address: str) -> list[str]:
-    """`pdcluster serve ...` for one mode, as a user would type it."""
-    cmd = ["pdcluster", "serve", "--model", str(Path(cfg.model).resolve()), "--mode", mode, "--bind", address,
-           "--device", cfg.device]
-    if mode == "disagg":
-        cmd += ["--prefill-workers", str(cfg.prefill_workers), "--decode-workers", str(cfg.decode_workers),
-                "--gpus-per-worker", f"{cfg.gpus_per_worker:g}"]
-    else:
-        gpus = cfg.colocated_gpus_per_worker or cfg.gpus_per_worker
-        cmd += ["--workers", str(cfg.workers), "--gpus-per-worker", f"{gpus:g}"]
-    return cmd + shlex.split(cfg.serve_args)
-
-
-class ServeProcess:
-    """`pdcluster serve` as a subprocess in its own process group, stopped with SIGTERM like a service."""
-
-    def __init__(self, command: list[str], log_path: Path):
-        self.command = command
-        self.log_path = log_path
-        env = {**os.environ, "PYTHONUNBUFFERED": "1",
-               "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))}
-        with open(log_path, "wb") as log_file:
-            self.proc = subprocess.Popen([sys.executable, "-m", "scripts.cli", *command[1:]], env=env,
-                                         stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT,
-                                         start_new_session=True)
-
-    def exited(self) -> int | None:
-        return self.proc.poll()
-
-    def log_tail(self, lines: int = 20) -> str:
-        try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return ""
-
-    def stop(self) -> int:
-        """SIGTERM, wait, SIGKILL if it hangs; whatever it left in its process group is killed too."""
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=STOP_TIMEOUT_S)
-            except subprocess.TimeoutExpired:
-                log.warning("serve did not stop within %g s of SIGTERM: killing it", STOP_TIMEOUT_S)
-                self.proc.kill()
-                self.proc.wait()
-        try:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            log.warning("serve left processes behind in its group %d: killed them", self.proc.pid)
-        except ProcessLookupError:
-            pass
-        return self.proc.returncode
-
-
-async def wait_ready(client: Any, server: ServeProcess | None, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    problem = "the router did not answer"
-    while True:
-        if server is not None and (status := server.exited()) is not None:
-            log.error("serve log (%s):\n%s", server.log_path, server.log_tail())
-            raise ClusterError(f"serve exited with status {status} before it was ready (log: {server.log_path})")
-        left = deadline - time.monotonic()
-        if left <= 0:
-            raise ClusterError(f"{problem} (after {timeout:g} s)")
-        try:
-            await client.wait_ready(min(left, READY_POLL_S))
-            return
-        except TimeoutError as e:
-            problem = str(e)
-
-
-async def infer_mode(address: str) -> str:
-    """A running cluster's mode, from the roles of its workers."""
-    from router.client import AsyncClient
-
-    async with AsyncClient(address) as client:
-        stats = await client.stats(timeout=10)
-    return "colocated" if any(w.role == "colocated" for w in stats.workers) else "disagg"
-
-
 # ---- one request, one load point ----------------------------------------------------------------
 async def send(client: Any, index: int, req: BenchRequest, t0: float, timeout: float) -> RequestRecord:
     """Stream one request and time it. Every failure becomes a record: nothing is dropped."""
@@ -417,30 +200,6 @@ async def run_point(client: Any, point: LoadPoint, requests: list[BenchRequest],
     return sorted((r for records in done for r in records), key=lambda r: r.index)
 
 
-# Two worker heartbeats: the router's stats then hold every step of what just ran.
-HEARTBEAT_WAIT_S = 1.0
-TOTALS = ("busy_steps", "busy_seconds", "prefill_tokens_run", "decode_tokens_run", "gpu_seconds")
-
-
-async def engine_totals(client: Any) -> dict[str, dict] | None:
-    """Each worker's engine totals (`WorkerStats`), after the heartbeats settle; None if stats fail."""
-    await asyncio.sleep(HEARTBEAT_WAIT_S)
-    try:
-        stats = await client.stats(timeout=10)
-    except Exception as e:  # a benchmark of a cluster that cannot say this still measures latencies
-        log.warning("no engine totals from the cluster's stats: %s", e)
-        return None
-    return {w.worker_id: {"role": w.role, **{k: getattr(w, k, 0) for k in TOTALS}} for w in stats.workers}
-
-
-def engine_activity(before: dict[str, dict] | None, after: dict[str, dict] | None) -> list[dict] | None:
-    """What each worker's engine ran over a load point: the differences of its totals."""
-    if before is None or after is None:
-        return None
-    return [{"worker_id": wid, "role": a["role"], **{k: a.get(k, 0) - before[wid].get(k, 0) for k in TOTALS}}
-            for wid, a in sorted(after.items()) if wid in before]
-
-
 async def bench_cluster(cfg: BenchConfig, run: dict, server: ServeProcess | None, points: list[LoadPoint],
                         workloads: list[list[BenchRequest]], warmup: list[BenchRequest],
                         unloaded: list[BenchRequest]) -> None:
@@ -491,14 +250,6 @@ async def bench_cluster(cfg: BenchConfig, run: dict, server: ServeProcess | None
         finally:
             if watchdog is not None:
                 watchdog.cancel()
-
-
-async def watch(server: ServeProcess, client: Any) -> None:
-    """If serve dies mid-run, close the client: every waiting request fails at once instead of timing out."""
-    while server.exited() is None:
-        await asyncio.sleep(1.0)
-    log.error("serve exited with status %s; log (%s):\n%s", server.exited(), server.log_path, server.log_tail())
-    await client.close()
 
 
 def summary_line(mode: str, label: str, s: dict) -> str:

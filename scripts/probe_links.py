@@ -18,34 +18,16 @@ from __future__ import annotations
 import argparse
 import multiprocessing as mp
 import os
-import statistics
 import subprocess
 import sys
-import time
 from datetime import timedelta
 
 import torch
 
+from scripts.bench_gpu import copy_bandwidth, device_summary, log, median_seconds, require_gpus
+
 SEGMENT = 64 << 20
-
-
-def log(line: str = "") -> None:
-    print(line, flush=True)
-
-
-def timed(fn, iters: int = 10, warmup: int = 3, devices=(0, 1)) -> float:
-    """Median seconds of fn(), synchronising the given devices around each call."""
-    times = []
-    for i in range(warmup + iters):
-        for d in devices:
-            torch.cuda.synchronize(d)
-        t0 = time.perf_counter()
-        fn()
-        for d in devices:
-            torch.cuda.synchronize(d)
-        if i >= warmup:
-            times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+BOTH = (0, 1)
 
 
 # ---- CUDA IPC -------------------------------------------------------------------------------------
@@ -61,7 +43,7 @@ def ipc_peer(nbytes: int, conn) -> None:
     src = rebuild_cuda_tensor(*args)  # the sender's buffer on GPU 0, mapped here
     while (msg := conn.recv()) is not None:
         if msg == "pull":
-            seconds = timed(lambda: buf.copy_(src, non_blocking=True), devices=(src.device.index, 1))
+            seconds = median_seconds(lambda: buf.copy_(src, non_blocking=True), (src.device.index, 1))
             conn.send(seconds)
         elif msg == "checksum":
             torch.cuda.synchronize(1)
@@ -84,13 +66,13 @@ def probe_ipc(nbytes: int) -> list[tuple[str, float]]:
         log(f"ipc: peer buffer mapped on {dst.device}; can_device_access_peer(0, 1) = "
             f"{torch.cuda.can_device_access_peer(0, 1)}")
         rows.append(("ipc push: dst.copy_(src), current stream of GPU 0",
-                     timed(lambda: dst.copy_(src, non_blocking=True))))
+                     median_seconds(lambda: dst.copy_(src, non_blocking=True), BOTH)))
         s1 = torch.cuda.Stream(1)
 
         def push_on_dst_stream():
             with torch.cuda.stream(s1):
                 dst.copy_(src, non_blocking=True)
-        rows.append(("ipc push: dst.copy_(src) on a GPU 1 stream", timed(push_on_dst_stream)))
+        rows.append(("ipc push: dst.copy_(src) on a GPU 1 stream", median_seconds(push_on_dst_stream, BOTH)))
         stage = torch.empty(SEGMENT, dtype=torch.uint8, device="cuda:1")
 
         def push_staged():
@@ -98,7 +80,7 @@ def probe_ipc(nbytes: int) -> list[tuple[str, float]]:
                 n = min(SEGMENT, nbytes - off)
                 stage[:n].copy_(src[off:off + n], non_blocking=True)
                 dst[off:off + n].copy_(stage[:n], non_blocking=True)
-        rows.append(("ipc push, staged on GPU 1 (64 MiB)", timed(push_staged)))
+        rows.append(("ipc push, staged on GPU 1 (64 MiB)", median_seconds(push_staged, BOTH)))
         conn.send("checksum")
         ok = abs(conn.recv() - float(src[:1 << 20].float().sum())) < 1
         rows.append((f"  (peer sees the pushed bytes: {ok})", float("nan")))
@@ -146,7 +128,7 @@ def nccl_rank(rank: int, port: int, nbytes: int, env: dict, conn) -> None:
     results = {}
     for name, fn in (("send/recv, one message", one), ("send/recv, 64 MiB segments", segments),
                      ("broadcast, two ranks", broadcast)):
-        results[name] = timed(fn, devices=(rank,))
+        results[name] = median_seconds(fn, (rank,))
     conn.send(results)
     group.shutdown()
 
@@ -176,29 +158,22 @@ def probe_nccl(nbytes: int, env: dict, log_file: str | None) -> list[tuple[str, 
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="probe_links", description=__doc__.splitlines()[0])
     ap.add_argument("--mb", type=int, default=512)
     ap.add_argument("--nccl-env", nargs="*", default=["default"],
                     help="NCCL settings to try, each 'default' or 'K=V,K=V'")
     ap.add_argument("--nccl-log", default=None, help="file for NCCL_DEBUG=INFO of the default run")
     ap.add_argument("--skip-ipc", action="store_true")
     args = ap.parse_args(argv)
-    if torch.cuda.device_count() < 2:
-        print("probe_links: needs two GPUs", file=sys.stderr)
-        return 2
+    require_gpus("probe_links", 2)
     nbytes = args.mb << 20
     topo = subprocess.run(["nvidia-smi", "topo", "-m"], capture_output=True, text=True)
     log(topo.stdout or topo.stderr)
-    log(f"{torch.cuda.get_device_name(0)} x{torch.cuda.device_count()}, torch {torch.__version__}, "
-        f"NCCL {'.'.join(map(str, torch.cuda.nccl.version()))}; {args.mb} MB per transfer")
-    rows = []
-    a = torch.randint(0, 255, (nbytes,), dtype=torch.uint8, device="cuda:0")
-    b = torch.empty(nbytes, dtype=torch.uint8, device="cuda:1")
-    c = torch.empty(nbytes, dtype=torch.uint8, device="cuda:0")
-    rows.append(("copy_ within GPU 0 (one process)", timed(lambda: c.copy_(a))))
-    rows.append(("copy_ GPU 0 -> GPU 1 (one process)", timed(lambda: b.copy_(a))))
-    rows.append(("copy_ GPU 1 -> GPU 0 (one process)", timed(lambda: a.copy_(b))))
-    del a, b, c
+    log(f"{device_summary()}; {args.mb} MB per transfer")
+    # seconds of one copy, from its payload rate
+    rows = [(f"copy_ {name} (one process)", nbytes / (copy_bandwidth(src, dst, nbytes) * 1e9))
+            for name, src, dst in (("within GPU 0", "cuda:0", "cuda:0"), ("GPU 0 -> GPU 1", "cuda:0", "cuda:1"),
+                                   ("GPU 1 -> GPU 0", "cuda:1", "cuda:0"))]
     torch.cuda.empty_cache()
     if not args.skip_ipc:
         try:

@@ -1,4 +1,5 @@
-"""scripts/benchmark.py: metrics, workloads, traces and the report without a cluster, then a CPU smoke run."""
+"""scripts/benchmark.py (and bench_config, bench_server, bench_metrics, bench_workloads, bench_report): metrics,
+workloads, traces and the report without a cluster, then a CPU smoke run."""
 from __future__ import annotations
 
 import asyncio
@@ -20,7 +21,7 @@ from hypothesis import strategies as st
 from scripts.cli import main as cli_main
 from scripts import bench_report
 from scripts import bench_workloads as W
-from scripts import benchmark
+from scripts import bench_server, benchmark
 from scripts.bench_metrics import SLO, Dist, RequestRecord, percentile, summarize
 from scripts.bench_report import PLOTS, markdown, write_report
 from scripts.benchmark import (UNLOADED, BenchConfig, LoadPoint, arrivals, bench_cluster, build_requests, load_points,
@@ -246,7 +247,7 @@ def test_load_points_and_arrivals(tmp_path):
 @pytest.fixture(autouse=True)
 def no_heartbeat_wait(monkeypatch):
     """Fake clusters answer stats at once: no heartbeats to wait for."""
-    monkeypatch.setattr(benchmark, "HEARTBEAT_WAIT_S", 0.0)
+    monkeypatch.setattr(bench_server, "HEARTBEAT_WAIT_S", 0.0)
 
 
 

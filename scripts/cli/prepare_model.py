@@ -15,6 +15,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--config", help=f"{', '.join(BUILTIN_CONFIGS)}, or a config.json path")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--dtype", default=None, help="weights dtype (default: bfloat16 for real sizes, float32 for tiny)")
+    p.add_argument("--overwrite", action="store_true", help="replace --out if it is a non-empty folder")
     p.set_defaults(func=run)
 
 
@@ -23,11 +24,11 @@ def run(args: argparse.Namespace) -> None:
     if args.source == "smollm2":
         from scripts.model_prep import prepare_smollm2
 
-        path = prepare_smollm2(out)
+        path = prepare_smollm2(out, overwrite=args.overwrite)
     else:
         from scripts.model_prep import prepare_random
 
         if not args.config:
             raise UsageError("prepare-model random: --config is required")
-        path = prepare_random(args.config, out, seed=args.seed, dtype=args.dtype)
+        path = prepare_random(args.config, out, seed=args.seed, dtype=args.dtype, overwrite=args.overwrite)
     print(path)
