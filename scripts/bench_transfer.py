@@ -29,11 +29,13 @@ import time
 
 import torch
 
-from common.engine.kv_pool import KVLayout, KVPool
+from common import protocol as P
+from common.engine.kv_pool import KVPool
+from common.protocol import KVDescriptors, KVLayout
 from kvtransfer import cuda_ipc
 from kvtransfer.cuda_ipc import CudaIPCTransport
-from kvtransfer.nccl import NcclTransport
-from kvtransfer.transport import joint_runs, plan_segments
+from kvtransfer.nccl.transport import NcclTransport
+from kvtransfer.segments import joint_runs, plan_segments
 from scripts.bench_gpu import copy_bandwidth, cuda_kernels, device_summary, log, require_gpus
 from scripts.model_prep import resolve_config
 
@@ -49,14 +51,15 @@ TIMEOUT = 300.0
 
 def kv_layout(model: str, block_size: int) -> KVLayout:
     _, c = resolve_config(model)
-    return KVLayout(c["num_hidden_layers"], block_size, c["num_key_value_heads"], c["head_dim"], torch.bfloat16)
+    return KVLayout(num_layers=c["num_hidden_layers"], block_size=block_size, num_kv_heads=c["num_key_value_heads"],
+                    head_dim=c["head_dim"], dtype="bfloat16")
 
 
 # ---- the decode side ----------------------------------------------------------------------------------
 
 def peer_main(kind: str, device: str, conn) -> None:
-    """A decode-side process: ("setup", layout fields, num_blocks) -> a fresh pool and its descriptor;
-    ("receive", request id, dst ids, frames) -> lands the blocks and answers "ok"; None -> exit."""
+    """A decode-side process: ("setup", layout, num_blocks) -> a fresh pool and its descriptors;
+    ("receive", kv_handoff record, payload frames) -> lands the blocks and answers "ok"; None -> exit."""
     if device.startswith("cuda"):
         torch.cuda.set_device(device)
     transport = pool = None
@@ -67,13 +70,13 @@ def peer_main(kind: str, device: str, conn) -> None:
                     transport.close()
                 transport = pool = None
                 torch.cuda.empty_cache()
-                fields, num_blocks = msg[1], msg[2]
-                pool = KVPool(KVLayout(*fields, dtype=torch.bfloat16), num_blocks, device)
+                layout, num_blocks = msg[1], msg[2]
+                pool = KVPool(layout, num_blocks, device)
                 transport = TRANSPORTS[kind](pool, "127.0.0.1", TIMEOUT)
-                conn.send(transport.descriptor())
+                conn.send(KVDescriptors(**{kind: transport.descriptor()}))
             else:
-                _, request_id, dst_ids, frames = msg
-                pending = transport.receive(request_id, "p0", dst_ids, frames)
+                _, record, frames = msg
+                pending = transport.receive(record, record.dst_block_ids, frames)
                 if pending is not None:
                     pending.result(timeout=TIMEOUT)
                 conn.send("ok")
@@ -117,23 +120,25 @@ def operations(kind: str, strategy: str, src_ids: list[int], dst_ids: list[int],
     return runs if strategy == "runs" or (strategy == "auto" and runs <= cuda_ipc.MAX_COPY_RUNS) else 1
 
 
-def time_transfer(sender, peer: Peer, descriptor: bytes, src_ids: list[int], dst_ids: list[int], iters: int,
-                  warmup: int) -> float:
+def time_transfer(sender, peer: Peer, descriptors: KVDescriptors, src_ids: list[int], dst_ids: list[int],
+                  iters: int, warmup: int) -> float:
     """Median ms of one handoff, from `send` until the blocks are in the peer's pool."""
     times = []
     for i in range(warmup + iters):
         request_id = f"bench-{i}"
         start = time.perf_counter()
-        sent = sender.send(request_id, "d0", descriptor, src_ids, dst_ids)
+        sent = sender.send(request_id, "d0", descriptors, src_ids, dst_ids)
         if sent.done is not None:  # streaming: the peer receives, then both sides are done
-            peer.ask("receive", request_id, dst_ids, [bytes(f) for f in sent.frames])
+            record = P.KVHandoff(request_id=request_id, src_worker_id="p0", first_token=0, num_tokens=1,
+                                 transport=sender.name, dst_block_ids=dst_ids, reply_to="", nccl=sent.nccl)
+            peer.ask("receive", record, [bytes(f) for f in sent.payload])
             sent.done.result(timeout=TIMEOUT)
         if i >= warmup:
             times.append(time.perf_counter() - start)
     return statistics.median(times) * 1e3
 
 
-def profile_transfer(sender, peer: Peer, descriptor: bytes, src_ids: list[int], dst_ids: list[int]) -> None:
+def profile_transfer(sender, peer: Peer, descriptor: KVDescriptors, src_ids: list[int], dst_ids: list[int]) -> None:
     """One more handoff under torch.profiler (CUDA activity): which copies and kernels it ran, and for how long."""
     from torch.profiler import ProfilerActivity, profile
 
@@ -194,10 +199,9 @@ def main(argv: list[str] | None = None) -> int:
                 src = KVPool(layout, num_blocks, SOURCE)
                 src.kv.normal_()
                 torch.cuda.synchronize()  # a transport's send expects its source blocks written
-                fields = (layout.num_layers, layout.block_size, layout.num_kv_heads, layout.head_dim)
                 for label, kind, device in cases:
                     peer = peers[label]
-                    descriptor = peer.ask("setup", fields, num_blocks)
+                    descriptor = peer.ask("setup", layout, num_blocks)
                     sender = TRANSPORTS[kind](src, "127.0.0.1", TIMEOUT)
                     for t, tokens in enumerate(args.tokens):
                         n = -(-tokens // block_size)

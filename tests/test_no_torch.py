@@ -1,4 +1,5 @@
-"""What runs without torch or triton: `prepare-model random`, prepare_random / prepare_tokenizer, the benchmark
+"""What runs without torch or triton: the router and its tokenizer, the launcher (`serve`'s process), the clients,
+the command line, the transport choice, `prepare-model random`, prepare_random / prepare_tokenizer, the benchmark
 driver and the benchmark helpers' import (each in a fresh interpreter, whose modules are then read)."""
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 HEAVY = {"torch", "triton"}
@@ -68,3 +71,32 @@ def test_prepare_model_into_a_full_folder_names_the_overwrite_flag(tmp_path: Pat
     done = subprocess.run([*cmd, "--overwrite"], cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     assert not (out / "old.txt").exists() and (out / "model.safetensors").is_file()
+
+
+LIGHT = {
+    "the router": "import router.router, router.registry",
+    "the launcher (serve's process)": "import router.launcher",
+    "the clients": "import router.client; from router.client import Client, AsyncClient",
+    "the command line": "import scripts.cli; scripts.cli.build_parser()",
+    "the benchmark driver": "import scripts.benchmark, scripts.bench_report, scripts.bench_metrics",
+    "the transport choice": "import kvtransfer.choice, kvtransfer.handoff",
+}
+
+
+@pytest.mark.parametrize("what", sorted(LIGHT))
+def test_light_processes_load_neither_torch_nor_triton(what):
+    code = f"import sys; {LIGHT[what]}; print(sorted(m for m in ('torch', 'triton') if m in sys.modules))"
+    run = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=ENV, capture_output=True, text=True,
+                         timeout=120)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.strip() == "[]", f"{what} loads {run.stdout.strip()}"
+
+
+def test_the_router_tokenizes_without_torch(tiny_qwen3_dir):
+    code = ("import sys; from common.prompt import load_tokenizer, encode_prompt; "
+            f"t = load_tokenizer({str(tiny_qwen3_dir)!r}); encode_prompt(t, 'hi', chat=True); "
+            "print('torch' in sys.modules)")
+    run = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=ENV, capture_output=True, text=True,
+                         timeout=120)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.strip() == "False"

@@ -1,10 +1,8 @@
-"""The code's shape, read from its own imports: the top-level packages import one way, no file imports itself back
-through a circle, and the processes that must stay light (router, clients, benchmark driver, model preparation)
-load neither torch nor triton."""
+"""The code's shape, read from its own imports: the top-level packages import one way, and no file imports itself
+back through a circle (what must load without torch: tests/test_no_torch.py)."""
 from __future__ import annotations
 
 import ast
-import subprocess
 import sys
 from pathlib import Path
 
@@ -113,30 +111,3 @@ def test_the_checks_see_a_two_way_import(tmp_path, monkeypatch):
         test_top_level_packages_import_one_way()
     with pytest.raises(AssertionError, match="common.y.*router.x"):
         test_no_file_imports_itself_back_through_a_circle()
-
-
-LIGHT = {
-    "the router": "import router.router, router.registry",
-    "the launcher (serve's process)": "import router.launcher",
-    "the clients": "import router.client; from router.client import Client, AsyncClient",
-    "the command line": "import scripts.cli; scripts.cli.build_parser()",
-    "the benchmark driver": "import scripts.benchmark, scripts.bench_report, scripts.bench_metrics",
-    "the transport choice": "import kvtransfer.choice, kvtransfer.handoff",
-}
-
-
-@pytest.mark.parametrize("what", sorted(LIGHT))
-def test_light_processes_load_neither_torch_nor_triton(what):
-    code = f"import sys; {LIGHT[what]}; print(sorted(m for m in ('torch', 'triton') if m in sys.modules))"
-    run = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
-    assert run.returncode == 0, run.stderr
-    assert run.stdout.strip() == "[]", f"{what} loads {run.stdout.strip()}"
-
-
-def test_the_router_tokenizes_without_torch(tiny_qwen3_dir):
-    code = ("import sys; from common.prompt import load_tokenizer, encode_prompt; "
-            f"t = load_tokenizer({str(tiny_qwen3_dir)!r}); encode_prompt(t, 'hi', chat=True); "
-            "print('torch' in sys.modules)")
-    run = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
-    assert run.returncode == 0, run.stderr
-    assert run.stdout.strip() == "False"
