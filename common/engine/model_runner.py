@@ -15,6 +15,7 @@ from common.config import EngineConfig
 from common.engine.context import forward_context
 from common.engine.cuda_graph import DecodeGraphs
 from common.engine.device import torch_dtype
+from common.engine.in_flight import InFlight
 from common.engine.kv_pool import KVLayout, KVPool
 from common.engine.layers.sampler import SamplingBatch, sample
 from common.engine.loader import init_dummy_weights, load_weights
@@ -27,43 +28,6 @@ log = logging.getLogger(__name__)
 # cmd, T, B, block-table width, num_decodes, max_query_len, max_seq_len, prefix_cached, max_prefill_q, plan units
 _HEADER = 10
 _RUN, _STOP = 1, 0
-
-
-@dataclass
-class InFlight:
-    """A launched step's sampled tokens, on their way to the CPU; events around its GPU work."""
-
-    host: torch.Tensor
-    started: torch.cuda.Event | None
-    event: torch.cuda.Event | None
-
-    @staticmethod
-    def mark() -> torch.cuda.Event:
-        """A timing event on the current stream, recorded before a step's work is queued."""
-        event = torch.cuda.Event(enable_timing=True)
-        event.record()
-        return event
-
-    @classmethod
-    def start(cls, tokens: torch.Tensor, started: torch.cuda.Event | None = None) -> InFlight:
-        if not tokens.is_cuda:
-            return cls(tokens, None, None)
-        host = torch.empty(tokens.shape, dtype=tokens.dtype, pin_memory=True)
-        host.copy_(tokens, non_blocking=True)
-        event = torch.cuda.Event(enable_timing=started is not None)
-        event.record()
-        return cls(host, started, event)
-
-    def tokens(self) -> list[int]:
-        if self.event is not None:
-            self.event.synchronize()
-        return self.host.tolist()
-
-    def gpu_seconds(self) -> float | None:
-        """The step's GPU time, from its first queued kernel to its tokens' copy; call after tokens()."""
-        if self.started is None or self.event is None:
-            return None
-        return self.started.elapsed_time(self.event) / 1e3
 
 
 @dataclass
