@@ -11,8 +11,10 @@ import time
 import pytest
 import torch
 
+from common.engine.attention.triton_backend import SPLIT
 from common.engine.llm_engine import LLMEngine
 from common.engine.llm import LLM
+from common.engine.step_inputs import unpack_step
 from common.sampling_params import SamplingParams
 
 pytestmark = pytest.mark.gpu
@@ -49,8 +51,8 @@ def model_dir(request):
 def first_step_logits(engine: LLMEngine, ids: list[int]) -> torch.Tensor:
     engine.add_request("probe", ids, SamplingParams(max_tokens=1))
     batch = engine.scheduler.schedule()
-    header, payload, _ = engine.runner._pack(batch)
-    logits = engine.runner.execute(engine.runner._unpack(header, payload.to(engine.runner.device)))
+    step = engine.runner.pack(batch)
+    logits = engine.runner.execute(unpack_step(step.header, step.payload.to(engine.runner.device)))
     engine.abort("probe")
     return logits[0].float()
 
@@ -108,8 +110,9 @@ def test_cuda_graphs_equal_eager_and_triton_equals_torch(qwen3_06b_dir):
         llm = LLM(str(qwen3_06b_dir), device="cuda", gpu_memory_utilization=0.3, **kw)
         graphs, splits = llm.engine.runner.graphs, []
         if graphs is not None:  # count the replays that follow a plan's split contexts
-            replay = graphs.replay
-            graphs.replay = lambda ids, pos, md: splits.append(md.decode_plan.split) or replay(ids, pos, md)
+            replay, backend = graphs.replay, graphs.backend
+            graphs.replay = lambda inputs, bucket: (splits.append(backend.graph_variant(inputs.attn) == SPLIT)
+                                                    or replay(inputs, bucket))
         try:
             assert (graphs is not None) == (name == "graphs")
             if name in ("eager", "torch"):

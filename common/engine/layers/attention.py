@@ -3,7 +3,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from common.engine.attention.backend import TORCH, AttentionBackend
+from common.engine.attention.backend import AttentionBackend
+from common.engine.attention.torch_backend import TorchBackend
 from common.engine.context import get_attn_metadata
 from common.engine.layers.fusion import fused_kernels
 from common.engine.layers.norm import RMSNorm
@@ -19,7 +20,7 @@ class Attention(nn.Module):
     def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, scale: float):
         super().__init__()
         self.num_heads, self.num_kv_heads, self.head_dim, self.scale = num_heads, num_kv_heads, head_dim, scale
-        self.backend: AttentionBackend = TORCH
+        self.backend: AttentionBackend = TorchBackend()
         self.k_cache: torch.Tensor | None = None
         self.v_cache: torch.Tensor | None = None
 
