@@ -16,6 +16,7 @@ from common.engine.llm_engine import LLMEngine
 from common.engine.llm import LLM
 from common.engine.step_inputs import unpack_step
 from common.sampling_params import SamplingParams
+from tests.test_cuda_graph_shapes import blocks_reused, generate, long_among_short
 
 pytestmark = pytest.mark.gpu
 
@@ -129,6 +130,23 @@ def test_cuda_graphs_equal_eager_and_triton_equals_torch(qwen3_06b_dir):
         assert rel < 2e-2, f"{p!r}: triton vs torch backend, relative first-step logit error {rel:.3g}"
     agree = sum(a == b for a, b in zip(outputs["eager fp32"], outputs["torch fp32"]))
     assert agree >= 0.75 * len(prompts), f"triton vs torch backends (float32) agree on {agree}/{len(prompts)}"
+
+
+@pytest.mark.parametrize("scenario", [long_among_short, blocks_reused])
+def test_graphs_equal_eager_as_batches_shrink_and_grow_and_blocks_are_reused(tiny_qwen3_dir, scenario):
+    """tests/test_cuda_graph_shapes.py's replay scenarios with real graphs and the Triton kernels: padded buckets,
+    split plans, batches that shrink below the rows a replay filled while freed blocks take new KV."""
+    settings, arrivals = scenario()
+    tokens = {}
+    for name, kw in {"graphs": {}, "eager": {"enforce_eager": True}}.items():
+        llm = LLM(str(tiny_qwen3_dir), device="cuda", dtype="float32", max_num_seqs=8, enable_prefix_caching=False,
+                  **settings, **kw)
+        try:
+            assert (llm.engine.runner.graphs is not None) == (name == "graphs")
+            tokens[name] = generate(llm, arrivals)
+        finally:
+            llm.close()
+    assert tokens["graphs"] == tokens["eager"]
 
 
 def test_prefix_cache_and_preemption_on_gpu(qwen3_06b_dir):

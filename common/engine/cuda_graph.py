@@ -31,6 +31,9 @@ def block_table_width(max_model_len: int, block_size: int) -> int:
 
 
 class GraphRunner:
+    """Captures and replays the decode graphs of one model. Generic: what a graph's attention reads, and how many
+    graphs a bucket needs, is the backend's to say (AttentionBackend's graph hooks)."""
+
     def __init__(self, model: torch.nn.Module, backend: AttentionBackend, max_num_seqs: int, max_model_len: int,
                  block_size: int, hidden_size: int, dtype: torch.dtype, device: torch.device):
         self.model, self.backend = model, backend
