@@ -10,6 +10,7 @@ import random
 import pytest
 import torch
 
+from common.engine.attention.backend import AttentionOps
 from common.engine.attention.torch_backend import TORCH_OPS
 from common.engine.attention.triton_backend import SPLIT, WHOLE, TritonBackend
 from common.engine.block_manager import BlockManager
@@ -65,14 +66,21 @@ class StandIn:
         self.graphs._forward(self.bs, self.md)
 
 
-def with_graphs(llm: LLM, monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, str, int]]:
-    """Gives a CPU engine the triton backend's planning and graphs (on the torch kernels) and captures stand-ins;
-    returns the list its replays are recorded in: (bucket, variant, batch)."""
-    runner, config = llm.engine.runner, llm.engine.config
-    backend = TritonBackend(TORCH_OPS, runner.layout.num_kv_heads, runner.device)
+def use_triton_backend(llm: LLM, ops: AttentionOps) -> TritonBackend:
+    """Gives a CPU engine the triton backend's planning and metadata, on `ops`."""
+    runner = llm.engine.runner
+    backend = TritonBackend(ops, runner.layout.num_kv_heads, runner.device)
     runner.backend = backend
     for layer in runner.model.attention_layers():
         layer.backend = backend
+    return backend
+
+
+def with_graphs(llm: LLM, monkeypatch: pytest.MonkeyPatch, ops: AttentionOps = TORCH_OPS) -> list[tuple[int, str, int]]:
+    """Gives a CPU engine the triton backend (on `ops`) and its graphs, captured as stand-ins; returns the list
+    its replays are recorded in: (bucket, variant, batch)."""
+    runner, config = llm.engine.runner, llm.engine.config
+    backend = use_triton_backend(llm, ops)
     monkeypatch.setattr(GraphRunner, "_capture", lambda self, bs, md: StandIn(self, bs, md))
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *args: None)
     graphs = GraphRunner(runner.model, backend, config.max_num_seqs, config.max_model_len, config.block_size,
