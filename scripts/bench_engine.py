@@ -187,6 +187,7 @@ def decode_idle(llm: LLM, batch: int, context: int, steps: int = 30) -> tuple[fl
 def decode_step_phases(llm: LLM, batch: int, context: int, steps: int = 20) -> dict[str, float]:
     """Where a decode step's time goes (ms, synchronised after each phase)."""
     from common.engine.layers.sampler import sample
+    from common.engine.step_inputs import unpack_step
 
     engine, runner = llm.engine, llm.engine.runner
     rids = start_decodes(llm, batch, context, DECODE_TOKENS)
@@ -196,10 +197,10 @@ def decode_step_phases(llm: LLM, batch: int, context: int, steps: int = 20) -> d
             t = [sync_time()]
             b = engine.scheduler.schedule()
             t.append(sync_time())
-            header, payload, _ = runner._pack(b)
-            payload = payload.to(runner.device, non_blocking=True)
+            step = runner.pack(b)
+            payload = step.payload.to(runner.device, non_blocking=True)
             t.append(sync_time())
-            inputs = runner._unpack(header, payload)
+            inputs = unpack_step(step.header, payload)
             t.append(sync_time())
             logits = runner.execute(inputs)
             t.append(sync_time())

@@ -1,6 +1,11 @@
 """The colocated engine against HF transformers, and under the scheduler's harder paths."""
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 
 from common.config import ConfigError
@@ -140,3 +145,24 @@ def test_step_totals_count_the_work_the_router_sees(tiny_qwen3_dir, overlap):
         assert (llm.engine.totals.steps, llm.engine.totals.seconds) == before
     finally:
         llm.close()
+
+
+def test_a_cpu_engine_never_imports_triton(tiny_qwen3_dir):
+    """triton is imported only where a GPU kernel runs: a CPU engine, from its import to a generate, leaves it
+    alone even where it is installed (a fresh interpreter: this one has imported it for the kernel tests)."""
+    code = f"""
+import sys
+from common.engine.llm import LLM
+from common.sampling_params import SamplingParams
+llm = LLM({str(tiny_qwen3_dir)!r}, device="cpu", kv_cache_memory=16 << 20)
+out = llm.generate(["hello"], SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True), use_tqdm=False)
+llm.close()
+assert len(out[0].token_ids) == 3, out
+print("triton imported:", "triton" in sys.modules)
+"""
+    root = Path(__file__).resolve().parents[1]
+    path = os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")]))
+    proc = subprocess.run([sys.executable, "-c", code], cwd=root, env={**os.environ, "PYTHONPATH": path},
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert proc.stdout.strip().splitlines()[-1] == "triton imported: False"

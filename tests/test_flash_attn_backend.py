@@ -15,7 +15,7 @@ import types
 import pytest
 import torch
 
-from common.engine.attention import backend as B
+from common.engine.attention import choice as S
 from common.engine.attention import torch_ops
 
 CALLS: list[str] = []
@@ -60,21 +60,27 @@ def paged(seq_lens: list[int], page: int, heads: int = 2, dim: int = 64):
     return k_cache, v_cache, table, torch.tensor(seq_lens, dtype=torch.int32)
 
 
+def backend(name: str = "flash_attn"):
+    return S.create_backend(name, torch.device("cuda"), num_kv_heads=2)
+
+
 def test_auto_picks_flash_attn_when_importable(flash_attn):
-    assert B.select_backend("auto", "cuda").name == "flash_attn"
-    assert B.select_backend("auto", "cpu").name == "torch"
+    assert S.resolve_backend("auto", "cuda") == "flash_attn"
+    assert backend("auto").name == "flash_attn"
+    assert S.resolve_backend("auto", "cpu") == "torch"
+    assert S.create_backend("auto", torch.device("cpu"), num_kv_heads=2).name == "torch"
 
 
 def test_prefill_and_decode_go_through_flash_attn_and_match_torch(flash_attn):
     torch.manual_seed(0)
-    backend = B.select_backend("flash_attn", "cuda")
+    ops = backend().ops
     q, k, v = torch.randn(3, 11, 4, 64)
     k, v = k[:, :2].contiguous(), v[:, :2].contiguous()
     cu = torch.tensor([0, 5, 11], dtype=torch.int32)
-    torch.testing.assert_close(backend.prefill(q, k, v, cu, 6, 0.125), torch_ops.varlen_attention(q, k, v, cu, 0.125))
+    torch.testing.assert_close(ops.prefill(q, k, v, cu, 6, 0.125), torch_ops.varlen_attention(q, k, v, cu, 0.125))
     k_cache, v_cache, table, lens = paged([300, 7, 256], 256)
     qd = torch.randn(3, 4, 64)
-    torch.testing.assert_close(backend.decode(qd, k_cache, v_cache, table, lens, 0.125),
+    torch.testing.assert_close(ops.decode(qd, k_cache, v_cache, table, lens, 0.125),
                                torch_ops.paged_decode_attention(qd, k_cache, v_cache, table, lens, 0.125))
     assert CALLS == ["varlen", "kvcache"]
 
@@ -83,7 +89,6 @@ def test_decode_with_pages_flash_attn_cannot_take_falls_back_to_triton(flash_att
     from common.engine.attention import triton_ops
 
     monkeypatch.setattr(triton_ops, "paged_decode_attention", lambda *a, **kw: "triton")
-    backend = B.select_backend("flash_attn", "cuda")
     k_cache, v_cache, table, lens = paged([40, 3], 16)
-    assert backend.decode(torch.randn(2, 4, 64), k_cache, v_cache, table, lens, 0.125) == "triton"
+    assert backend().ops.decode(torch.randn(2, 4, 64), k_cache, v_cache, table, lens, 0.125) == "triton"
     assert CALLS == []

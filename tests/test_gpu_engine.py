@@ -11,9 +11,12 @@ import time
 import pytest
 import torch
 
+from common.engine.attention.triton_backend import SPLIT
 from common.engine.llm_engine import LLMEngine
 from common.engine.llm import LLM
+from common.engine.step_inputs import unpack_step
 from common.sampling_params import SamplingParams
+from tests.test_cuda_graph_shapes import blocks_reused, generate, long_among_short
 
 pytestmark = pytest.mark.gpu
 
@@ -49,8 +52,8 @@ def model_dir(request):
 def first_step_logits(engine: LLMEngine, ids: list[int]) -> torch.Tensor:
     engine.add_request("probe", ids, SamplingParams(max_tokens=1))
     batch = engine.scheduler.schedule()
-    header, payload, _ = engine.runner._pack(batch)
-    logits = engine.runner.execute(engine.runner._unpack(header, payload.to(engine.runner.device)))
+    step = engine.runner.pack(batch)
+    logits = engine.runner.execute(unpack_step(step.header, step.payload.to(engine.runner.device)))
     engine.abort("probe")
     return logits[0].float()
 
@@ -108,8 +111,9 @@ def test_cuda_graphs_equal_eager_and_triton_equals_torch(qwen3_06b_dir):
         llm = LLM(str(qwen3_06b_dir), device="cuda", gpu_memory_utilization=0.3, **kw)
         graphs, splits = llm.engine.runner.graphs, []
         if graphs is not None:  # count the replays that follow a plan's split contexts
-            replay = graphs.replay
-            graphs.replay = lambda ids, pos, md: splits.append(md.decode_plan.split) or replay(ids, pos, md)
+            replay, backend = graphs.replay, graphs.backend
+            graphs.replay = lambda inputs, bucket: (splits.append(backend.graph_variant(inputs.attn) == SPLIT)
+                                                    or replay(inputs, bucket))
         try:
             assert (graphs is not None) == (name == "graphs")
             if name in ("eager", "torch"):
@@ -126,6 +130,23 @@ def test_cuda_graphs_equal_eager_and_triton_equals_torch(qwen3_06b_dir):
         assert rel < 2e-2, f"{p!r}: triton vs torch backend, relative first-step logit error {rel:.3g}"
     agree = sum(a == b for a, b in zip(outputs["eager fp32"], outputs["torch fp32"]))
     assert agree >= 0.75 * len(prompts), f"triton vs torch backends (float32) agree on {agree}/{len(prompts)}"
+
+
+@pytest.mark.parametrize("scenario", [long_among_short, blocks_reused])
+def test_graphs_equal_eager_as_batches_shrink_and_grow_and_blocks_are_reused(tiny_qwen3_dir, scenario):
+    """tests/test_cuda_graph_shapes.py's replay scenarios with real graphs and the Triton kernels: padded buckets,
+    split plans, batches that shrink below the rows a replay filled while freed blocks take new KV."""
+    settings, arrivals = scenario()
+    tokens = {}
+    for name, kw in {"graphs": {}, "eager": {"enforce_eager": True}}.items():
+        llm = LLM(str(tiny_qwen3_dir), device="cuda", dtype="float32", max_num_seqs=8, enable_prefix_caching=False,
+                  **settings, **kw)
+        try:
+            assert (llm.engine.runner.graphs is not None) == (name == "graphs")
+            tokens[name] = generate(llm, arrivals)
+        finally:
+            llm.close()
+    assert tokens["graphs"] == tokens["eager"]
 
 
 def test_prefix_cache_and_preemption_on_gpu(qwen3_06b_dir):

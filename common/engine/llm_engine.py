@@ -10,7 +10,8 @@ from common.engine.block_manager import BlockManager
 from common.config import EngineConfig
 from common.engine.device import place
 from common.engine.launch_clock import LaunchClock
-from common.engine.model_runner import InFlight, ModelRunner
+from common.engine.in_flight import InFlight
+from common.engine.model_runner import ModelRunner
 from common.prompt import check_prompt
 from common.protocol import WorkerLoad
 from common.sampling_params import InvalidRequest, SamplingParams

@@ -12,7 +12,7 @@ import numpy as np
 import torch
 
 # A unit covers at least this many tokens of context (unless its sequence is shorter). 64 (one tile), not 128:
-# the Qwen3-0.6B batch-1 decode step at 1k context took 1.527 vs 1.567-1.579 ms (H200, bench_engine decode).
+# the batch-1 decode step was faster with the finer units (docs/benchmarks.md, stop 12).
 MIN_UNIT_TOKENS = 64
 UNIT_GRANULE = 64  # unit lengths are multiples of this (the bf16/fp16 tile)
 # Programs per SM in one wave. The units fill about one wave: a partial second wave cost more than longer

@@ -4,15 +4,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-try:
-    from common.engine.layers import fused
-except ImportError:  # no triton (the CPU build of torch): the torch path below serves
-    fused = None
+from common.engine.layers.fusion import fused_kernels
 
 
 class SiluAndMul(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.is_cuda and fused is not None:
+        if x.is_cuda and (fused := fused_kernels()) is not None:
             return fused.silu_and_mul(x)
         gate, up = x.chunk(2, dim=-1)
         return F.silu(gate) * up

@@ -3,15 +3,12 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from common.engine.attention.backend import TORCH, AttentionBackend
+from common.engine.attention.backend import AttentionBackend
+from common.engine.attention.torch_backend import TorchBackend
 from common.engine.context import get_attn_metadata
+from common.engine.layers.fusion import fused_kernels
 from common.engine.layers.norm import RMSNorm
 from common.engine.layers.rotary import RotaryEmbedding
-
-try:
-    from common.engine.layers import fused
-except ImportError:  # no triton (the CPU build of torch): the torch path serves
-    fused = None
 
 
 class Attention(nn.Module):
@@ -23,7 +20,7 @@ class Attention(nn.Module):
     def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, scale: float):
         super().__init__()
         self.num_heads, self.num_kv_heads, self.head_dim, self.scale = num_heads, num_kv_heads, head_dim, scale
-        self.backend: AttentionBackend = TORCH
+        self.backend: AttentionBackend = TorchBackend()
         self.k_cache: torch.Tensor | None = None
         self.v_cache: torch.Tensor | None = None
 
@@ -31,7 +28,7 @@ class Attention(nn.Module):
                 rotary: RotaryEmbedding, q_norm: RMSNorm | None = None,
                 k_norm: RMSNorm | None = None) -> torch.Tensor:
         md = get_attn_metadata()
-        if q.is_cuda and fused is not None:
+        if q.is_cuda and (fused := fused_kernels()) is not None:
             store = self.k_cache is not None
             fused.qk_norm_rope_(q, k, positions, rotary.cos_sin, q_norm.weight if q_norm else None,
                                 k_norm.weight if k_norm else None, q_norm.eps if q_norm else 0.0, v,

@@ -3,10 +3,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-try:
-    from common.engine.layers import fused
-except ImportError:  # no triton (the CPU build of torch): the torch path below serves
-    fused = None
+from common.engine.layers.fusion import fused_kernels
 
 
 class RMSNorm(nn.Module):
@@ -23,7 +20,7 @@ class RMSNorm(nn.Module):
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
         """With `residual`, adds it first and returns (normed, new residual): the pre-norm block's fused step.
         On CUDA one kernel, which updates `residual` in place."""
-        if x.is_cuda and fused is not None and x.stride(-1) == 1:
+        if x.is_cuda and x.stride(-1) == 1 and (fused := fused_kernels()) is not None:
             return fused.rms_norm(x, self.weight, self.eps, residual)
         if residual is None:
             return self._norm(x)

@@ -7,10 +7,7 @@ import torch
 
 from common.sampling_params import SamplingParams
 
-try:
-    from common.engine.layers import fused
-except ImportError:  # no triton (the CPU build of torch): the torch path below serves
-    fused = None
+from common.engine.layers.fusion import fused_kernels
 
 
 @dataclass
@@ -36,8 +33,8 @@ class SamplingBatch:
         all_greedy = all(t == 0.0 for t in temps)
         use_k = any(0 < p.top_k < vocab_size for p in params)
         use_p = any(p.top_p < 1.0 for p in params)
-        use_fused = (device.type == "cuda" and fused is not None and positions is not None
-                     and not (all_greedy or use_k or use_p))
+        use_fused = (device.type == "cuda" and positions is not None and not (all_greedy or use_k or use_p)
+                     and fused_kernels() is not None)
         return cls(
             temperatures=upload(torch.tensor(temps, dtype=torch.float32)),
             top_ks=upload(torch.tensor([p.top_k if 0 < p.top_k < vocab_size else vocab_size for p in params]))
@@ -58,7 +55,7 @@ def _philox_seeds(params: list[SamplingParams], positions: list[int]) -> list[in
 def sample(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
     """Greedy rows take the argmax; the others the Gumbel-max trick: argmax(p / E) with E ~ Exp(1)."""
     if batch.seeds is not None:
-        return fused.gumbel_argmax(logits, batch.temperatures, batch.seeds)
+        return fused_kernels().gumbel_argmax(logits, batch.temperatures, batch.seeds)
     logits = logits.float()
     greedy = logits.argmax(dim=-1)
     if batch.all_greedy:

@@ -1,0 +1,43 @@
+"""A launched step's sampled tokens on their way to the CPU, and the CUDA events that time its GPU work."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class InFlight:
+    """A launched step's sampled tokens, on their way to the CPU; events around its GPU work."""
+
+    host: torch.Tensor
+    started: torch.cuda.Event | None
+    event: torch.cuda.Event | None
+
+    @staticmethod
+    def mark() -> torch.cuda.Event:
+        """A timing event on the current stream, recorded before a step's work is queued."""
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
+    @classmethod
+    def start(cls, tokens: torch.Tensor, started: torch.cuda.Event | None = None) -> InFlight:
+        if not tokens.is_cuda:
+            return cls(tokens, None, None)
+        host = torch.empty(tokens.shape, dtype=tokens.dtype, pin_memory=True)
+        host.copy_(tokens, non_blocking=True)
+        event = torch.cuda.Event(enable_timing=started is not None)
+        event.record()
+        return cls(host, started, event)
+
+    def tokens(self) -> list[int]:
+        if self.event is not None:
+            self.event.synchronize()
+        return self.host.tolist()
+
+    def gpu_seconds(self) -> float | None:
+        """The step's GPU time, from its first queued kernel to its tokens' copy; call after tokens()."""
+        if self.started is None or self.event is None:
+            return None
+        return self.started.elapsed_time(self.event) / 1e3

@@ -1,0 +1,148 @@
+"""A step's model inputs: packed on the host by rank 0 (one header, one int64 payload), unpacked into device
+views on every tensor-parallel rank.
+
+Payload sections, in order (T tokens, B sequences, decodes first): input ids [T], positions [T], slots [T],
+query_start_loc [B+1], seq_lens [B], block tables [B * width], logits indices [B], the attention backend's
+plan [plan_size]. The header says how long each is.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Callable
+
+import numpy as np
+import torch
+
+from common.engine.attention.metadata import AttentionInputs
+from common.engine.scheduler import ScheduledBatch
+from common.engine.sequence import PENDING
+
+
+@dataclass(frozen=True)
+class StepHeader:
+    """The host ints of a step: what a tensor-parallel rank must know before it can receive the payload, and
+    what attention reads without asking the device. Rank 0 broadcasts it `pack`ed; the others `unpack` it."""
+
+    num_tokens: int
+    num_seqs: int
+    table_width: int  # block-table columns
+    num_decodes: int
+    max_query_len: int
+    max_seq_len: int
+    prefix_cached: bool  # a prefill has context beyond its own new tokens
+    max_prefill_query_len: int
+    plan_size: int  # ints of the attention backend's plan (AttentionBackend.plan_step)
+    stop: bool = False  # no step: the other ranks leave their loop
+
+    def sections(self) -> list[int]:
+        """The payload's sections' lengths, in order (module docstring)."""
+        t, b = self.num_tokens, self.num_seqs
+        return [t, t, t, b + 1, b, b * self.table_width, b, self.plan_size]
+
+    @property
+    def payload_size(self) -> int:
+        return sum(self.sections())
+
+    def pack(self) -> torch.Tensor:
+        return torch.tensor([int(getattr(self, name)) for name in _NAMES], dtype=torch.int64)
+
+    @classmethod
+    def unpack(cls, packed: torch.Tensor) -> StepHeader:
+        return cls(*(kind(value) for kind, value in zip(_KINDS, packed.tolist())))
+
+
+_NAMES = tuple(f.name for f in fields(StepHeader))
+_KINDS = tuple(bool if f.type == "bool" else int for f in fields(StepHeader))
+HEADER_SIZE = len(_NAMES)
+STOP = StepHeader(0, 0, 0, 0, 0, 0, False, 0, 0, stop=True)
+
+
+@dataclass
+class StepInputs:
+    """A step's model inputs on the device: what every tensor-parallel rank runs the forward on."""
+
+    input_ids: torch.Tensor  # [T] int64
+    positions: torch.Tensor  # [T] int64
+    logits_indices: torch.Tensor  # [B] int64: the last new token of each sequence
+    attn: AttentionInputs
+
+
+@dataclass
+class PackedStep:
+    """A step's inputs on the host, as rank 0 sends them; `pending`: (dst, src) rows, each an input id still
+    PENDING (payload index) and the row of the previous launch's sampled tokens that holds it."""
+
+    header: StepHeader
+    payload: torch.Tensor  # [header.payload_size] int64
+    pending: torch.Tensor | None  # [2, n] int64
+
+
+# plan(decode context lengths, decode_only) -> the attention backend's plan for the batch the kernel will see
+Planner = Callable[[list[int], bool], "np.ndarray | None"]
+
+
+def pack_step(batch: ScheduledBatch, block_size: int, launch: int, plan: Planner) -> PackedStep:
+    """`launch`: the count of launches so far; a PENDING input must come from the last of them."""
+    bs = block_size
+    ids, positions, slots = [], [], []
+    seq_lens, qsl = [], [0]
+    dst, src = [], []
+    width = max(len(seq.block_table) for seq in batch.seqs)
+    tables = np.zeros((len(batch.seqs), width), np.int64)
+    for i, (seq, n) in enumerate(zip(batch.seqs, batch.num_new_tokens)):
+        start, end = seq.num_computed_tokens, seq.num_computed_tokens + n
+        table = seq.block_table
+        tables[i, :len(table)] = table
+        if n == 1:  # a decode: plain ints beat numpy for one token
+            if seq.token_ids[start] == PENDING:
+                last, row = seq.sample_ref
+                assert last == launch, f"{seq}: its pending token is not from the last step"
+                dst.append(len(ids))
+                src.append(row)
+            ids.append(seq.token_ids[start])
+            positions.append(start)
+            slots.append(table[start // bs] * bs + start % bs)
+        else:
+            ids.extend(seq.token_ids[start:end])
+            pos = np.arange(start, end)
+            positions.extend(pos.tolist())
+            slots.extend((tables[i, pos // bs] * bs + pos % bs).tolist())
+        seq_lens.append(end)
+        qsl.append(qsl[-1] + n)
+    nd = batch.num_decodes
+    prefill_q = batch.num_new_tokens[nd:]
+    table = plan(seq_lens[:nd], batch.decode_only) if nd else None
+    planned = np.zeros(0, np.int64) if table is None else table.ravel()
+    header = StepHeader(
+        num_tokens=qsl[-1], num_seqs=len(seq_lens), table_width=width, num_decodes=nd,
+        max_query_len=max(batch.num_new_tokens), max_seq_len=max(seq_lens),
+        prefix_cached=any(l > n for l, n in zip(seq_lens[nd:], prefill_q)),
+        max_prefill_query_len=max(prefill_q, default=0), plan_size=planned.size)
+    qsl_arr = np.asarray(qsl)
+    payload = np.concatenate([np.asarray(ids + positions + slots, np.int64), qsl_arr, np.asarray(seq_lens),
+                              tables.ravel(), qsl_arr[1:] - 1, planned])
+    pending = torch.tensor([dst, src], dtype=torch.int64) if dst else None
+    return PackedStep(header, torch.from_numpy(payload), pending)
+
+
+def warmup_step(lens: list[int]) -> PackedStep:
+    """Fresh prompts of these lengths that store nothing (slot -1) and read no cache: a forward to measure."""
+    qsl = np.concatenate([[0], np.cumsum(lens)])
+    positions = np.concatenate([np.arange(n) for n in lens])
+    header = StepHeader(num_tokens=int(qsl[-1]), num_seqs=len(lens), table_width=0, num_decodes=0,
+                        max_query_len=max(lens), max_seq_len=max(lens), prefix_cached=False,
+                        max_prefill_query_len=max(lens), plan_size=0)
+    payload = np.concatenate([np.zeros(qsl[-1], np.int64), positions, np.full(qsl[-1], -1), qsl, np.asarray(lens),
+                              qsl[1:] - 1]).astype(np.int64)
+    return PackedStep(header, torch.from_numpy(payload), None)
+
+
+def unpack_step(header: StepHeader, payload: torch.Tensor) -> StepInputs:
+    """Views into `payload` (on the model's device); nothing is copied or converted here."""
+    ids, positions, slots, qsl, seq_lens, tables, logits_indices, plan = payload.split(header.sections())
+    attn = AttentionInputs(
+        num_decodes=header.num_decodes, slot_mapping=slots, query_start_loc=qsl, seq_lens=seq_lens,
+        block_tables=tables.view(header.num_seqs, header.table_width), max_query_len=header.max_query_len,
+        max_seq_len=header.max_seq_len, prefix_cached=header.prefix_cached,
+        max_prefill_query_len=header.max_prefill_query_len, plan=plan)
+    return StepInputs(ids, positions, logits_indices, attn)

@@ -1,0 +1,97 @@
+"""A step's inputs as rank 0 packs them and every tensor-parallel rank unpacks them (common/engine/step_inputs.py):
+the typed header round-trips and sizes the payload, and the payload's views hold what the scheduler asked for."""
+from __future__ import annotations
+
+from dataclasses import fields
+
+import numpy as np
+import pytest
+import torch
+
+from common.engine.scheduler import ScheduledBatch
+from common.engine.sequence import PENDING, Sequence
+from common.engine.step_inputs import (HEADER_SIZE, STOP, StepHeader, pack_step, unpack_step, warmup_step)
+from common.sampling_params import SamplingParams
+
+BLOCK = 4
+
+
+def seq(tokens: list[int], computed: int, blocks: list[int], ref: tuple[int, int] = (-1, -1)) -> Sequence:
+    s = Sequence(f"r{len(tokens)}-{computed}", tokens, SamplingParams())
+    s.num_computed_tokens, s.block_table, s.sample_ref = computed, blocks, ref
+    return s
+
+
+def no_plan(lens: list[int], decode_only: bool) -> None:
+    return None
+
+
+def test_header_round_trips_and_sizes_the_payload():
+    header = StepHeader(num_tokens=7, num_seqs=3, table_width=5, num_decodes=2, max_query_len=5, max_seq_len=300,
+                        prefix_cached=True, max_prefill_query_len=5, plan_size=40)
+    packed = header.pack()
+    assert packed.dtype == torch.int64 and packed.shape == (HEADER_SIZE,) and HEADER_SIZE == len(fields(StepHeader))
+    assert StepHeader.unpack(packed) == header
+    assert isinstance(StepHeader.unpack(packed).prefix_cached, bool)
+    assert header.sections() == [7, 7, 7, 4, 3, 15, 3, 40] and header.payload_size == 86
+    assert StepHeader.unpack(STOP.pack()).stop and not StepHeader.unpack(packed).stop
+
+
+def test_pack_then_unpack_gives_the_scheduled_step():
+    """Decodes first (one with a PENDING input from the last launch), then a prefill chunk over a cached prefix."""
+    d0 = seq([5, 6, 7, 8, 9], 4, [3, 8])  # decodes token 9 at position 4: block 8, offset 0
+    d1 = seq([1, 2, PENDING], 2, [6], ref=(7, 1))  # its input is row 1 of launch 7's tokens
+    p = seq(list(range(20, 30)), 4, [2, 9, 4])  # positions 4..9 of a 10-token prompt, 4 cached
+    batch = ScheduledBatch([d0, d1, p], [1, 1, 6])
+    seen = []
+
+    def plan(lens, decode_only):
+        seen.append((lens, decode_only))
+        return np.arange(10, dtype=np.int64).reshape(5, 2)
+    step = pack_step(batch, BLOCK, launch=7, plan=plan)
+    assert seen == [([5, 3], False)]
+    h = step.header
+    assert (h.num_tokens, h.num_seqs, h.table_width, h.num_decodes) == (8, 3, 3, 2)
+    assert (h.max_query_len, h.max_seq_len, h.prefix_cached, h.max_prefill_query_len, h.plan_size) == (6, 10, True, 6, 10)
+    assert step.payload.dtype == torch.int64 and step.payload.shape == (h.payload_size,)
+    assert step.pending.tolist() == [[1], [1]]  # payload index 1 takes row 1
+    inputs = unpack_step(h, step.payload)
+    attn = inputs.attn
+    assert inputs.input_ids.tolist() == [9, PENDING] + list(range(24, 30))
+    assert inputs.positions.tolist() == [4, 2, 4, 5, 6, 7, 8, 9]
+    assert attn.slot_mapping.tolist() == [8 * 4, 6 * 4 + 2, 9 * 4, 9 * 4 + 1, 9 * 4 + 2, 9 * 4 + 3, 4 * 4, 4 * 4 + 1]
+    assert attn.query_start_loc.tolist() == [0, 1, 2, 8] and attn.seq_lens.tolist() == [5, 3, 10]
+    assert attn.block_tables.tolist() == [[3, 8, 0], [6, 0, 0], [2, 9, 4]]
+    assert inputs.logits_indices.tolist() == [0, 1, 7]
+    assert attn.plan.tolist() == list(range(10))
+    assert (attn.num_decodes, attn.num_seqs, attn.decode_only, attn.prefix_cached) == (2, 3, False, True)
+
+
+def test_a_pending_input_from_another_launch_is_refused():
+    batch = ScheduledBatch([seq([1, 2, PENDING], 2, [6], ref=(6, 0))], [1])
+    with pytest.raises(AssertionError, match="not from the last step"):
+        pack_step(batch, BLOCK, launch=7, plan=no_plan)
+
+
+def test_decode_only_step_and_no_plan():
+    batch = ScheduledBatch([seq([1, 2, 3], 2, [6]), seq([4, 5], 1, [1])], [1, 1])
+    step = pack_step(batch, BLOCK, launch=0, plan=lambda lens, decode_only: None if decode_only else 1 / 0)
+    assert step.pending is None and step.header.plan_size == 0 and not step.header.prefix_cached
+    inputs = unpack_step(step.header, step.payload)
+    assert inputs.attn.decode_only and inputs.attn.plan.numel() == 0
+
+
+def test_prefill_only_step_asks_for_no_plan():
+    batch = ScheduledBatch([seq([1, 2, 3], 0, [6])], [3])
+    step = pack_step(batch, BLOCK, launch=0, plan=lambda lens, decode_only: 1 / 0)
+    assert step.header.num_decodes == 0 and not step.header.prefix_cached
+
+
+def test_warmup_step_stores_nothing_and_reads_no_cache():
+    step = warmup_step([5, 3])
+    h = step.header
+    assert step.payload.shape == (h.payload_size,) and step.pending is None
+    inputs = unpack_step(h, step.payload)
+    assert (inputs.attn.slot_mapping == -1).all() and inputs.attn.block_tables.shape == (2, 0)
+    assert not h.prefix_cached and h.num_decodes == 0 and inputs.logits_indices.tolist() == [4, 7]
+    assert inputs.positions.tolist() == [0, 1, 2, 3, 4, 0, 1, 2]
