@@ -4,42 +4,27 @@ from __future__ import annotations
 import logging
 import time
 
-import msgspec
-
-from common import auth
 from common import protocol as P
 from common.config import EngineConfig
 from common.sampling_params import InvalidRequest
 from common.worker.config import WorkerConfig
-from common.worker.runtime import Worker
-from kvtransfer.endpoint import KVEndpoint
-from kvtransfer.handoff import Handoff, HandoffState, HandoffTable
+from kvtransfer.handoff import Handoff, HandoffState
+from kvtransfer.kv_worker import KVWorker
 
 log = logging.getLogger(__name__)
 
 
-class DecodeWorker(Worker):
+class DecodeWorker(KVWorker):
     """Reserves blocks for a prompt before any KV is sent (a transfer never writes blocks this worker does not
     own), admits the request into continuous batching once its KV has landed, and streams its tokens. A request
     aborted or timed out while its KV still lands keeps its blocks until the transport is done with them."""
 
     role = "decode"
+    data_records = (P.KVHandoff,)
 
     def __init__(self, config: WorkerConfig, engine_config: EngineConfig):
         super().__init__(config, engine_config)
-        self.kv = KVEndpoint(self.ctx, self.engine.runner.kv_pool, self.engine.config.device, config.kv_transports,
-                             config.host, config.handoff_timeout, auth.socket_security(self.keys))
-        self.handoffs = HandoffTable()
         self.handlers[P.Reserve] = self.on_reserve
-        self.inputs[self.kv.channel.inbox] = self.on_data_frames
-
-    def hello(self) -> P.WorkerHello:
-        return msgspec.structs.replace(super().hello(), transports=list(self.kv.transports),
-                                       kv_address=self.kv.address, kv=self.kv.descriptors())
-
-    def close(self) -> None:
-        self.kv.close()
-        super().close()
 
     # ---- router -> decode: room for the KV ------------------------------------------------------------
     def on_reserve(self, msg: P.Reserve) -> None:
@@ -57,13 +42,8 @@ class DecodeWorker(Worker):
         self.send(P.Reserved(request_id=msg.request_id, block_ids=blocks))
 
     # ---- transfer -> decode batch --------------------------------------------------------------------
-    def on_data_frames(self, frames: list) -> None:
-        try:
-            record = P.decode(frames[0].buffer, expect=(P.KVHandoff,))
-        except P.ProtocolError as e:
-            log.warning("bad frame on the data channel: %s", e)
-            return
-        self.receive(record, [f.buffer for f in frames[1:]])
+    def on_record(self, record: P.KVHandoff, payload: list[memoryview]) -> None:
+        self.receive(record, payload)
 
     def receive(self, record: P.KVHandoff, frames: list[memoryview]) -> None:
         """Land the KV in the reserved blocks (now, or when the transport is done), then admit the request."""
@@ -110,13 +90,6 @@ class DecodeWorker(Worker):
                                                            message=problem[:P.MAX_MESSAGE_LEN]))
 
     # ---- the handoffs' lives ---------------------------------------------------------------------------
-    def busy(self) -> bool:
-        return self.handoffs.transferring
-
-    def tick(self, now: float, expire: bool) -> None:
-        for h in self.handoffs.transfers_ended() + (self.handoffs.expired(now) if expire else []):
-            self.settle(h)
-
     def settle(self, h: Handoff) -> None:
         """LANDED: admit the request and acknowledge. FAILED: acknowledge (the prefill worker frees its blocks now),
         report (once), and free the reserved blocks once no transport writes into them."""
@@ -130,9 +103,7 @@ class DecodeWorker(Worker):
         if h.state is not HandoffState.FAILED:
             return
         self.answer(h, ok=False)
-        if h.report and not h.reported:
-            h.reported = True
-            self.fail(h.request_id, h.code, h.reason)
+        self.report_failure(h)
         if not h.busy:
             self.engine.abort(h.request_id)
             self.handoffs.close(h.request_id)
@@ -144,11 +115,3 @@ class DecodeWorker(Worker):
         h.answered = True
         self.kv.channel.send(h.record.reply_to, P.HandoffAck(request_id=h.request_id, ok=ok,
                                                              message="" if ok else h.reason[:P.MAX_MESSAGE_LEN]))
-
-    def abort(self, request_id: str) -> None:
-        h = self.handoffs.get(request_id)
-        if h is None:
-            self.engine.abort(request_id)
-            return
-        h.fail(P.ABORTED, "aborted", report=False)
-        self.settle(h)

@@ -5,46 +5,31 @@ import dataclasses
 import logging
 import time
 
-import msgspec
-
-from common import auth
 from common import protocol as P
 from common.config import EngineConfig
 from common.engine.sequence import Sequence
 from common.faults import crash
 from common.worker.config import WorkerConfig
-from common.worker.runtime import Worker
-from kvtransfer.endpoint import KVEndpoint
 from kvtransfer.errors import TransferError
-from kvtransfer.handoff import Handoff, HandoffState, HandoffTable
+from kvtransfer.handoff import Handoff, HandoffState
+from kvtransfer.kv_worker import KVWorker
 
 log = logging.getLogger(__name__)
 
 
-class PrefillWorker(Worker):
+class PrefillWorker(KVWorker):
     """Prefills prompts in varlen batches, samples each first token, and hands the KV blocks to the decode
     worker that reserved room for them. A request's blocks stay held (and in its prefix cache) until the decode
     worker acknowledges the handoff or its deadline passes, and in any case until the transport has stopped
     reading them (`kvtransfer/handoff.py`)."""
 
     role = "prefill"
+    data_records = (P.HandoffAck,)
 
     def __init__(self, config: WorkerConfig, engine_config: EngineConfig):
         # Its batches are prompts only: decode CUDA graphs would cost memory and start-up time for nothing.
         super().__init__(config, dataclasses.replace(engine_config, enforce_eager=True))
-        self.kv = KVEndpoint(self.ctx, self.engine.runner.kv_pool, self.engine.config.device, config.kv_transports,
-                             config.host, config.handoff_timeout, auth.socket_security(self.keys))
-        self.handoffs = HandoffTable()
         self.handlers[P.PrefillTask] = self.on_prefill_task
-        self.inputs[self.kv.channel.inbox] = self.on_data_frames
-
-    def hello(self) -> P.WorkerHello:
-        return msgspec.structs.replace(super().hello(), transports=list(self.kv.transports),
-                                       kv_address=self.kv.address, kv=self.kv.descriptors())
-
-    def close(self) -> None:
-        self.kv.close()
-        super().close()
 
     # ---- router -> prefill -> KV blocks --------------------------------------------------------------
     def on_prefill_task(self, task: P.PrefillTask) -> None:
@@ -92,12 +77,7 @@ class PrefillWorker(Worker):
             self.settle(h)
 
     # ---- decode -> prefill: the acknowledgement -------------------------------------------------------
-    def on_data_frames(self, frames: list) -> None:
-        try:
-            msg = P.decode(frames[0].buffer, expect=(P.HandoffAck,))
-        except P.ProtocolError as e:
-            log.warning("bad frame on the data channel: %s", e)
-            return
+    def on_record(self, msg: P.HandoffAck, payload: list[memoryview]) -> None:
         h = self.handoffs.get(msg.request_id)
         if h is None:
             return
@@ -109,28 +89,11 @@ class PrefillWorker(Worker):
         self.settle(h)
 
     # ---- the handoffs' lives ---------------------------------------------------------------------------
-    def busy(self) -> bool:
-        return self.handoffs.transferring
-
-    def tick(self, now: float, expire: bool) -> None:
-        for h in self.handoffs.transfers_ended() + (self.handoffs.expired(now) if expire else []):
-            self.settle(h)
-
     def settle(self, h: Handoff) -> None:
-        """Act on a handoff's state: report a failure (once), and free its blocks once it is over and no transport
-        reads them."""
-        if h.state is HandoffState.FAILED and h.report and not h.reported:
-            h.reported = True
-            log.warning("request %s: %s", h.request_id, h.reason)
-            self.fail(h.request_id, h.code, h.reason)
+        """LANDED: sent, the ack is awaited. ACKED or FAILED: report a failure (once), and free the blocks once no
+        transport reads them."""
+        if h.state is HandoffState.FAILED:
+            self.report_failure(h)
         if h.state in (HandoffState.ACKED, HandoffState.FAILED) and not h.busy:
             self.engine.abort(h.request_id)
             self.handoffs.close(h.request_id)
-
-    def abort(self, request_id: str) -> None:
-        h = self.handoffs.get(request_id)
-        if h is None:
-            self.engine.abort(request_id)
-            return
-        h.fail(P.ABORTED, "aborted", report=False)
-        self.settle(h)

@@ -221,7 +221,7 @@ def test_prefill_keeps_blocks_until_its_send_ends():
     w = stub_worker(PrefillWorker)
     sending: Future = Future()
     prefill_sending(w, "r1", sending)
-    w.on_data_frames([type("F", (), {"buffer": P.encode(P.HandoffAck(request_id="r1", ok=True))})()])
+    w.on_record(P.HandoffAck(request_id="r1", ok=True), [])
     assert w.engine.aborted == []  # acknowledged before the send future resolved
     sending.set_result(None)
     tick(w)
@@ -239,8 +239,7 @@ def test_prefill_frees_the_blocks_of_a_refused_handoff_without_a_second_error():
     prefill_sending(w, "r1", Future()).pending.set_result(None)
     tick(w)
     assert w.handoffs.get("r1").state is HandoffState.LANDED  # sent: waiting for the ack
-    w.on_data_frames([type("F", (), {"buffer": P.encode(P.HandoffAck(request_id="r1", ok=False,
-                                                                      message="layout"))})()])
+    w.on_record(P.HandoffAck(request_id="r1", ok=False, message="layout"), [])
     assert w.engine.aborted == ["r1"] and w.to_router == []  # the decode worker reported it
 
 
