@@ -15,7 +15,8 @@ from common.config import ConfigError, EngineConfig
 from common.worker.config import WorkerConfig
 from kvtransfer.choice import available_transports
 from kvtransfer.errors import TransferError
-from router.router import Router, RouterConfig
+from router.config import RouterConfig
+from router.router import Router
 
 log = logging.getLogger(__name__)
 

@@ -1,3 +1,5 @@
+"""The workers the router knows: their hellos, their last load, whether they are alive or draining, and what the
+router counts them to hold between heartbeats (changed only by router/request.py's transitions)."""
 from __future__ import annotations
 
 import time
@@ -54,11 +56,9 @@ class WorkerInfo:
 
 
 class WorkerRegistry:
-    """The workers the router knows, and which one gets the next request.
-
-    No worker gets more than `max_requests` requests at a time: the rest wait in the router's bounded
-    queue, so a burst cannot pile up unbounded work (and memory) on a worker.
-    """
+    """The workers the router knows, by id and by ZMQ identity. No worker gets more than `max_requests` requests
+    at a time (`has_room`): the rest wait in the router's bounded queue, so a burst cannot pile up unbounded work
+    (and memory) on a worker."""
 
     def __init__(self, max_requests: int = 1024):
         self.workers: dict[str, WorkerInfo] = {}
@@ -92,16 +92,6 @@ class WorkerRegistry:
         if info is not None and self.identities.get(info.identity) == worker_id:
             del self.identities[info.identity]
 
-    def pick_removal(self, role: str, count: int) -> list[WorkerInfo]:
-        """The `count` accepting workers of `role` to remove: fewest requests first, newest on a tie.
-        Raises ValueError when that would leave the role without an accepting worker."""
-        live = self.of_role(role)
-        if count >= len(live):
-            raise ValueError(f"cannot remove {count} of the {len(live)} accepting {role} workers: "
-                             f"at least one must stay")
-        order = sorted(enumerate(live), key=lambda iw: (len(iw[1].assigned), -iw[0]))
-        return [w for _, w in order[:count]]
-
     def by_identity(self, identity: bytes) -> WorkerInfo | None:
         worker_id = self.identities.get(identity)
         return None if worker_id is None else self.workers.get(worker_id)
@@ -119,21 +109,9 @@ class WorkerRegistry:
     def of_role(self, *roles: str) -> list[WorkerInfo]:
         return [w for w in self.workers.values() if w.accepting and w.role in roles]
 
-    def _with_room(self, *roles: str) -> list[WorkerInfo]:
-        return [w for w in self.of_role(*roles) if len(w.assigned) < self.max_requests]
-
-    def pick_prefill(self) -> WorkerInfo | None:
-        """Least queued prefill tokens."""
-        return min(self._with_room("prefill"), key=lambda w: w.load.queued_tokens + w.prefill_tokens, default=None)
-
-    def pick_decode(self, blocks_needed: int) -> WorkerInfo | None:
-        """Most free KV blocks, among those that can hold the request now."""
-        fits = [w for w in self._with_room("decode") if w.free_blocks >= blocks_needed]
-        return max(fits, key=lambda w: w.free_blocks, default=None)
-
-    def pick_colocated(self) -> WorkerInfo | None:
-        return min(self._with_room("colocated"),
-                   key=lambda w: (w.load.queued_tokens + w.prefill_tokens, w.load.running_requests), default=None)
+    def with_room(self, role: str) -> list[WorkerInfo]:
+        """The accepting workers of `role` that may take one more request."""
+        return [w for w in self.of_role(role) if len(w.assigned) < self.max_requests]
 
     def limits(self) -> tuple[int, int] | None:
         """(max_model_len, vocab_size) every accepting worker supports; None without workers."""

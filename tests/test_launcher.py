@@ -7,7 +7,7 @@ import pytest
 
 from common.config import ConfigError
 from router.launcher import Cluster, ServeConfig, own_gpus_first
-from router.router import RouterConfig
+from router.config import RouterConfig
 
 
 @pytest.mark.parametrize("assigned, node, count, expected", [

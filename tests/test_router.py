@@ -20,7 +20,9 @@ import router.router as router_module
 from common import protocol as P
 from common.prompt import load_tokenizer
 from common.sampling_params import SamplingParams
-from router.router import Router, RouterConfig
+from router.admission import WaitQueue
+from router.config import RouterConfig
+from router.router import Router
 from tests.cluster_harness import free_port
 
 BLOCK = 16
@@ -263,7 +265,7 @@ def run(coro):
 
 def where(sim: Sim, rid: str):
     req = sim.router.requests[sim.router.by_client[(b"client", rid)]]
-    return sim.workers[req.prefill] if req.prefill else None, sim.workers[req.decode]
+    return sim.workers[req.prefilled_on] if req.prefilled_on else None, sim.workers[req.decode.worker_id]
 
 
 # --- worker faults -------------------------------------------------------------------------------
@@ -624,7 +626,7 @@ def test_random_faults_lose_nothing_and_hang_nothing(make_router, ops):
         router = shared_router(make_router)
         router.requests.clear()
         router.by_client.clear()
-        router.queue = router_module.WaitQueue()
+        router.admission.queue = WaitQueue()
         router.config.max_queued_requests = 6
         router.config.max_worker_requests = 4
         router.registry.max_requests = 4

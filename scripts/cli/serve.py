@@ -5,7 +5,7 @@ import argparse
 
 from common.config import EngineConfig
 from router.launcher import ServeConfig, run_cluster
-from router.router import RouterConfig
+from router.config import RouterConfig
 from scripts.cli.args import add_dataclass_args, dataclass_from_args
 
 

@@ -1,0 +1,47 @@
+"""The router's configuration: one dataclass, filled from `pdcluster serve`'s flags."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from common import auth
+from common import protocol as P
+
+MODES = ("disagg", "colocated")
+
+
+def _opt(default, help: str):
+    return field(default=default, metadata={"help": help})
+
+
+@dataclass
+class RouterConfig:
+    model: str = field(metadata={"help": "checkpoint folder; the router uses its tokenizer and chat template"})
+    bind: str = _opt(P.DEFAULT_ROUTER_ADDRESS, "client endpoint (ZMQ ROUTER)")
+    worker_host: str = _opt("127.0.0.1", "interface the worker endpoint binds")
+    mode: str = _opt("disagg", "disagg or colocated")
+    kv_transport: str = _opt("auto", "auto, host, cuda_ipc or nccl (gloo on cpu)")
+    max_queued_requests: int = _opt(4096, "requests waiting for a worker before new ones get `overloaded`")
+    max_queued_tokens: int = _opt(1 << 20, "prompt tokens waiting for a worker before new requests get `overloaded`")
+    max_worker_requests: int = _opt(1024, "requests one worker holds at a time (queued or running); more wait at "
+                                          "the router")
+    retry_after: float = _opt(1.0, "seconds an `overloaded` or `unavailable` reply asks the client to wait before "
+                                   "retrying")
+    worker_timeout: float = _opt(5.0, "seconds without a heartbeat before a worker counts as dead")
+    request_restarts: int = _opt(1, "times a request is started over on other workers when one dies before the "
+                                    "client saw a token")
+    drain_timeout: float = _opt(120.0, "seconds a worker being removed (`pdcluster scale`) gets to finish its "
+                                       "requests; those left are then handled as if it died")
+    auth_token_file: str | None = _opt(None, f"file holding the cluster's shared secret (or set {auth.TOKEN_ENV}); "
+                                             "needed to bind a non-loopback address; clients and workers must hold "
+                                             "it too")
+
+    def check(self) -> None:
+        """Raises ValueError naming the first setting that cannot work."""
+        if self.mode not in MODES:
+            raise ValueError(f"mode: must be disagg or colocated, got {self.mode!r}")
+        for name in ("max_worker_requests", "worker_timeout"):  # zero would queue every request forever
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name}: must be positive, got {getattr(self, name)}")
+        for name in ("max_queued_requests", "max_queued_tokens", "retry_after", "request_restarts"):
+            if not getattr(self, name) >= 0:
+                raise ValueError(f"{name}: must be >= 0, got {getattr(self, name)}")

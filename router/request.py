@@ -1,0 +1,151 @@
+"""A request's life at the router, as a state machine.
+
+    QUEUED --pair()--> RESERVING --reserved()--> PREFILLING --first_token()--> DECODING      (disaggregated)
+    QUEUED --run_on()--> RUNNING --first_token()--> RUNNING                                   (colocated)
+    any of them --requeue()--> QUEUED          (refused for room, or a worker died before the client saw a token)
+    any of them --end()--> DONE                (its result or error went out)
+
+The transitions are the only code that changes what the workers are counted to hold for a request: the prompt
+tokens a worker still has to prefill (`prefill_tokens`), the requests it works on (`assigned`) and the blocks a
+decode worker was asked to reserve (`blocks_promised`, until its next heartbeat). So the counts cannot drift.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from enum import Enum
+
+from common.sampling_params import SamplingParams
+from router.detokenizer import IncrementalDetokenizer
+from router.registry import WorkerInfo
+
+
+class Phase(Enum):
+    QUEUED = "queued"  # waiting at the router for workers
+    RESERVING = "reserving"  # a decode worker sets blocks aside for the KV
+    PREFILLING = "prefilling"  # a prefill worker computes the KV and the first token
+    DECODING = "decoding"  # the decode worker streams tokens
+    RUNNING = "running"  # colocated: one worker prefills and decodes
+    DONE = "done"
+
+
+class IllegalTransition(RuntimeError):
+    pass
+
+
+@dataclass(eq=False)
+class Request:
+    rid: str  # the router's id of this attempt: every worker message about it carries it
+    client: bytes
+    client_rid: str
+    prompt_ids: list[int]
+    sampling: SamplingParams
+    stream: bool
+    detok: IncrementalDetokenizer
+    arrival: float = field(default_factory=time.monotonic)
+    dispatched: float | None = None
+    phase: Phase = Phase.QUEUED
+    prefill: WorkerInfo | None = None  # disaggregated: the prefill worker, until the first token
+    decode: WorkerInfo | None = None  # the decode worker, or the colocated one
+    token_ids: list[int] = field(default_factory=list)
+    token_times: list[float] = field(default_factory=list)
+    cached_tokens: int = 0
+    attempts: int = 0  # restarts after a worker died
+    prefilled_on: str = ""  # the worker that computed its KV (disaggregated: the prefill worker's id)
+    _prefilling_on: WorkerInfo | None = None  # whose prefill_tokens count this prompt
+
+    @property
+    def delivered(self) -> bool:
+        """Whether the client has seen part of the completion (then it cannot be started over)."""
+        return self.stream and bool(self.token_ids)
+
+    @property
+    def workers(self) -> list[WorkerInfo]:
+        """The workers that hold something of this request."""
+        return [w for w in (self.prefill, self.decode) if w is not None]
+
+    def held_by(self, worker_id: str) -> bool:
+        return any(w.worker_id == worker_id for w in self.workers)
+
+    # ---- transitions --------------------------------------------------------------------------------
+    def run_on(self, worker: WorkerInfo) -> None:
+        """Colocated: one worker prefills and decodes it."""
+        self._expect(Phase.QUEUED)
+        self.decode = worker
+        worker.assigned.add(self.rid)
+        self._count_prefill(worker)
+        self._dispatched(Phase.RUNNING)
+
+    def pair(self, prefill: WorkerInfo, decode: WorkerInfo, blocks: int) -> None:
+        """Disaggregated: `decode` reserves `blocks` for the KV that `prefill` will compute."""
+        self._expect(Phase.QUEUED)
+        self.prefill, self.decode = prefill, decode
+        decode.blocks_promised += blocks
+        decode.assigned.add(self.rid)
+        prefill.assigned.add(self.rid)
+        self._count_prefill(prefill)
+        self._dispatched(Phase.RESERVING)
+
+    def reserved(self, prefill: WorkerInfo) -> None:
+        """The blocks are set aside; `prefill` (the paired worker, or another if that one stopped accepting)
+        computes the KV."""
+        self._expect(Phase.RESERVING)
+        if prefill is not self.prefill:
+            self._release_prefill()
+            self.prefill = prefill
+            prefill.assigned.add(self.rid)
+            self._count_prefill(prefill)
+        self.phase = Phase.PREFILLING
+
+    def first_token(self) -> None:
+        """The prompt is prefilled: its prefill worker is done with it."""
+        self._expect(Phase.PREFILLING, Phase.RUNNING)
+        self.prefilled_on = (self.prefill or self.decode).worker_id
+        self._uncount_prefill()
+        if self.phase is Phase.PREFILLING:
+            self._release_prefill()
+            self.phase = Phase.DECODING
+
+    def requeue(self) -> None:
+        """Back to the queue, holding nothing on any worker."""
+        self._expect(Phase.RESERVING, Phase.PREFILLING, Phase.DECODING, Phase.RUNNING)
+        self._release()
+        self.dispatched = None
+        self.phase = Phase.QUEUED
+
+    def end(self) -> None:
+        """Its last message went to the client: it holds nothing on any worker (they are told to abort it)."""
+        self._release()
+        self.phase = Phase.DONE
+
+    # ---- bookkeeping --------------------------------------------------------------------------------
+    def _expect(self, *phases: Phase) -> None:
+        if self.phase not in phases:
+            raise IllegalTransition(f"request {self.rid} is {self.phase.value}, not "
+                                    f"{' or '.join(p.value for p in phases)}")
+
+    def _dispatched(self, phase: Phase) -> None:
+        self.dispatched = time.monotonic()
+        self.phase = phase
+
+    def _count_prefill(self, worker: WorkerInfo) -> None:
+        worker.prefill_tokens += len(self.prompt_ids)
+        self._prefilling_on = worker
+
+    def _uncount_prefill(self) -> None:
+        if self._prefilling_on is not None:
+            worker = self._prefilling_on
+            worker.prefill_tokens = max(0, worker.prefill_tokens - len(self.prompt_ids))
+            self._prefilling_on = None
+
+    def _release_prefill(self) -> None:
+        self._uncount_prefill()
+        if self.prefill is not None:
+            self.prefill.assigned.discard(self.rid)
+            self.prefill = None
+
+    def _release(self) -> None:
+        self._release_prefill()
+        if self.decode is not None:
+            self.decode.assigned.discard(self.rid)
+            self.decode = None
