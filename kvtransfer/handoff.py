@@ -31,6 +31,7 @@ class Handoff:
     request_id: str  # the router's: one id end to end
     peer_id: str
     deadline: float | None  # None: not running yet (a prefill still computing the blocks)
+    transport: str = ""  # the KV transport moving it ("" until known: the decode side learns it from the record)
     state: HandoffState = HandoffState.RESERVED
     pending: Future | None = None  # the transport's work on the blocks, while it runs
     code: str = ""  # FAILED: the error code and reason the client sees

@@ -43,7 +43,8 @@ class PrefillWorker(KVWorker):
         elif task.transport not in self.kv.transports:
             self.fail(task.request_id, P.UNAVAILABLE, f"this prefill worker has no {task.transport!r} transport")
         elif self.add_request(task.request_id, task.token_ids, task.sampling, prefill_only=True):
-            self.handoffs.open(Handoff(task.request_id, task.decode_worker_id, deadline=None, task=task))
+            self.handoffs.open(Handoff(task.request_id, task.decode_worker_id, deadline=None, transport=task.transport,
+                                       task=task))
 
     def on_step(self, updated: list[Sequence]) -> None:
         for seq in updated:
@@ -59,7 +60,7 @@ class PrefillWorker(KVWorker):
         try:
             if fault == "kv_send_error":
                 raise TransferError("injected fault kv_send_error")
-            sent = self.kv.transports[task.transport].send(seq.request_id, task.decode_worker_id, task.decode_kv,
+            sent = self.kv.transports[h.transport].send(seq.request_id, task.decode_worker_id, task.decode_kv,
                                                            seq.block_table[:len(task.dst_block_ids)],
                                                            task.dst_block_ids)
             h.moving(sent.done, HandoffState.SENDING, time.monotonic() + self.config.handoff_timeout)
