@@ -65,7 +65,7 @@ class DecodeWorker(KVWorker):
                 h.fail(P.INTERNAL, problem)
                 self.settle(h)
             return
-        h.record, h.transport = record, record.transport
+        h.record = record
         try:
             pending = transport.receive(record, seq.block_table, frames)
         except Exception as e:

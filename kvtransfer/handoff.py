@@ -31,7 +31,6 @@ class Handoff:
     request_id: str  # the router's: one id end to end
     peer_id: str
     deadline: float | None  # None: not running yet (a prefill still computing the blocks)
-    transport: str = ""  # the KV transport moving it ("" until known: the decode side learns it from the record)
     state: HandoffState = HandoffState.RESERVED
     pending: Future | None = None  # the transport's work on the blocks, while it runs
     code: str = ""  # FAILED: the error code and reason the client sees
@@ -41,6 +40,12 @@ class Handoff:
     answered: bool = False  # decode: the prefill worker got its handoff_ack
     task: PrefillTask | None = None  # prefill: what to send where
     record: KVHandoff | None = None  # decode: the announcement, once it came
+
+    @property
+    def transport(self) -> str:
+        """The KV transport moving it: the task's (prefill), the record's (decode; "" until the record came)."""
+        source = self.task if self.task is not None else self.record
+        return source.transport if source is not None else ""
 
     @property
     def busy(self) -> bool:

@@ -43,8 +43,7 @@ class PrefillWorker(KVWorker):
         elif task.transport not in self.kv.transports:
             self.fail(task.request_id, P.UNAVAILABLE, f"this prefill worker has no {task.transport!r} transport")
         elif self.add_request(task.request_id, task.token_ids, task.sampling, prefill_only=True):
-            self.handoffs.open(Handoff(task.request_id, task.decode_worker_id, deadline=None, transport=task.transport,
-                                       task=task))
+            self.handoffs.open(Handoff(task.request_id, task.decode_worker_id, deadline=None, task=task))
 
     def on_step(self, updated: list[Sequence]) -> None:
         for seq in updated:

@@ -144,8 +144,10 @@ def tick(w) -> None:
 def test_decode_admits_only_after_the_kv_has_landed():
     w = stub_worker(DecodeWorker)
     reserved(w, "r1", [4, 5])
+    assert w.handoffs.get("r1").transport == ""  # not known before the record comes
     w.receive(handoff("r1", [4, 5]), [])
     assert w.handoffs.get("r1").state is HandoffState.LANDING and w.busy()
+    assert w.handoffs.get("r1").transport == "nccl"  # the record's
     assert w.engine.admitted == [] and w.to_peers == []
     tick(w)
     assert w.engine.admitted == []  # not yet
@@ -250,3 +252,9 @@ def test_prefill_times_out_without_an_ack():
     w.handoffs.get("r1").deadline = time.monotonic() - 1
     tick(w)
     assert w.engine.aborted == ["r1"] and [(m.code, m.request_id) for m in w.to_router] == [(P.TIMEOUT, "r1")]
+
+
+def test_a_prefill_handoff_names_the_transport_its_task_asked_for():
+    task = P.PrefillTask(request_id="r1", token_ids=[1, 2], sampling=P.Sampling(), decode_worker_id="d0",
+                         decode_kv_address="tcp://127.0.0.1:3", dst_block_ids=[0], transport="cuda_ipc")
+    assert Handoff("r1", "d0", deadline=None, task=task).transport == "cuda_ipc"
