@@ -282,7 +282,7 @@ class Cluster:
     async def serve(self, stop: asyncio.Event) -> None:
         loop = asyncio.get_running_loop()
         self.router = Router(self.router_config)
-        self.router.scaler = self
+        self.router.scaling.scaler = self
         try:
             self.start_ray()
             # After ray.init, which installs a SIGTERM handler of its own that aborts the process.

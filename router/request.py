@@ -2,7 +2,8 @@
 
     QUEUED --pair()--> RESERVING --reserved()--> PREFILLING --first_token()--> DECODING      (disaggregated)
     QUEUED --run_on()--> RUNNING --first_token()--> RUNNING                                   (colocated)
-    any of them --requeue()--> QUEUED          (refused for room, or a worker died before the client saw a token)
+    any of them --requeue()--> QUEUED          (refused for room)
+    any of them --restart()--> QUEUED          (a worker died before the client saw a token: a new attempt, new id)
     any of them --end()--> DONE                (its result or error went out)
 
 The transitions are the only code that changes what the workers are counted to hold for a request: the prompt
@@ -112,6 +113,14 @@ class Request:
         self._release()
         self.dispatched = None
         self.phase = Phase.QUEUED
+
+    def restart(self, rid: str, detok: IncrementalDetokenizer) -> None:
+        """A new attempt under the id `rid` (late messages about the old one are then ignored): back to the queue,
+        holding nothing and having produced nothing."""
+        self.requeue()
+        self.rid, self.attempts = rid, self.attempts + 1
+        self.token_ids, self.token_times, self.cached_tokens, self.prefilled_on = [], [], 0, ""
+        self.detok = detok
 
     def end(self) -> None:
         """Its last message went to the client: it holds nothing on any worker (they are told to abort it)."""

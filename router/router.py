@@ -28,7 +28,7 @@ from router.detokenizer import IncrementalDetokenizer
 from router.placement import Placement
 from router.registry import WorkerInfo, WorkerRegistry
 from router.request import Phase, Request
-from router.scaling import Scaler, Scaling
+from router.scaling import Scaling
 
 log = logging.getLogger(__name__)
 
@@ -65,14 +65,6 @@ class Router:
     @property
     def queue(self) -> WaitQueue:
         return self.admission.queue
-
-    @property
-    def scaler(self) -> Scaler | None:
-        return self.scaling.scaler
-
-    @scaler.setter
-    def scaler(self, scaler: Scaler | None) -> None:
-        self.scaling.scaler = scaler
 
     def _socket(self, address: str, keys: auth.CurveKeys | None) -> zmq.asyncio.Socket:
         sock = self.ctx.socket(zmq.ROUTER)
@@ -174,9 +166,6 @@ class Router:
         self.by_client[(identity, msg.request_id)] = req.rid
         self.queue.push(req)
         await self.dispatch()
-
-    async def scale(self, role: str, delta: int) -> tuple[bool, str, list[str]]:
-        return await self.scaling.scale(role, delta)
 
     # ---- dispatch -----------------------------------------------------------------------------------
     async def dispatch(self) -> None:
@@ -320,11 +309,8 @@ class Router:
     async def restart(self, req: Request) -> None:
         """Start a request over under a new id (late messages about the old attempt are then ignored)."""
         await self._abort_on_workers(req)
-        req.requeue()
         self.requests.pop(req.rid, None)
-        req.rid, req.attempts = self._new_rid(), req.attempts + 1
-        req.token_ids, req.token_times, req.cached_tokens = [], [], 0
-        req.detok = IncrementalDetokenizer(self.tokenizer)
+        req.restart(self._new_rid(), IncrementalDetokenizer(self.tokenizer))
         self.requests[req.rid] = req
         self.by_client[(req.client, req.client_rid)] = req.rid
         self.queue.push(req, front=True)

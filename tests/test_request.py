@@ -109,3 +109,23 @@ def test_transitions_refuse_the_wrong_phase(workers):
     with pytest.raises(IllegalTransition, match="is done"):
         req.requeue()
     assert idle(*workers)
+
+
+def test_restart_releases_the_old_attempt_and_starts_a_fresh_one_under_a_new_id(workers):
+    p0, _, d0, _ = workers
+    req = request(12)
+    req.pair(p0, d0, blocks=1)
+    req.reserved(p0)
+    req.first_token()
+    req.token_ids, req.token_times, req.cached_tokens = [5, 6], [1.0, 2.0], 4
+    old = req.rid
+    req.restart("fresh", detok="new detokenizer")
+    assert idle(*workers) and old not in d0.assigned  # released under the id the workers knew
+    assert (req.rid, req.attempts, req.phase) == ("fresh", 1, Phase.QUEUED)
+    assert (req.token_ids, req.token_times, req.cached_tokens, req.prefilled_on) == ([], [], 0, "")
+    assert req.detok == "new detokenizer"
+    req.pair(p0, d0, blocks=1)
+    assert "fresh" in p0.assigned and "fresh" in d0.assigned
+    req.end()
+    with pytest.raises(IllegalTransition, match="is done"):
+        req.restart("again", detok=None)

@@ -687,14 +687,14 @@ class FakeScaler:
 def test_removal_drains_the_worker_before_stopping_it_and_loses_nothing(make_router):
     async def main():
         sim = await disagg(make_router, prefill=1, decode=2, drain_timeout=10.0).start()
-        scaler = sim.router.scaler = FakeScaler(sim)
+        scaler = sim.router.scaling.scaler = FakeScaler(sim)
         for i in range(6):
             await sim.submit(f"r{i}", max_tokens=12, stream=True)
         for w in list(sim.workers.values()):
             await sim.step(w)
         busy = {rid for w in ("d0", "d1") for rid in sim.workers[w].blocks}
         assert len(busy) == 6
-        removal = asyncio.create_task(sim.router.scale("decode", -1))
+        removal = asyncio.create_task(sim.router.scaling.scale("decode", -1))
         await asyncio.sleep(0.15)
         victim = next(w for w in sim.router.stats().workers if w.draining)
         assert not removal.done() and scaler.removed == []  # still finishing its requests
@@ -710,7 +710,7 @@ def test_removal_drains_the_worker_before_stopping_it_and_loses_nothing(make_rou
         await sim.drain()
         sim.check_clean()
         assert all(isinstance(sim.terminal(f"r{i}"), P.Result) for i in range(10))
-        ok, message, _ = await sim.router.scale("decode", -1)
+        ok, message, _ = await sim.router.scaling.scale("decode", -1)
         assert not ok and "at least one must stay" in message
 
     run(main())
@@ -719,8 +719,8 @@ def test_removal_drains_the_worker_before_stopping_it_and_loses_nothing(make_rou
 def test_added_workers_join_and_get_requests(make_router):
     async def main():
         sim = await disagg(make_router, prefill=1, decode=1).start()
-        sim.router.scaler = FakeScaler(sim)
-        ok, _, ids = await sim.router.scale("decode", 2)
+        sim.router.scaling.scaler = FakeScaler(sim)
+        ok, _, ids = await sim.router.scaling.scale("decode", 2)
         assert ok and ids == ["d2", "d3"]
         assert {w.worker_id for w in sim.router.stats().workers} == {"p0", "d0", "d2", "d3"}
         for i in range(6):
@@ -728,7 +728,7 @@ def test_added_workers_join_and_get_requests(make_router):
         assert all(sim.router.registry.workers[w].assigned for w in ids)
         await sim.drain()
         sim.check_clean()
-        ok, message, _ = await sim.router.scale("colocated", 1)
+        ok, message, _ = await sim.router.scaling.scale("colocated", 1)
         assert not ok and "no colocated workers" in message
 
     run(main())
