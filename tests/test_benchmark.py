@@ -18,14 +18,13 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from scripts.cli import main as cli_main
-from scripts import bench_report
+from scripts import bench_report, bench_server, benchmark
 from scripts import bench_workloads as W
-from scripts import bench_server, benchmark
 from scripts.bench_metrics import SLO, Dist, RequestRecord, percentile, summarize
 from scripts.bench_report import PLOTS, markdown, write_report
 from scripts.benchmark import (UNLOADED, BenchConfig, LoadPoint, arrivals, bench_cluster, build_requests, load_points,
                                run_benchmark, run_point)
+from scripts.cli import main as cli_main
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -4,8 +4,8 @@ import pytest
 
 from common.engine import block_manager as bm_module
 from common.engine.block_manager import BlockManager
-from common.sampling_params import SamplingParams
 from common.engine.sequence import Sequence
+from common.sampling_params import SamplingParams
 
 
 def seq(tokens: list[int], rid: str = "r") -> Sequence:

@@ -14,7 +14,6 @@ import msgpack
 import pytest
 import zmq
 
-from scripts.cli import main
 from common.protocol import (
     CLIENT_TO_ROUTER,
     Abort,
@@ -42,6 +41,7 @@ from router.client import (
     ServerError,
     readiness_problem,
 )
+from scripts.cli import main
 
 # --- the fake router -----------------------------------------------------------------------------
 

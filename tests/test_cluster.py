@@ -9,10 +9,10 @@ import pytest
 import zmq
 
 from common import protocol as P
-from scripts.cli import main as cli_main
 from common.engine.llm import LLM
 from common.sampling_params import SamplingParams
 from router.client import AsyncClient, ServerError
+from scripts.cli import main as cli_main
 from tests.cluster_harness import RunningCluster
 
 PROMPTS = [

@@ -16,8 +16,8 @@ from common.engine.attention.triton_backend import SPLIT, WHOLE, TritonBackend
 from common.engine.block_manager import BlockManager
 from common.engine.cuda_graph import GraphRunner, block_table_width, graph_batch_sizes
 from common.engine.llm import LLM
-from common.sampling_params import SamplingParams
 from common.engine.sequence import Sequence
+from common.sampling_params import SamplingParams
 
 
 @pytest.mark.parametrize("max_model_len, block_size", [(64, 16), (65, 16), (4096, 256), (40960, 16)])

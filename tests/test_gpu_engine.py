@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from common.engine.attention.triton_backend import SPLIT
-from common.engine.llm_engine import LLMEngine
 from common.engine.llm import LLM
+from common.engine.llm_engine import LLMEngine
 from common.engine.step_inputs import unpack_step
 from common.sampling_params import SamplingParams
 from tests.test_cuda_graph_shapes import blocks_reused, generate, long_among_short

@@ -8,10 +8,10 @@ import time
 
 import pytest
 
-from scripts.cli import main as cli_main
 from common.engine.llm import LLM
 from common.sampling_params import SamplingParams
 from router.client import AsyncClient
+from scripts.cli import main as cli_main
 from tests.cluster_harness import RunningCluster
 
 PROMPTS = ["The capital of France is", "def fibonacci(n):", "1, 2, 3, 4, 5,", "Hello, my name is"]

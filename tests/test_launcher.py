@@ -6,8 +6,8 @@ from types import SimpleNamespace
 import pytest
 
 from common.config import ConfigError
-from router.launcher import Cluster, ServeConfig, own_gpus_first
 from router.config import RouterConfig
+from router.launcher import Cluster, ServeConfig, own_gpus_first
 
 
 @pytest.mark.parametrize("assigned, node, count, expected", [

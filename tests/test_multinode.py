@@ -9,10 +9,10 @@ import threading
 
 import pytest
 
-from scripts.cli import main as cli_main
 from common.engine.llm import LLM
 from common.sampling_params import SamplingParams
 from router.client import AsyncClient
+from scripts.cli import main as cli_main
 from tests.cluster_harness import RunningCluster
 
 PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time,", "1, 2, 3, 4, 5,"]

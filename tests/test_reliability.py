@@ -20,8 +20,8 @@ from hypothesis import strategies as st
 
 from common import auth
 from common import protocol as P
-from scripts.cli import main as cli_main
 from router.client import AsyncClient, ClientTimeout, ServerError
+from scripts.cli import main as cli_main
 from tests.cluster_harness import RunningCluster
 
 TOKEN = "reliability-test-secret-0123456789"

@@ -1,9 +1,9 @@
 from __future__ import annotations
 
 from common.engine.block_manager import BlockManager
-from common.sampling_params import SamplingParams
 from common.engine.scheduler import Scheduler
 from common.engine.sequence import PENDING, Sequence, SequenceStatus
+from common.sampling_params import SamplingParams
 
 EOS = 0
 

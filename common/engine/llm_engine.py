@@ -6,17 +6,17 @@ import socket
 import time
 from dataclasses import dataclass
 
-from common.engine.block_manager import BlockManager
 from common.config import EngineConfig
+from common.engine.block_manager import BlockManager
 from common.engine.device import place
-from common.engine.launch_clock import LaunchClock
 from common.engine.in_flight import InFlight
+from common.engine.launch_clock import LaunchClock
 from common.engine.model_runner import ModelRunner
+from common.engine.scheduler import ScheduledBatch, Scheduler
+from common.engine.sequence import Sequence, SequenceStatus
 from common.prompt import check_prompt
 from common.protocol import WorkerLoad
 from common.sampling_params import InvalidRequest, SamplingParams
-from common.engine.scheduler import ScheduledBatch, Scheduler
-from common.engine.sequence import Sequence, SequenceStatus
 
 log = logging.getLogger(__name__)
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 import argparse
 
 from common.config import EngineConfig
-from router.launcher import ServeConfig, run_cluster
 from router.config import RouterConfig
+from router.launcher import ServeConfig, run_cluster
 from scripts.cli.args import add_dataclass_args, dataclass_from_args
 
 
