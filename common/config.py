@@ -9,7 +9,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-DTYPES = ("float32", "bfloat16", "float16")
+from common.protocol.kv import DTYPES
 DEVICES = ("cpu", "cuda")
 
 # architecture -> (attention has qkv bias, per-head q/k RMSNorm)

@@ -14,7 +14,8 @@ from safetensors.numpy import load_file
 
 from scripts.model_prep import BUILTIN_CONFIGS, random_weights, resolve_config
 from scripts.model_prep.architecture import param_specs
-from scripts.model_prep.dtypes import bfloat16_bits, encode
+from common.protocol.kv import DTYPES
+from scripts.model_prep.dtypes import STORAGE, bfloat16_bits, encode, parse_dtype
 from scripts.model_prep.safetensors_writer import TensorSpec, write_checkpoint
 
 
@@ -58,6 +59,14 @@ def test_tensor_names_and_shapes_are_transformers(name: str, tmp_path: Path) -> 
 SPECIAL = np.array([0.0, -0.0, 1.0, -1.0, np.inf, -np.inf, np.finfo(np.float32).max, -np.finfo(np.float32).max,
                     np.finfo(np.float32).tiny, np.finfo(np.float32).smallest_subnormal, 1e-40, -3e-39, 65504.0],
                    dtype=np.float32)
+
+
+def test_every_engine_dtype_can_be_written_and_no_other() -> None:
+    for name in DTYPES:
+        assert parse_dtype(name, {}) == name and name in STORAGE
+        assert parse_dtype(None, {"torch_dtype": name}) == name
+    with pytest.raises(ValueError, match="unsupported dtype 'int8'"):
+        parse_dtype("int8", {})
 
 
 def test_bfloat16_rounding_matches_torch() -> None:

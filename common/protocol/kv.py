@@ -8,8 +8,9 @@ from msgspec import Meta
 
 from common.protocol.schema import MAX_LIST_LEN, Address, Count, Id, Record
 
+Dtype = Literal["float32", "bfloat16", "float16"]  # the dtypes a KV cache (and the engine) runs in
+DTYPES: tuple[str, ...] = get_args(Dtype)
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
-Dtype = Literal["float32", "bfloat16", "float16"]
 TransportName = Literal["cuda_ipc", "nccl", "host"]
 TRANSPORT_NAMES: tuple[str, ...] = get_args(TransportName)  # best first
 Positive = Annotated[int, Meta(ge=1)]

@@ -8,14 +8,11 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-
-DTYPES = ("float32", "bfloat16", "float16")
 _ALIASES = {
     "float32": "float32", "fp32": "float32", "float": "float32",
     "bfloat16": "bfloat16", "bf16": "bfloat16",
     "float16": "float16", "fp16": "float16", "half": "float16",
 }
-ITEMSIZE = {"float32": 4, "bfloat16": 2, "float16": 2}
 SAFETENSORS_CODE = {"float32": "F32", "bfloat16": "BF16", "float16": "F16"}
 # The numpy dtype that holds each dtype's bytes.
 STORAGE = {"float32": np.dtype(np.float32), "bfloat16": np.dtype(np.uint16), "float16": np.dtype(np.float16)}
@@ -24,7 +21,8 @@ _BF16_NAN = np.uint16(0x7FC0)
 
 
 def parse_dtype(dtype: Any, cfg: dict[str, Any]) -> str:
-    """``dtype`` (a name, an alias, or a torch dtype), else the config's own torch_dtype; one of DTYPES."""
+    """``dtype`` (a name, an alias, or a torch dtype), else the config's own torch_dtype; one of the engine's dtypes
+    (common.protocol.kv.DTYPES)."""
     if dtype is None:
         dtype = cfg.get("torch_dtype") or cfg.get("dtype") or "bfloat16"
     key = str(dtype).lower().removeprefix("torch.")

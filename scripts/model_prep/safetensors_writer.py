@@ -12,7 +12,8 @@ from typing import Any
 
 import numpy as np
 
-from scripts.model_prep.dtypes import ITEMSIZE, SAFETENSORS_CODE, STORAGE
+from common.protocol.kv import DTYPE_BYTES
+from scripts.model_prep.dtypes import SAFETENSORS_CODE, STORAGE
 from scripts.model_prep.staging import write_json
 
 SHARD_BYTES = 4 * 10**9
@@ -26,7 +27,7 @@ Chunks = Iterable[tuple[str, np.ndarray]]
 class TensorSpec:
     name: str
     shape: tuple[int, ...]
-    dtype: str  # one of dtypes.DTYPES
+    dtype: str  # one of common.protocol.kv.DTYPES
 
     @property
     def numel(self) -> int:
@@ -34,7 +35,7 @@ class TensorSpec:
 
     @property
     def nbytes(self) -> int:
-        return self.numel * ITEMSIZE[self.dtype]
+        return self.numel * DTYPE_BYTES[self.dtype]
 
 
 def _header(specs: Sequence[TensorSpec]) -> bytes:
