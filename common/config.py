@@ -130,6 +130,8 @@ class EngineConfig:
     attention_backend: str = _opt("auto", "auto, torch, triton or flash_attn")
     load_format: str = _opt("auto", "auto, or dummy for random weights (benchmarks)")
     seed: int = _opt(0, "seed of the engine's random state")
+    warmup: bool = _opt(True, "on cuda, run each kind of step once before serving, so that no kernel is compiled "
+                              "while serving (common/engine/warmup.py)")
     model_config: ModelConfig = field(init=False, repr=False)
 
     def __post_init__(self) -> None:

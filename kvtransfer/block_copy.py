@@ -17,7 +17,9 @@ import triton.language as tl
 WORDS_PER_PROGRAM = 4096  # 32 KiB of int64 words: enough per program to keep 16-byte accesses in flight
 
 
-@triton.jit
+# The ids may start anywhere in a pinned buffer: no variant per alignment, so the one compiled when a pair of
+# pools is first seen serves every handoff.
+@triton.jit(do_not_specialize_on_alignment=["src_ids_ptr", "dst_ids_ptr"])
 def _copy_blocks_kernel(src_ptr, dst_addr, src_ids_ptr, dst_ids_ptr, block_words, BLOCK: tl.constexpr):
     """Grid (pairs, parts of a block): one program copies BLOCK words of one block. The destination comes as
     an address on a GPU: Triton's launcher refuses an IPC-mapped pointer (kernels reach it all the same). In
@@ -59,6 +61,11 @@ class BlockCopy:
         self.dst = dst.data_ptr() if dst.is_cuda else dst
         self.block_words = self.src.numel() // src_kv.shape[0]
         self.parts = triton.cdiv(self.block_words, WORDS_PER_PROGRAM)
+        if self.device.type == "cuda":  # compiled (or loaded) now, when the peer is first seen, not in a handoff
+            ids = torch.zeros(1, dtype=torch.int64, device=self.device)
+            with torch.cuda.device(self.device):
+                _copy_blocks_kernel.warmup(self.src, self.dst, ids, ids, self.block_words, BLOCK=WORDS_PER_PROGRAM,
+                                           num_warps=4, grid=(1, self.parts))
 
     def __call__(self, src_ids: torch.Tensor, dst_ids: torch.Tensor) -> None:
         """Blocks `src_ids` -> blocks `dst_ids` on the current stream of the destination's device. The ids (int32

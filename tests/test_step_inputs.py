@@ -33,7 +33,8 @@ def test_header_round_trips_and_sizes_the_payload():
     assert packed.dtype == torch.int64 and packed.shape == (HEADER_SIZE,) and HEADER_SIZE == len(fields(StepHeader))
     assert StepHeader.unpack(packed) == header
     assert isinstance(StepHeader.unpack(packed).prefix_cached, bool)
-    assert header.sections() == [7, 7, 7, 4, 3, 15, 3, 40] and header.payload_size == 86
+    assert header.sections() == [7, 7, 7, 4, 3, 15, 3, 40]
+    assert header.payload_size == 8 + 8 + 8 + 4 + 4 + 16 + 4 + 40  # each section padded to an even count
     assert StepHeader.unpack(STOP.pack()).stop and not StepHeader.unpack(packed).stop
 
 
@@ -95,3 +96,21 @@ def test_warmup_step_stores_nothing_and_reads_no_cache():
     assert (inputs.attn.slot_mapping == -1).all() and inputs.attn.block_tables.shape == (2, 0)
     assert not h.prefix_cached and h.num_decodes == 0 and inputs.logits_indices.tolist() == [4, 7]
     assert inputs.positions.tolist() == [0, 1, 2, 3, 4, 0, 1, 2]
+
+
+@pytest.mark.parametrize("num_tokens", [1, 2, 7, 8, 13])
+def test_every_section_starts_16_byte_aligned_whatever_the_step_sizes(num_tokens):
+    """A Triton kernel specializes on its pointers' alignment: a view's must not depend on odd token or sequence
+    counts, or such a step compiles a variant warm-up never ran (common/engine/warmup.py)."""
+    prompt = seq(list(range(1, num_tokens + 1)), 0, [1, 2, 3, 4])
+    decode = seq([5, 6, 7], 2, [6])
+    step = pack_step(ScheduledBatch([decode, prompt], [1, num_tokens]), BLOCK, launch=0,
+                     plan=lambda lens, decode_only: np.arange(5, dtype=np.int64).reshape(5, 1))
+    inputs = unpack_step(step.header, step.payload)
+    attn = inputs.attn
+    views = [inputs.input_ids, inputs.positions, attn.slot_mapping, attn.query_start_loc, attn.seq_lens,
+             attn.block_tables, inputs.logits_indices, attn.plan]
+    base = step.payload.data_ptr()
+    assert all((v.data_ptr() - base) % 16 == 0 for v in views)
+    assert inputs.positions.tolist() == [2] + list(range(num_tokens))
+    assert inputs.logits_indices.tolist() == [0, num_tokens]

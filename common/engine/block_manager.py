@@ -88,6 +88,14 @@ class BlockManager:
             self.block_hash[b], self.block_tokens[b] = h, tuple(tokens)
             self.hash_to_block.setdefault(h, b)
 
+    def clear_cache(self) -> None:
+        """Forget every cached prefix (and the hit counts); only while no block is in use."""
+        assert not any(self.ref_counts), "clear_cache with blocks in use"
+        self.block_hash = [None] * self.num_blocks
+        self.block_tokens = [None] * self.num_blocks
+        self.hash_to_block.clear()
+        self.cache_query_tokens = self.cache_hit_tokens = 0
+
     def _match_prefix(self, seq: Sequence) -> list[int]:
         if not self.enable_prefix_caching or seq.num_computed_tokens:
             return []

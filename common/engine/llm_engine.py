@@ -14,6 +14,7 @@ from common.engine.launch_clock import LaunchClock
 from common.engine.model_runner import ModelRunner
 from common.engine.scheduler import ScheduledBatch, Scheduler
 from common.engine.sequence import Sequence, SequenceStatus
+from common.engine.warmup import WarmupReport, warm_up
 from common.prompt import check_prompt
 from common.protocol import WorkerLoad
 from common.sampling_params import InvalidRequest, SamplingParams
@@ -80,6 +81,16 @@ class LLMEngine:
         self._in_flight: tuple[ScheduledBatch, InFlight, list[int]] | None = None
         self.clock = LaunchClock()
         self._last_step_end: float | None = None  # when the last busy step ended; None after an idle one
+        self.warmup: WarmupReport | None = None
+        if config.device == "cuda" and config.warmup:
+            self.warmup = warm_up(self)
+
+    def reset_after_warmup(self) -> None:
+        """Leaves no trace of warm-up requests: no cached prefix, no step in the totals."""
+        assert not self.has_unfinished() and not self.requests
+        self.block_manager.clear_cache()
+        self.last_step, self.totals = StepStats(), StepStats()
+        self._last_step_end = None
 
     def add_request(self, request_id: str, prompt_token_ids: list[int], sampling: SamplingParams,
                     prefill_only: bool = False) -> Sequence:

@@ -3,7 +3,9 @@ views on every tensor-parallel rank.
 
 Payload sections, in order (T tokens, B sequences, decodes first): input ids [T], positions [T], slots [T],
 query_start_loc [B+1], seq_lens [B], block tables [B * width], logits indices [B], the attention backend's
-plan [plan_size]. The header says how long each is.
+plan [plan_size]. The header says how long each is. Each section starts 16-byte aligned (padded to an even
+count of int64s): a Triton kernel specializes on its pointers' alignment, and a view's alignment must not
+depend on the step's sizes, or a step of odd length would compile variants that warm-up never ran.
 """
 from __future__ import annotations
 
@@ -41,7 +43,7 @@ class StepHeader:
 
     @property
     def payload_size(self) -> int:
-        return sum(self.sections())
+        return sum(_aligned(n) for n in self.sections())
 
     def pack(self) -> torch.Tensor:
         return torch.tensor([int(getattr(self, name)) for name in _NAMES], dtype=torch.int64)
@@ -49,6 +51,20 @@ class StepHeader:
     @classmethod
     def unpack(cls, packed: torch.Tensor) -> StepHeader:
         return cls(*(kind(value) for kind, value in zip(_KINDS, packed.tolist())))
+
+
+def _aligned(n: int) -> int:
+    return n + (n & 1)
+
+
+def _join(sections: list[np.ndarray]) -> np.ndarray:
+    """The payload: each section at an even offset (module docstring)."""
+    out = np.zeros(sum(_aligned(len(a)) for a in sections), np.int64)
+    at = 0
+    for a in sections:
+        out[at:at + len(a)] = a
+        at += _aligned(len(a))
+    return out
 
 
 _NAMES = tuple(f.name for f in fields(StepHeader))
@@ -119,8 +135,8 @@ def pack_step(batch: ScheduledBatch, block_size: int, launch: int, plan: Planner
         prefix_cached=any(l > n for l, n in zip(seq_lens[nd:], prefill_q)),
         max_prefill_query_len=max(prefill_q, default=0), plan_size=planned.size)
     qsl_arr = np.asarray(qsl)
-    payload = np.concatenate([np.asarray(ids + positions + slots, np.int64), qsl_arr, np.asarray(seq_lens),
-                              tables.ravel(), qsl_arr[1:] - 1, planned])
+    payload = _join([np.asarray(ids), np.asarray(positions), np.asarray(slots), qsl_arr, np.asarray(seq_lens),
+                     tables.ravel(), qsl_arr[1:] - 1, planned])
     pending = torch.tensor([dst, src], dtype=torch.int64) if dst else None
     return PackedStep(header, torch.from_numpy(payload), pending)
 
@@ -132,14 +148,16 @@ def warmup_step(lens: list[int]) -> PackedStep:
     header = StepHeader(num_tokens=int(qsl[-1]), num_seqs=len(lens), table_width=0, num_decodes=0,
                         max_query_len=max(lens), max_seq_len=max(lens), prefix_cached=False,
                         max_prefill_query_len=max(lens), plan_size=0)
-    payload = np.concatenate([np.zeros(qsl[-1], np.int64), positions, np.full(qsl[-1], -1), qsl, np.asarray(lens),
-                              qsl[1:] - 1]).astype(np.int64)
+    payload = _join([np.zeros(qsl[-1], np.int64), positions, np.full(qsl[-1], -1), qsl, np.asarray(lens),
+                     np.zeros(0, np.int64), qsl[1:] - 1, np.zeros(0, np.int64)])
     return PackedStep(header, torch.from_numpy(payload), None)
 
 
 def unpack_step(header: StepHeader, payload: torch.Tensor) -> StepInputs:
     """Views into `payload` (on the model's device); nothing is copied or converted here."""
-    ids, positions, slots, qsl, seq_lens, tables, logits_indices, plan = payload.split(header.sections())
+    sizes = header.sections()
+    padded = payload.split([_aligned(n) for n in sizes])
+    ids, positions, slots, qsl, seq_lens, tables, logits_indices, plan = (p[:n] for p, n in zip(padded, sizes))
     attn = AttentionInputs(
         num_decodes=header.num_decodes, slot_mapping=slots, query_start_loc=qsl, seq_lens=seq_lens,
         block_tables=tables.view(header.num_seqs, header.table_width), max_query_len=header.max_query_len,

@@ -16,6 +16,10 @@ import triton.language as tl
 from common.engine.attention.decode_plan import MAX_UNITS_PER_SEQ, PLAN_ROWS, DecodePlan, plan_decode
 
 _LOG2E = 1.4426950408889634
+# What changes from step to step is not specialized on, so that warm-up (warmup.py) can make every variant ready:
+# the block-table and plan widths (Triton would compile one variant for width 1, one for multiples of 16, one for
+# the rest) and the alignment of the metadata the kernels read an int at a time (a mixed step's prefill rows are
+# views that start wherever its decodes end).
 
 
 @triton.jit
@@ -70,7 +74,8 @@ def _attend_tile(q, acc, m_i, l_i, k_ptr, v_ptr, block_table_ptr, pos, load_mask
     return acc, m_new, l_i
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["stride_btb", "stride_plan"],
+            do_not_specialize_on_alignment=["block_tables_ptr", "seq_lens_ptr", "plan_ptr"])
 def _decode_kernel(q_ptr, k_ptr, v_ptr, block_tables_ptr, seq_lens_ptr, plan_ptr, out_ptr, part_o_ptr, part_lse_ptr,
                    qk_scale, stride_qb, stride_qh, stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh,
                    stride_btb, stride_ob, stride_oh, stride_plan, stride_pu, stride_ph, stride_lu,
@@ -131,7 +136,7 @@ def _decode_kernel(q_ptr, k_ptr, v_ptr, block_tables_ptr, seq_lens_ptr, plan_ptr
         tl.store(part_lse_ptr + unit * stride_lu + heads, m_i + tl.log2(l_i), mask=head_mask)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["stride_plan"], do_not_specialize_on_alignment=["plan_ptr"])
 def _decode_reduce_kernel(part_o_ptr, part_lse_ptr, plan_ptr, out_ptr, stride_plan, stride_pu, stride_ph, stride_lu,
                           stride_ob, stride_oh, HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr):
     """Grid (batch, q_heads): combine a split sequence's partial outputs weighted by their log-sum-exp,
@@ -166,7 +171,8 @@ def _decode_reduce_kernel(part_o_ptr, part_lse_ptr, plan_ptr, out_ptr, stride_pl
     tl.store(out_ptr + seq * stride_ob + head * stride_oh + dims, o.to(out_ptr.dtype.element_ty))
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["stride_btb"],
+            do_not_specialize_on_alignment=["block_tables_ptr", "query_start_loc_ptr", "seq_lens_ptr"])
 def _prefill_kernel(q_ptr, k_ptr, v_ptr, block_tables_ptr, query_start_loc_ptr, seq_lens_ptr, out_ptr, qk_scale,
                     stride_qt, stride_qh, stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh,
                     stride_btb, stride_ot, stride_oh,

@@ -198,7 +198,7 @@ def _gumbel_chunk(logits_ptr, row, stride, offs, u, temp, best, best_idx, V: tl.
     return tl.where(better, x, best), tl.where(better, offs, best_idx)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["stride"], do_not_specialize_on_alignment=["temps_ptr", "seeds_ptr"])
 def _gumbel_argmax_kernel(logits_ptr, temps_ptr, seeds_ptr, best_ptr, best_idx_ptr, stride, V: tl.constexpr,
                           SPLIT: tl.constexpr, BLOCK: tl.constexpr):
     """Grid (rows, splits): the best score and its index within one SPLIT-wide slice of the vocabulary.
