@@ -9,6 +9,7 @@ whose prompt starts with that token. The first worker to claim the file (an atom
 | --- | --- | --- |
 | `crash_prefill` | prefill worker, on a `prefill_task` | the worker SIGKILLs itself |
 | `crash_decode` | decode or colocated worker, at a step that gave the request a token | the worker SIGKILLs itself |
+| `slow_step` | any worker, at a step while it holds the request | the step takes the seconds the file names after the token id (`"401 9"`) longer, as one long prefill would |
 | `kv_send_error` | prefill worker, on a KV handoff | the transport raises |
 | `kv_drop` | prefill worker, on a KV handoff | the handoff is never sent (as if lost) |
 | `kv_corrupt` | prefill worker, on a KV handoff | the payload is cut short |
@@ -23,7 +24,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 ENV = "PDCLUSTER_FAULT_DIR"
-NAMES = ("crash_prefill", "crash_decode", "kv_send_error", "kv_drop", "kv_corrupt")
+NAMES = ("crash_prefill", "crash_decode", "slow_step", "kv_send_error", "kv_drop", "kv_corrupt")
 
 
 @dataclass(frozen=True)
@@ -36,22 +37,31 @@ class Faults:
 
     def claim(self, name: str, prompts: Iterable[list[int]], worker_id: str) -> bool:
         """True (once per arming, cluster-wide) when fault `name` is armed for one of these prompts."""
+        return self._claim(name, prompts, worker_id) is not None
+
+    def claim_seconds(self, name: str, prompts: Iterable[list[int]], worker_id: str) -> float:
+        """Like `claim`, for a fault armed with a duration after its token id: that duration, else 0."""
+        args = self._claim(name, prompts, worker_id)
+        return float(args[0]) if args else 0.0
+
+    def _claim(self, name: str, prompts: Iterable[list[int]], worker_id: str) -> list[str] | None:
+        """The armed file's words after its token id, once claimed; None when not armed for these prompts."""
         if self.folder is None:
-            return False
+            return None
         assert name in NAMES, name
         path = os.path.join(self.folder, name)
         try:
             with open(path) as f:
-                marker = f.read().strip()
+                marker, *args = f.read().split() or [""]
         except OSError:
-            return False
+            return None
         if not any(prompt and (not marker or str(prompt[0]) == marker) for prompt in prompts):
-            return False
+            return None
         try:
             os.rename(path, f"{path}.fired-{worker_id}")
         except OSError:
-            return False  # another worker claimed it first
-        return True
+            return None  # another worker claimed it first
+        return args
 
 
 def crash() -> None:

@@ -37,8 +37,8 @@ class DecodeWorker(KVWorker):
             self.fail(msg.request_id, P.OVERLOADED, f"decode worker {self.config.worker_id} has no free KV blocks",
                       retry_after=0.05)
             return
-        self.handoffs.open(Handoff(msg.request_id, msg.prefill_worker_id,
-                                   deadline=time.monotonic() + self.config.handoff_timeout))
+        # No deadline while the prefill runs, however long: the router owns that wait (kvtransfer/handoff.py).
+        self.handoffs.open(Handoff(msg.request_id, msg.prefill_worker_id, deadline=None))
         self.send(P.Reserved(request_id=msg.request_id, block_ids=blocks))
 
     # ---- transfer -> decode batch --------------------------------------------------------------------
@@ -73,7 +73,7 @@ class DecodeWorker(KVWorker):
             h.fail(P.ABORTED, f"receiving KV failed: {e}")
             self.settle(h)
             return
-        h.moving(pending, HandoffState.LANDING, h.deadline)
+        h.moving(pending, HandoffState.LANDING, time.monotonic() + self.config.handoff_timeout)
         self.handoffs.watch(h)
         if h.state is HandoffState.LANDED:
             self.settle(h)

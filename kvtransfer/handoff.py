@@ -5,8 +5,12 @@
     either:   -> FAILED, with the error code and reason the client sees
 
 A handoff's blocks are never freed while its transport still reads or writes them (`busy`): a request aborted or
-timed out meanwhile is FAILED at once and its blocks are freed when the transfer ends. Every wait has a deadline:
-the decode side's from the reservation on, the prefill side's from the send on (until the ack).
+timed out meanwhile is FAILED at once and its blocks are freed when the transfer ends. Every wait has a deadline
+and one owner. Until the prefill worker sends, both sides wait on its prefill, which may be long (a long prompt,
+a queue): that wait is the router's, which ends the request everywhere if the prefill worker dies or refuses
+it. From the send on, the handoff's own deadline runs on both sides (the prefill side's until the ack, the
+decode side's once the KV starts to land); a prefill worker whose send times out reports it, and the router
+frees the decode side's reservation.
 """
 from __future__ import annotations
 
@@ -30,7 +34,7 @@ class HandoffState(Enum):
 class Handoff:
     request_id: str  # the router's: one id end to end
     peer_id: str
-    deadline: float | None  # None: not running yet (a prefill still computing the blocks)
+    deadline: float | None  # None: not running yet (the prefill still computing the blocks)
     state: HandoffState = HandoffState.RESERVED
     pending: Future | None = None  # the transport's work on the blocks, while it runs
     code: str = ""  # FAILED: the error code and reason the client sees

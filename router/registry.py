@@ -25,6 +25,7 @@ class WorkerInfo:
     assigned: set[str] = field(default_factory=set)
     # Ids of requests taken away when it was declared dead: aborted there should it be heard from again.
     lost: set[str] = field(default_factory=set)
+    busy_seconds: float = 0.0  # how long its current step has run, as its last `alive` said (0: between steps)
 
     @property
     def worker_id(self) -> str:
@@ -84,6 +85,7 @@ class WorkerRegistry:
         info = WorkerInfo(hello, identity, load)
         self.workers[hello.worker_id] = info
         self.identities[identity] = hello.worker_id
+        self.identities[P.liveness_identity(hello.worker_id)] = hello.worker_id  # its `alive` connection
         return info
 
     def forget(self, worker_id: str) -> None:
@@ -91,6 +93,7 @@ class WorkerRegistry:
         info = self.workers.pop(worker_id, None)
         if info is not None and self.identities.get(info.identity) == worker_id:
             del self.identities[info.identity]
+        self.identities.pop(P.liveness_identity(worker_id), None)
 
     def by_identity(self, identity: bytes) -> WorkerInfo | None:
         worker_id = self.identities.get(identity)
@@ -100,6 +103,12 @@ class WorkerRegistry:
         worker.load = hb.load
         worker.last_seen = time.monotonic()
         worker.blocks_promised = 0
+        worker.busy_seconds = 0.0
+
+    def alive(self, worker: WorkerInfo, msg: P.Alive) -> None:
+        """Heard from its liveness thread: alive, inside one long step; its load is as its last heartbeat said."""
+        worker.last_seen = time.monotonic()
+        worker.busy_seconds = msg.busy_seconds
 
     def expire(self, timeout: float) -> list[WorkerInfo]:
         """The live workers not heard from within `timeout` seconds (the caller declares them dead)."""

@@ -210,6 +210,9 @@ class Router:
                 await self.on_worker_back(worker)
             self.registry.heartbeat(worker, msg)
             await self.dispatch()
+        elif isinstance(msg, P.Alive):
+            if msg.worker_id == worker.worker_id:
+                await self.on_alive(worker, msg)
         elif isinstance(msg, P.Reserved):
             await self.on_reserved(worker, msg)
         elif isinstance(msg, P.Error):
@@ -229,6 +232,15 @@ class Router:
             await self.backend.send_multipart([identity, P.encode(P.Shutdown(reason=str(e)[:P.MAX_MESSAGE_LEN]))])
             return
         await self.dispatch()
+
+    async def on_alive(self, worker: WorkerInfo, msg: P.Alive) -> None:
+        """A worker inside a long step: busy, not dead (common/worker/liveness.py)."""
+        if not worker.alive:
+            await self.on_worker_back(worker)
+        if worker.busy_seconds < self.config.worker_timeout <= msg.busy_seconds:  # once a step
+            log.info("%s worker %s is busy in one step for %.0f s (longer than --worker-timeout); it is alive",
+                     worker.role, worker.worker_id, msg.busy_seconds)
+        self.registry.alive(worker, msg)
 
     async def on_reserved(self, worker: WorkerInfo, msg: P.Reserved) -> None:
         """decode reserved blocks -> prefill batch: the prompt goes to the prefill worker, with where its KV goes."""

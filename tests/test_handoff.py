@@ -258,3 +258,20 @@ def test_a_prefill_handoff_names_the_transport_its_task_asked_for():
     task = P.PrefillTask(request_id="r1", token_ids=[1, 2], sampling=P.Sampling(), decode_worker_id="d0",
                          decode_kv_address="tcp://127.0.0.1:3", dst_block_ids=[0], transport="cuda_ipc")
     assert Handoff("r1", "d0", deadline=None, task=task).transport == "cuda_ipc"
+
+
+def test_a_decode_reservation_waits_out_a_long_prefill_and_times_only_the_landing():
+    """Until the KV is sent the wait is the router's (it frees the reservation if the prefill worker dies or
+    fails): an hour of prefill is no timeout. Once the KV starts to land, --handoff-timeout runs."""
+    w = stub_worker(DecodeWorker)
+    w.engine.reserve = lambda rid, ids, sampling: StubEngine.reserve(w.engine, rid, [4, 5]) or [4, 5]
+    w.on_reserve(P.Reserve(request_id="r1", token_ids=[1] * (2 * BLOCK_SIZE - 1), sampling=SamplingParams(),
+                           prefill_worker_id="p0"))
+    assert isinstance(w.to_router[-1], P.Reserved) and w.handoffs.get("r1").deadline is None
+    w.tick(time.monotonic() + 3600, expire=True)
+    assert "r1" in w.handoffs and w.engine.aborted == [] and len(w.to_router) == 1
+    before = time.monotonic()
+    w.receive(handoff("r1", [4, 5]), [])
+    h = w.handoffs.get("r1")
+    assert h.state is HandoffState.LANDING
+    assert before + w.config.handoff_timeout <= h.deadline <= time.monotonic() + w.config.handoff_timeout

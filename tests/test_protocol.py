@@ -30,6 +30,7 @@ from common.protocol import (
     REGISTRY,
     Abort,
     AbortRequest,
+    Alive,
     Delta,
     Error,
     HandoffAck,
@@ -131,6 +132,7 @@ SAMPLES: dict[str, Message] = {
         ]),
         Heartbeat(worker_id="d0", load=WorkerLoad(queued_requests=0, queued_tokens=0, running_requests=5,
                                                    kv_blocks_total=100, kv_blocks_free=50, gpu_seconds=1.5)),
+        Alive(worker_id="p0", busy_seconds=12.5),
         AbortRequest(request_id="req-1"),
         Shutdown(reason="rolling restart"),
     ]

@@ -161,6 +161,26 @@ def test_a_prefill_worker_killed_with_requests_queued(cluster, fault_dir):
     assert_clean(cluster)
 
 
+def test_a_step_three_times_the_worker_timeout_is_busy_not_dead(cluster, fault_dir):
+    """A worker inside one long step (as a long prompt's prefill on CPU) keeps its requests: no death is logged,
+    every worker stays alive, the request and those beside it finish."""
+    seen = len(cluster.log_path.read_text(errors="replace"))
+    (fault_dir / "slow_step").write_text(f"406 {3 * WORKER_TIMEOUT}")
+
+    async def go():
+        async with AsyncClient(cluster.address, timeout=120, auth_token=TOKEN) as c:
+            return await asyncio.gather(*(c.generate(prompt(f), max_tokens=6, **GREEDY) for f in (406, 30, 31)))
+
+    start = time.monotonic()
+    results = asyncio.run(go())
+    assert [len(r.token_ids) for r in results] == [6] * 3 and fired(fault_dir, "slow_step")
+    assert time.monotonic() - start >= 3 * WORKER_TIMEOUT, "the slow step ran"
+    log = cluster.log_path.read_text(errors="replace")[seen:]
+    assert "busy in one step" in log and "stopped answering" not in log and "requests it lost" not in log, log
+    assert all(alive(cluster).values())
+    assert_clean(cluster)
+
+
 @pytest.mark.parametrize("fault, code, marker", [
     ("kv_send_error", P.ABORTED, 403),
     ("kv_corrupt", P.ABORTED, 404),

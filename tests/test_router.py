@@ -471,6 +471,34 @@ def test_housekeeping_notices_a_silent_worker_within_the_timeout(make_router):
     run(main())
 
 
+def test_a_worker_busy_in_one_long_step_is_not_declared_dead(make_router, caplog):
+    """Busy is not dead: d1's loop sits in one step three times the timeout, sending no heartbeat, while its liveness
+    connection says `alive`; it keeps its requests. d0 goes quiet on both connections and is declared dead."""
+    async def main():
+        sim = await disagg(make_router, worker_timeout=0.5).start()
+        sim.workers["d0"].state = sim.workers["d1"].state = "stalled"
+        liveness = P.liveness_identity("d1")
+        task = asyncio.create_task(sim.router._housekeeping())
+        try:
+            for i in range(30):  # 1.5 s: three times the timeout
+                for w in (sim.workers["p0"], sim.workers["p1"]):
+                    await sim.step(w)
+                await sim.router.on_worker(liveness, P.Alive(worker_id="d1", busy_seconds=0.05 * i))
+                await asyncio.sleep(0.05)
+        finally:
+            task.cancel()
+        alive = {w.worker_id: w.alive for w in sim.router.stats().workers}
+        assert alive == {"p0": True, "p1": True, "d0": False, "d1": True}
+        assert "d1 is busy in one step" in caplog.text and "d1 stopped answering" not in caplog.text
+        # An `alive` naming another worker, or from a connection that is no worker's, counts for nothing.
+        await sim.router.on_worker(liveness, P.Alive(worker_id="d0", busy_seconds=1.0))
+        await sim.router.on_worker(P.liveness_identity("nobody"), P.Alive(worker_id="d0", busy_seconds=1.0))
+        assert not sim.router.registry.workers["d0"].alive
+
+    with caplog.at_level("INFO", logger="router.router"):
+        run(main())
+
+
 def test_the_worker_endpoint_survives_garbage(make_router):
     """A broken frame, a multipart message or a stranger's heartbeat neither stops the worker loop nor
     registers anyone; a proper hello still does."""

@@ -94,3 +94,31 @@ def test_a_worker_that_waits_before_its_steps_serves_the_same_tokens(tiny_qwen3_
         worker.stop()
         thread.join(timeout=10)
     assert not thread.is_alive()
+
+
+def test_liveness_speaks_while_a_step_runs_long_and_not_between_steps(router):
+    """Busy is not dead: while the loop is inside one step past the heartbeat interval, the liveness thread sends
+    `alive` on its own connection, with how long the step has run; between steps it leaves heartbeats to the loop."""
+    from common.worker.liveness import Liveness
+
+    sock, address = router
+    ctx = zmq.Context()
+    liveness = Liveness(ctx, "w0", address, interval=0.05)
+    liveness.start()
+    try:
+        time.sleep(0.3)  # no step: nothing
+        assert not sock.poll(0)
+        liveness.step_started()
+        time.sleep(0.5)  # one step, ten intervals long
+        liveness.step_ended()
+        time.sleep(0.2)
+        got = []
+        while sock.poll(0):
+            got.append(sock.recv_multipart())
+        assert len(got) >= 5
+        assert all(identity == P.liveness_identity("w0") for identity, _ in got)
+        busy = [P.decode(frame, expect=P.WORKER_TO_ROUTER).busy_seconds for _, frame in got]
+        assert busy == sorted(busy) and busy[0] >= 0.05 and busy[-1] <= 0.6
+    finally:
+        liveness.stop()
+        ctx.term()

@@ -98,6 +98,19 @@ class Heartbeat(Message, tag="heartbeat", kw_only=True):
 
 
 @message
+class Alive(Message, tag="alive", kw_only=True):
+    """From a worker's liveness thread, on its own connection (`liveness_identity`), while the worker's loop is
+    inside a step longer than the heartbeat interval: the process lives, it is busy, not dead."""
+    worker_id: Id
+    busy_seconds: Annotated[float, Meta(ge=0)] = 0.0  # how long the current step has run
+
+
+def liveness_identity(worker_id: str) -> bytes:
+    """The ZMQ identity of a worker's liveness connection (its main connection's identity is its worker_id)."""
+    return f"{worker_id}/liveness".encode()
+
+
+@message
 class AbortRequest(Message, tag="abort_request", kw_only=True):
     request_id: Id
 

@@ -22,6 +22,7 @@ from common.engine.sequence import Sequence
 from common.faults import Faults, crash
 from common.sampling_params import InvalidRequest
 from common.worker.config import WorkerConfig, model_fingerprint
+from common.worker.liveness import Liveness
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +46,8 @@ class Worker:
         if self.keys:
             auth.secure_client(self.router, self.keys)
         self.router.connect(config.router_address)
+        self.liveness = Liveness(self.ctx, config.worker_id, config.router_address, config.heartbeat_interval,
+                                 self.keys)
         self._stopped = threading.Event()
         self.handlers: dict[type[P.Message], Callable] = {
             P.Ping: lambda msg: self.send(P.Pong(nonce=msg.nonce)),
@@ -56,6 +59,7 @@ class Worker:
     # ---- the loop -----------------------------------------------------------------------------------
     def run(self) -> None:
         self.send(self.hello())
+        self.liveness.start()
         poller = zmq.Poller()
         for sock in self.inputs:
             poller.register(sock, zmq.POLLIN)
@@ -71,7 +75,7 @@ class Worker:
                 now = time.monotonic()
                 self.tick(now, expire=now >= next_heartbeat)
                 if self.engine.has_unfinished() and self.engine.launch_delay() <= 0:
-                    self.on_step(self.engine.step())
+                    self.on_step(self._step())
                 if now >= next_heartbeat:
                     self.send(P.Heartbeat(worker_id=self.config.worker_id, load=self.engine.load()))
                     next_heartbeat = now + self.config.heartbeat_interval
@@ -81,7 +85,20 @@ class Worker:
     def stop(self) -> None:
         self._stopped.set()
 
+    def _step(self) -> list[Sequence]:
+        self.liveness.step_started()
+        try:
+            if self.faults.folder is not None:
+                time.sleep(self.faults.claim_seconds("slow_step", self._prompts(), self.config.worker_id))
+            return self.engine.step()
+        finally:
+            self.liveness.step_ended()
+
+    def _prompts(self):
+        return (seq.token_ids for seq in self.engine.requests.values())
+
     def close(self) -> None:
+        self.liveness.stop()
         self.router.close()
         if self._authenticator is not None:
             self._authenticator.stop()
