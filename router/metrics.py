@@ -9,17 +9,14 @@ when scraped, so they never drift from the state they describe).
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from common import protocol as P
-from router.request import Phase
-
-if TYPE_CHECKING:
-    from router.router import Router
+from router.registry import WorkerRegistry
+from router.request import Phase, Request
 
 PREFIX = "pdcluster_"
 # vLLM's buckets (seconds)
@@ -32,7 +29,7 @@ REQUEST_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.
 
 
 class Metrics:
-    def __init__(self, router: Router):
+    def __init__(self, requests: dict[str, Request], workers: WorkerRegistry):
         self.registry = CollectorRegistry(auto_describe=True)
         reg, p = self.registry, PREFIX
         self.success = Counter(f"{p}request_success", "Requests that ended with a result, by finish reason "
@@ -56,7 +53,7 @@ class Metrics:
                              buckets=REQUEST_BUCKETS, registry=reg)
         self.queue_time = Histogram(f"{p}request_queue_time_seconds", "From arrival to dispatch to workers.",
                                     buckets=REQUEST_BUCKETS, registry=reg)
-        reg.register(ClusterState(router))
+        reg.register(ClusterState(requests, workers))
 
     def finished(self, reason: str, usage: P.Usage, timings: P.Timings) -> None:
         self.success.labels(reason).inc()
@@ -84,12 +81,12 @@ class ClusterState(Collector):
     """What the cluster holds at scrape time: requests waiting and running, each worker's liveness and KV blocks,
     and the KV handoffs its heartbeats report (totals since the worker started)."""
 
-    def __init__(self, router: Router):
-        self.router = router
+    def __init__(self, requests: dict[str, Request], workers: WorkerRegistry):
+        self.requests, self.workers = requests, workers
 
     def collect(self) -> Iterator[Metric]:
-        p, router = PREFIX, self.router
-        phases = [r.phase for r in router.requests.values()]
+        p = PREFIX
+        phases = [r.phase for r in self.requests.values()]
         waiting = sum(1 for ph in phases if ph is Phase.QUEUED)
         yield GaugeMetricFamily(f"{p}num_requests_waiting", "Requests waiting at the router for a worker.",
                                 value=waiting)
@@ -114,7 +111,7 @@ class ClusterState(Collector):
         handoff_seconds = CounterMetricFamily(f"{p}kv_handoff_seconds", "Seconds from a handoff's send to its "
                                               "acknowledgement, summed, by transport.", labels=["transport"])
         by_transport: dict[str, list[float]] = {}
-        for w in router.registry.workers.values():
+        for w in self.workers.workers.values():
             key, load = [w.worker_id, w.role], w.load
             up.add_metric(key, 1.0 if w.alive else 0.0)
             used.add_metric(key, load.kv_blocks_total - load.kv_blocks_free)

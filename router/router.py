@@ -45,7 +45,7 @@ class Router:
         config.check()
         # Before anything slow: serving another machine without a secret is refused outright.
         self.auth_token = auth.load_token(config.auth_token_file)
-        auth.require_token_for([config.bind, config.worker_host], self.auth_token)
+        auth.require_token_for([config.bind, config.worker_host, *config.http_addresses()], self.auth_token)
         keys = auth.keys_from_token(self.auth_token) if self.auth_token else None
         self.config = config
         self.tokenizer = load_tokenizer(config.model)
@@ -66,7 +66,7 @@ class Router:
         self.requests: dict[str, Request] = {}  # by the router's id of the current attempt
         self.by_client: dict[tuple[bytes, str], str] = {}  # (client, its request id) -> the router's id
         self.local_clients: dict[bytes, LocalSink] = {}  # in-process clients: identity -> where its replies go
-        self.metrics = Metrics(self)
+        self.metrics = Metrics(self.requests, self.registry)
         self.started = time.monotonic()
         self._ids = itertools.count()
         self._prefix = os.urandom(3).hex()
