@@ -80,8 +80,9 @@ class FrontEnd:
         self._check_model(req.model)
         prompt = req.prompt_fields()
         submit = P.Submit(request_id=self.bridge.new_id(), stream=req.stream, stop=req.stops(),
-                          sampling=req.sampling(req.max_tokens or DEFAULT_MAX_TOKENS), **prompt)
-        return await self._run(request, submit, COMPLETION, req)
+                          sampling=req.sampling(DEFAULT_MAX_TOKENS if req.max_tokens is None else req.max_tokens),
+                          **prompt)
+        return await self._run(request, submit, COMPLETION, req, {"token_ids": "prompt"})
 
     async def chat(self, request: Request) -> Response:
         self._authorize(request)
@@ -91,13 +92,14 @@ class FrontEnd:
             ids = encode_chat(self.router.tokenizer, req.conversation())
         except InvalidRequest as e:
             raise ApiError.bad_request(e.problem, e.field) from None
-        max_tokens = req.max_completion_tokens or req.max_tokens
+        field = "max_tokens" if req.max_completion_tokens is None else "max_completion_tokens"
+        max_tokens = req.max_tokens if req.max_completion_tokens is None else req.max_completion_tokens
         if max_tokens is None:  # the chat API's default: as many as the context has room for
             limits = self.router.registry.limits()
             max_tokens = max(1, limits[0] - len(ids)) if limits else DEFAULT_MAX_TOKENS
         submit = P.Submit(request_id=self.bridge.new_id(), token_ids=ids, stream=req.stream, stop=req.stops(),
-                          sampling=req.sampling(max_tokens))
-        return await self._run(request, submit, CHAT, req)
+                          sampling=req.sampling(max_tokens, field))
+        return await self._run(request, submit, CHAT, req, {"prompt": "messages", "token_ids": "messages"})
 
     async def models(self, request: Request) -> Response:
         self._authorize(request)
@@ -116,13 +118,15 @@ class FrontEnd:
         return Response(self.router.metrics.exposition(), media_type=CONTENT_TYPE_LATEST)
 
     # ---- one request through the router -------------------------------------------------------------
-    async def _run(self, request: Request, submit: P.Submit, shape: Shape, req: Any) -> Response:
+    async def _run(self, request: Request, submit: P.Submit, shape: Shape, req: Any,
+                   fields: dict[str, str]) -> Response:
+        """`fields`: the router's names for what this endpoint's body calls otherwise (its errors name the body's)."""
         call = await self.bridge.start(submit)
         refused = call.refused()
         if refused is not None:
             await call.next()
             await call.close()
-            raise ApiError.from_record(refused)
+            raise ApiError.from_record(refused, fields)
         created = int(time.time())
         if submit.stream:
             return EventStream(call, self._events(call, shape, created, req.include_usage, req.return_token_ids))
@@ -139,7 +143,7 @@ class FrontEnd:
             return Response(status_code=499)
         msg = waiter.result()
         if isinstance(msg, P.Error):
-            raise ApiError.from_record(msg)
+            raise ApiError.from_record(msg, fields)
         return FastJSON(shape.response(call.request_id, created, self.model, msg, req.return_token_ids))
 
     @staticmethod

@@ -40,10 +40,14 @@ class ApiError(Exception):
         return cls(400, f"{param}: {problem}" if param else problem, "invalid_request_error", param, P.BAD_REQUEST)
 
     @classmethod
-    def from_record(cls, err: P.Error) -> ApiError:
+    def from_record(cls, err: P.Error, fields: dict[str, str] | None = None) -> ApiError:
+        """The HTTP error for a router's `error`; `fields` renames the field it names (the router's `token_ids` is a
+        completion's `prompt`)."""
         status, type_ = STATUS.get(err.code, (500, "internal_server_error"))
         m = _FIELD.match(err.message) if status == 400 else None  # the router's messages begin with the field
-        e = cls(status, err.message, type_, m.group(1) if m else None, err.code, err.retry_after)
+        param = (fields or {}).get(m.group(1), m.group(1)) if m else None
+        message = f"{param}: {err.message[m.end():]}" if m else err.message
+        e = cls(status, message, type_, param, err.code, err.retry_after)
         e.from_router = True
         return e
 

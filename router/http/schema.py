@@ -88,14 +88,14 @@ class _Common(msgspec.Struct, kw_only=True):
             raise ApiError.bad_request(f"at most {P.MAX_STOP_STRINGS} strings of 1 to 256 characters", "stop")
         return stops
 
-    def sampling(self, max_tokens: int) -> P.Sampling:
+    def sampling(self, max_tokens: int, max_tokens_field: str = "max_tokens") -> P.Sampling:
         given = {name: getattr(self, name) for name in ("temperature", "top_p", "top_k", "seed")
                  if getattr(self, name) is not None}
         try:
             return P.Sampling(max_tokens=max_tokens, stop_token_ids=self.stop_token_ids or [],
                               ignore_eos=self.ignore_eos, **given)
         except InvalidRequest as e:
-            raise ApiError.bad_request(e.problem, e.field) from None
+            raise ApiError.bad_request(e.problem, max_tokens_field if e.field == "max_tokens" else e.field) from None
 
     @property
     def include_usage(self) -> bool:
