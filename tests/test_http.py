@@ -464,3 +464,14 @@ def test_a_non_loopback_http_bind_needs_the_shared_secret(tiny_qwen3_dir, monkey
         Router(RouterConfig(model=str(tiny_qwen3_dir), bind=f"tcp://127.0.0.1:{free_port()}", http="0.0.0.0:8000"))
     with pytest.raises(ValueError, match="http: must be HOST:PORT"):
         RouterConfig(model=str(tiny_qwen3_dir), http="localhost").check()
+
+
+def test_the_front_end_benchmark_runs(tiny_qwen3_dir):
+    """scripts/bench_frontend.py end to end, tiny (its figures are docs/benchmarks.md's, not asserted here)."""
+    proc = subprocess.run([sys.executable, "-m", "scripts.bench_frontend", "--model", str(tiny_qwen3_dir),
+                           "--requests", "40", "--concurrency", "1,4", "--clients", "1", "--router-core", "-1"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = [line.split() for line in proc.stdout.splitlines()[1:]]
+    assert [(r[0], r[1]) for r in rows] == [("zmq", "1"), ("http", "1"), ("zmq", "4"), ("http", "4")]
