@@ -344,6 +344,10 @@ def test_metrics_parse_and_count_the_requests_sent(served, expected):
     stop = _a_stop_string(expected[False][1][1])
     stopped = client.completions.create(model=served.model, prompt=PROMPTS[1], max_tokens=MAX_TOKENS, temperature=0,
                                         stop=[stop])
+    long_prompt = " ".join(PROMPTS) * 4  # several KV blocks: the second time, the prefix cache has them
+    repeated = [client.completions.create(model=served.model, prompt=long_prompt, max_tokens=2, temperature=0,
+                                          extra_body=EXTRA) for _ in range(2)]
+    assert repeated[1].usage.prompt_tokens_details.cached_tokens > 0
     assert served.post("/v1/completions", {"model": served.model, "prompt": "x", "top_p": 7}).status_code == 400
     served.wait_clean()
     after = served.settled_metrics()
@@ -352,12 +356,15 @@ def test_metrics_parse_and_count_the_requests_sent(served, expected):
         key = (name, tuple(sorted(labels.items())))
         return after.get(key, 0.0) - before.get(key, 0.0)
 
-    assert delta("pdcluster_request_success_total", finished_reason="length") == len(PROMPTS)
+    assert delta("pdcluster_request_success_total", finished_reason="length") == len(PROMPTS) + 2
     assert delta("pdcluster_request_success_total", finished_reason="stop") == 1
     assert delta("pdcluster_request_failure_total", code="bad_request") == 1
-    completions = outs + [stopped]
+    completions = outs + [stopped] + repeated
     assert delta("pdcluster_generation_tokens_total") == sum(o.usage.completion_tokens for o in completions)
     assert delta("pdcluster_prompt_tokens_total") == sum(o.usage.prompt_tokens for o in completions)
+    assert delta("pdcluster_prefix_cache_queries_total") == sum(o.usage.prompt_tokens for o in completions)
+    assert delta("pdcluster_prefix_cache_hits_total") == sum(o.usage.prompt_tokens_details.cached_tokens
+                                                             for o in completions) > 0
     for histogram in ("time_to_first_token_seconds", "e2e_request_latency_seconds", "request_queue_time_seconds"):
         assert delta(f"pdcluster_{histogram}_count") == len(completions)
     assert delta("pdcluster_inter_token_latency_seconds_count") == sum(o.usage.completion_tokens - 1
