@@ -290,7 +290,7 @@ def test_unknown_model_is_404(served):
 def test_overload_gets_429_with_retry_after_and_the_cluster_recovers(served):
     async def one(client: httpx.AsyncClient) -> tuple[int, str | None]:
         async with client.stream("POST", "/v1/completions", json={
-                "model": served.model, "prompt": PROMPTS[0], "max_tokens": 150, "ignore_eos": True,
+                "model": served.model, "prompt": PROMPTS[0], "max_tokens": 400, "ignore_eos": True,
                 "stream": True}) as r:
             async for _ in r.aiter_lines():
                 pass

@@ -83,5 +83,9 @@ class Bridge:
     async def start(self, submit: P.Submit) -> Call:
         call = Call(self, submit.request_id)
         self.calls[submit.request_id] = call
-        await self.router.on_client(IDENTITY, submit)
+        try:
+            await self.router.on_client(IDENTITY, submit)
+        except BaseException:
+            self.calls.pop(submit.request_id, None)
+            raise
         return call
