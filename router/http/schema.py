@@ -16,6 +16,7 @@ from common.sampling_params import InvalidRequest
 from router.http.errors import ApiError
 
 _AT = re.compile(r"^(?P<problem>.*?)(?: - at `\$(?P<path>[^`]*)`)?$", re.S)
+_MISSING = re.compile(r"^Object missing required field `([^`]*)`")
 
 
 class StreamOptions(msgspec.Struct, kw_only=True):
@@ -160,8 +161,11 @@ def decode_body(body: bytes, kind: type[msgspec.Struct]) -> Any:
         req = msgspec.json.decode(body, type=kind)
     except msgspec.ValidationError as e:
         m = _AT.match(str(e))
-        path = (m.group("path") or "").lstrip(".") or None
-        raise ApiError.bad_request(m.group("problem"), path) from None
+        problem, path = m.group("problem"), (m.group("path") or "").lstrip(".")
+        missing = _MISSING.match(problem)
+        if missing:  # name the missing field itself
+            path = f"{path}.{missing.group(1)}" if path else missing.group(1)
+        raise ApiError.bad_request(problem, path or None) from None
     except msgspec.DecodeError as e:
         raise ApiError.bad_request(f"the body is not valid JSON: {e}", None) from None
     bad = req.unsupported()
