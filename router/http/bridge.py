@@ -60,7 +60,7 @@ class Call:
             return
         self.closed = True
         if not self.done:
-            await self.bridge.router.on_client(IDENTITY, P.Abort(request_id=self.request_id))
+            await self.bridge.tell(P.Abort(request_id=self.request_id))
         self.bridge.calls.pop(self.request_id, None)
 
 
@@ -80,11 +80,16 @@ class Bridge:
         if call is not None:
             call.put(msg)
 
+    async def tell(self, msg: P.Message) -> None:
+        """The router handles `msg` to the end even if the HTTP request's task is cancelled meanwhile (its bookkeeping
+        must never stop half way)."""
+        await asyncio.shield(self.router.on_client(IDENTITY, msg))
+
     async def start(self, submit: P.Submit) -> Call:
         call = Call(self, submit.request_id)
         self.calls[submit.request_id] = call
         try:
-            await self.router.on_client(IDENTITY, submit)
+            await self.tell(submit)
         except BaseException:
             self.calls.pop(submit.request_id, None)
             raise
