@@ -16,6 +16,7 @@ class CompletionText:
         self.hold = max((len(s) for s in self.stops), default=1) - 1  # characters that may start a stop string
         self.sent = 0  # characters of the detokenized text handed out
         self.cut: int | None = None  # where the first stop string begins, once one appeared
+        self._seen = ""  # the text the stop string was found in
 
     @property
     def stopped(self) -> bool:
@@ -24,7 +25,7 @@ class CompletionText:
     @property
     def text(self) -> str:
         """Everything handed out (the whole completion once flushed)."""
-        return self.detok.text[:self.sent]
+        return (self._seen if self.stopped else self.detok.text)[:self.sent]
 
     def add(self, token_ids: list[int]) -> tuple[str, int]:
         """(the text to hand out now, how many of `token_ids` belong to the completion): all of them, or those up to
@@ -45,15 +46,16 @@ class CompletionText:
         return self._release(final=True)
 
     def _find_stop(self) -> bool:
-        # A stop string cannot begin before `sent`: text is handed out only once it cannot start one.
-        text = self.detok.text
+        # A stop string cannot begin before `sent`: text is handed out only once it cannot start one. The text the
+        # detokenizer holds back for an incomplete character counts: a stop string before that character is whole.
+        text = self.detok.text + self.detok.pending()
         found = [i for i in (text.find(s, self.sent) for s in self.stops) if i >= 0]
         if found:
-            self.cut = min(found)
+            self.cut, self._seen = min(found), text
         return self.stopped
 
     def _release(self, final: bool) -> str:
-        text = self.detok.text
+        text = self._seen if self.stopped else self.detok.text
         end = self.cut if self.cut is not None else len(text) if final else len(text) - self.hold
         if end <= self.sent:
             return ""

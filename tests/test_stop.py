@@ -54,3 +54,27 @@ def test_streamed_pieces_hold_back_what_could_start_a_stop_string(tokenizer):
 def test_no_stop_strings_hand_out_text_at_once(tokenizer):
     c = CompletionText(IncrementalDetokenizer(tokenizer))
     assert "".join(c.add([t])[0] for t in tokenizer.encode("abc def")) == "abc def"
+
+
+class PieceTokenizer:
+    """Token ids are pieces of bytes: a UTF-8 character may span tokens, and a token may end inside one (as in
+    byte-level BPE)."""
+
+    PIECES = [b"a", b"X\xe2", b"\x82", b"\xac", b"b"]  # "X" then the first byte of the euro sign, in one token
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        return b"".join(self.PIECES[i] for i in ids).decode("utf-8", errors="replace")
+
+
+def test_a_stop_string_before_an_incomplete_character_is_found_at_once():
+    c = CompletionText(IncrementalDetokenizer(PieceTokenizer()), ["X"])
+    assert c.add([0]) == ("a", 1)
+    # the detokenizer holds "X\ufffd" back; the stop string is whole all the same
+    assert c.add([1, 2, 3]) == ("", 1) and c.stopped
+    assert c.flush() == "" and c.text == "a"
+
+
+def test_held_back_text_is_not_cut_without_a_stop():
+    c = CompletionText(IncrementalDetokenizer(PieceTokenizer()), ["zz"])
+    pieces = [c.add([t])[0] for t in [0, 1, 2, 3, 4]]
+    assert "".join(pieces) + c.flush() == "aX€b" and not c.stopped
