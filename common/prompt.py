@@ -27,10 +27,18 @@ def encode_prompt(tokenizer: Any, prompt: str, chat: bool = False) -> list[int]:
     if not isinstance(prompt, str):
         raise InvalidRequest("prompt", f"must be a string, got {type(prompt).__name__}")
     if chat:
-        text = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False,
-                                             add_generation_prompt=True)
-        return tokenizer.encode(text, add_special_tokens=False)
+        return encode_chat(tokenizer, [{"role": "user", "content": prompt}])
     return tokenizer.encode(prompt)
+
+
+def encode_chat(tokenizer: Any, messages: list[dict[str, str]]) -> list[int]:
+    """A conversation through the model's chat template, ready for the assistant's turn (a chat prompt is its
+    one user turn). A template that refuses the conversation raises InvalidRequest naming `messages`."""
+    try:
+        text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    except Exception as e:  # jinja raises its own errors (a template's raise_exception, a missing role)
+        raise InvalidRequest("messages", f"the chat template refused them: {e}") from None
+    return tokenizer.encode(text, add_special_tokens=False)
 
 
 def check_prompt(ids: list[int], max_model_len: int, vocab_size: int) -> None:

@@ -18,8 +18,11 @@ class InvalidRequest(ValueError):
         return type(self), (self.field, self.problem)
 
 
+_INT_LIMIT = 2**63  # what msgpack carries as a signed integer
+
+
 def _is_int(x: object) -> bool:
-    return isinstance(x, int) and not isinstance(x, bool)
+    return isinstance(x, int) and not isinstance(x, bool) and -_INT_LIMIT <= x < _INT_LIMIT
 
 
 def _is_num(x: object) -> bool:

@@ -18,7 +18,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from enum import Enum
 
-from common.protocol import ABORTED, TIMEOUT, KVHandoff, PrefillTask
+from common.protocol import ABORTED, TIMEOUT, KVHandoff, PrefillTask, TransportTotals
 
 
 class HandoffState(Enum):
@@ -44,6 +44,8 @@ class Handoff:
     answered: bool = False  # decode: the prefill worker got its handoff_ack
     task: PrefillTask | None = None  # prefill: what to send where
     record: KVHandoff | None = None  # decode: the announcement, once it came
+    sent_at: float = 0.0  # prefill: when the send began (time.monotonic)
+    sent_bytes: int = 0  # prefill: what it moves
 
     @property
     def transport(self) -> str:
@@ -75,6 +77,7 @@ class HandoffTable:
     def __init__(self) -> None:
         self._open: dict[str, Handoff] = {}
         self._moving: dict[str, Handoff] = {}  # those with a transfer in flight
+        self._totals: dict[str, TransportTotals] = {}  # acknowledged handoffs by transport (heartbeats carry them)
 
     def __contains__(self, request_id: str) -> bool:
         return request_id in self._open
@@ -92,6 +95,17 @@ class HandoffTable:
     def close(self, request_id: str) -> None:
         self._open.pop(request_id, None)
         self._moving.pop(request_id, None)
+
+    def acked(self, h: Handoff, now: float) -> None:
+        """Prefill: the decode side acknowledged `h`: counted in its transport's totals."""
+        h.state = HandoffState.ACKED
+        t = self._totals.get(h.transport) or TransportTotals(transport=h.transport)
+        self._totals[h.transport] = TransportTotals(transport=h.transport, count=t.count + 1,
+                                                    bytes=t.bytes + h.sent_bytes,
+                                                    seconds=t.seconds + max(0.0, now - h.sent_at))
+
+    def totals(self) -> list[TransportTotals]:
+        return list(self._totals.values())
 
     def watch(self, handoff: Handoff) -> None:
         """Poll this handoff's transfer (after `Handoff.moving` with a future)."""

@@ -35,6 +35,9 @@ class KVWorker(Worker):
         return msgspec.structs.replace(super().hello(), transports=list(self.kv.transports),
                                        kv_address=self.kv.address, kv=self.kv.descriptors())
 
+    def load(self) -> P.WorkerLoad:
+        return msgspec.structs.replace(super().load(), handoffs=self.handoffs.totals())
+
     def close(self) -> None:
         self.kv.close()
         super().close()

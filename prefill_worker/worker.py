@@ -56,6 +56,8 @@ class PrefillWorker(KVWorker):
         task = h.task
         fault = next((f for f in ("kv_send_error", "kv_drop", "kv_corrupt")
                       if self.faults.claim(f, [seq.token_ids], self.config.worker_id)), None)
+        h.sent_at = time.monotonic()
+        h.sent_bytes = len(task.dst_block_ids) * self.engine.runner.kv_pool.layout.block_bytes
         try:
             if fault == "kv_send_error":
                 raise TransferError("injected fault kv_send_error")
@@ -82,7 +84,7 @@ class PrefillWorker(KVWorker):
         if h is None:
             return
         if msg.ok:
-            h.state = HandoffState.ACKED
+            self.handoffs.acked(h, time.monotonic())
         else:  # the decode worker refused it and told the router: only the blocks are left to free here
             log.warning("request %s: decode worker refused the KV: %s", msg.request_id, msg.message)
             h.fail(P.ABORTED, msg.message, report=False)

@@ -31,12 +31,36 @@ class RouterConfig:
                                     "client saw a token")
     drain_timeout: float = _opt(120.0, "seconds a worker being removed (`pdcluster scale`) gets to finish its "
                                        "requests; those left are then handled as if it died")
+    http: str | None = _opt(None, "HOST:PORT of the OpenAI-compatible HTTP front end and /metrics (docs/http.md); off "
+                                  "unless given; a non-loopback HOST needs the shared secret, which HTTP clients then "
+                                  "send as `Authorization: Bearer ...`")
+    served_model_name: str | None = _opt(None, "the model's name in the HTTP API (default: --model as given)")
     auth_token_file: str | None = _opt(None, f"file holding the cluster's shared secret (or set {auth.TOKEN_ENV}); "
                                              "needed to bind a non-loopback address; clients and workers must hold "
                                              "it too")
 
+    @property
+    def model_name(self) -> str:
+        return self.served_model_name or self.model
+
+    def http_host_port(self) -> tuple[str, int] | None:
+        """(host, port) of `http`, or None when it is off; raises ValueError when it is not HOST:PORT."""
+        if self.http is None:
+            return None
+        host, sep, port = self.http.rpartition(":")
+        host = host.strip("[]")
+        if not sep or not host or not port.isdigit() or not 0 <= int(port) < 65536:
+            raise ValueError(f"http: must be HOST:PORT, e.g. 127.0.0.1:8000, got {self.http!r}")
+        return host, int(port)
+
+    def http_addresses(self) -> list[str]:
+        """`http` as an address `common.auth` can judge (empty when it is off)."""
+        hp = self.http_host_port()
+        return [] if hp is None else [hp[0]]
+
     def check(self) -> None:
         """Raises ValueError naming the first setting that cannot work."""
+        self.http_host_port()
         if self.mode not in MODES:
             raise ValueError(f"mode: must be disagg or colocated, got {self.mode!r}")
         for name in ("max_worker_requests", "worker_timeout"):  # zero would queue every request forever

@@ -20,6 +20,15 @@ class IncrementalDetokenizer:
         self.ids.extend(new_ids)
         return self._advance(final=False)
 
+    def pending(self) -> str:
+        """The text of the tokens held back, up to the incomplete character that holds them (not yet in `text`)."""
+        if self.read_offset == len(self.ids):
+            return ""
+        decode = self.tokenizer.decode
+        before = decode(self.ids[self.prefix_offset:self.read_offset], skip_special_tokens=True)
+        window = decode(self.ids[self.prefix_offset:], skip_special_tokens=True)
+        return window[len(before):].rstrip("\ufffd")
+
     def flush(self) -> str:
         """At the end: whatever is still held back."""
         return self._advance(final=True)

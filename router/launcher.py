@@ -16,6 +16,7 @@ from common.worker.config import WorkerConfig
 from kvtransfer.choice import available_transports
 from kvtransfer.errors import TransferError
 from router.config import RouterConfig
+from router.http.server import HttpServer
 from router.router import Router
 
 log = logging.getLogger(__name__)
@@ -283,7 +284,10 @@ class Cluster:
         loop = asyncio.get_running_loop()
         self.router = Router(self.router_config)
         self.router.scaling.scaler = self
+        http = self.http_server()
         try:
+            if http is not None:  # answers (503 on /health, `unavailable` on requests) while the workers load
+                await http.start()
             self.start_ray()
             # After ray.init, which installs a SIGTERM handler of its own that aborts the process.
             for sig in (signal.SIGINT, signal.SIGTERM):
@@ -292,7 +296,14 @@ class Cluster:
             log.info("serving on %s (%s mode)", self.router_config.bind, self.router_config.mode)
             await self.router.serve(stop)
         finally:
+            if http is not None:
+                await http.stop()
             await loop.run_in_executor(None, self.shutdown)
+
+    def http_server(self) -> HttpServer | None:
+        """The OpenAI-compatible front end of `--http HOST:PORT`, bound (not yet serving); None without it."""
+        where = self.router_config.http_host_port()
+        return None if where is None else HttpServer(self.router, *where)
 
     def shutdown(self) -> None:
         """Workers stop (the router has told them), then their actors and Ray go; nothing is left behind."""

@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 from enum import Enum
 
 from common.sampling_params import SamplingParams
-from router.detokenizer import IncrementalDetokenizer
 from router.registry import WorkerInfo
+from router.stop import CompletionText
 
 
 class Phase(Enum):
@@ -42,7 +42,7 @@ class Request:
     prompt_ids: list[int]
     sampling: SamplingParams
     stream: bool
-    detok: IncrementalDetokenizer
+    detok: CompletionText  # the completion's text as the client sees it (stop strings applied)
     arrival: float = field(default_factory=time.monotonic)
     dispatched: float | None = None
     phase: Phase = Phase.QUEUED
@@ -114,7 +114,7 @@ class Request:
         self.dispatched = None
         self.phase = Phase.QUEUED
 
-    def restart(self, rid: str, detok: IncrementalDetokenizer) -> None:
+    def restart(self, rid: str, detok: CompletionText) -> None:
         """A new attempt under the id `rid` (late messages about the old one are then ignored): back to the queue,
         holding nothing and having produced nothing."""
         self.requeue()

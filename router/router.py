@@ -25,12 +25,19 @@ from kvtransfer.errors import TransferError
 from router.admission import Admission, Refused, WaitQueue
 from router.config import RouterConfig
 from router.detokenizer import IncrementalDetokenizer
+from router.metrics import Metrics
 from router.placement import Placement
 from router.registry import WorkerInfo, WorkerRegistry
 from router.request import Phase, Request
 from router.scaling import Scaling
+from router.stop import CompletionText
 
 log = logging.getLogger(__name__)
+
+# Identities of in-process clients (the HTTP front end) begin with this byte; ZMQ gives its peers identities that
+# begin with 0, and a peer that picked one beginning with it is not heard (it could read another client's replies).
+LOCAL_PREFIX = b"\xff"
+LocalSink = Callable[[P.Message], None]
 
 
 class Router:
@@ -38,7 +45,7 @@ class Router:
         config.check()
         # Before anything slow: serving another machine without a secret is refused outright.
         self.auth_token = auth.load_token(config.auth_token_file)
-        auth.require_token_for([config.bind, config.worker_host], self.auth_token)
+        auth.require_token_for([config.bind, config.worker_host, *config.http_addresses()], self.auth_token)
         keys = auth.keys_from_token(self.auth_token) if self.auth_token else None
         self.config = config
         self.tokenizer = load_tokenizer(config.model)
@@ -58,6 +65,8 @@ class Router:
         self.scaling = Scaling(config, self.registry, self.on_worker_lost)
         self.requests: dict[str, Request] = {}  # by the router's id of the current attempt
         self.by_client: dict[tuple[bytes, str], str] = {}  # (client, its request id) -> the router's id
+        self.local_clients: dict[bytes, LocalSink] = {}  # in-process clients: identity -> where its replies go
+        self.metrics = Metrics(self.requests, self.registry)
         self.started = time.monotonic()
         self._ids = itertools.count()
         self._prefix = os.urandom(3).hex()
@@ -101,7 +110,17 @@ class Router:
         self.ctx.term()
 
     async def _client_loop(self) -> None:
-        await self._receive(self.frontend, P.CLIENT_TO_ROUTER, self.on_client, self.to_client)
+        async def from_zmq(identity: bytes, msg: P.Message) -> None:
+            if not identity.startswith(LOCAL_PREFIX):
+                await self.on_client(identity, msg)
+        await self._receive(self.frontend, P.CLIENT_TO_ROUTER, from_zmq, self.to_client)
+
+    def attach_local(self, identity: bytes, sink: LocalSink) -> None:
+        """An in-process client (the HTTP front end): it calls `on_client` with typed records under `identity`, and
+        every reply to it goes to `sink` instead of the ZMQ socket."""
+        if not identity.startswith(LOCAL_PREFIX):
+            raise ValueError(f"a local client's identity must begin with {LOCAL_PREFIX!r}")
+        self.local_clients[identity] = sink
 
     async def _worker_loop(self) -> None:
         async def log_it(identity: bytes, error: P.Error) -> None:  # never answer a worker's error with one
@@ -157,11 +176,12 @@ class Router:
                 raise Refused(P.BAD_REQUEST, f"request_id {msg.request_id!r} is already in flight")
             ids = self.admission.admit(msg)
         except Refused as e:
+            self.metrics.failed(e.code)
             await self.to_client(identity, P.Error(request_id=msg.request_id, code=e.code, message=e.message,
                                                    retry_after=e.retry_after))
             return
         req = Request(self._new_rid(), identity, msg.request_id, ids, msg.sampling, msg.stream,
-                      IncrementalDetokenizer(self.tokenizer))
+                      self._text(msg.stop))
         self.requests[req.rid] = req
         self.by_client[(identity, msg.request_id)] = req.rid
         self.queue.push(req)
@@ -282,14 +302,17 @@ class Router:
         if not req.token_ids and req.phase in (Phase.PREFILLING, Phase.RUNNING):
             req.first_token()
             req.cached_tokens = u.cached_tokens
-        index = len(req.token_ids)
-        req.token_ids.extend(u.token_ids)
-        req.token_times.extend([now] * len(u.token_ids))
+        index, ids, text = len(req.token_ids), u.token_ids, ""
+        if req.stream or req.detok.stops:
+            text, kept = req.detok.add(ids)
+            ids = ids[:kept]
+        req.token_ids.extend(ids)
+        req.token_times.extend([now] * len(ids))
         if req.stream:
-            text = req.detok.add(u.token_ids)
-            await self.to_client(req.client, P.Delta(request_id=req.client_rid, token_ids=u.token_ids, text=text,
-                                                     index=index))
-        if u.finish_reason is not None:
+            await self.to_client(req.client, P.Delta(request_id=req.client_rid, token_ids=ids, text=text, index=index))
+        if req.detok.stopped:  # a stop string: the worker is still generating, and is told to stop
+            await self.finish(req, "stop")
+        elif u.finish_reason is not None:
             await self.finish(req, u.finish_reason, from_worker=True)
 
     async def on_worker_lost(self, worker: WorkerInfo, why: str) -> None:
@@ -322,7 +345,7 @@ class Router:
         """Start a request over under a new id (late messages about the old attempt are then ignored)."""
         await self._abort_on_workers(req)
         self.requests.pop(req.rid, None)
-        req.restart(self._new_rid(), IncrementalDetokenizer(self.tokenizer))
+        req.restart(self._new_rid(), self._text(req.detok.stops))
         self.requests[req.rid] = req
         self.by_client[(req.client, req.client_rid)] = req.rid
         self.queue.push(req, front=True)
@@ -332,9 +355,9 @@ class Router:
         """The request's last word to the client: a `result` with whatever it produced."""
         if not from_worker:
             await self._abort_on_workers(req)
-        if req.stream:
+        if req.stream or req.detok.stops:
             tail = req.detok.flush()
-            if tail:
+            if tail and req.stream:
                 await self.to_client(req.client, P.Delta(request_id=req.client_rid, token_ids=[], text=tail,
                                                          index=len(req.token_ids)))
             text = req.detok.text
@@ -347,12 +370,14 @@ class Router:
                             itl=[b - a for a, b in zip(req.token_times, req.token_times[1:])])
         usage = P.Usage(prompt_tokens=len(req.prompt_ids), completion_tokens=len(req.token_ids),
                         cached_tokens=min(req.cached_tokens, len(req.prompt_ids)))
+        self.metrics.finished(reason, usage, timings)
         await self.to_client(req.client, P.Result(request_id=req.client_rid, token_ids=req.token_ids, text=text,
                                                   finish_reason=reason, usage=usage, timings=timings))
         self._forget(req)
 
     async def fail(self, req: Request, code: str, message: str, retry_after: float | None = None) -> None:
         await self._abort_on_workers(req)
+        self.metrics.failed(code)
         await self.to_client(req.client, P.Error(request_id=req.client_rid, code=code,
                                                  message=message[:P.MAX_MESSAGE_LEN], retry_after=retry_after))
         self._forget(req)
@@ -374,8 +399,15 @@ class Router:
         return P.Stats(uptime=time.monotonic() - self.started, requests_in_flight=len(self.requests),
                        queued_requests=len(self.queue), workers=[w.stats() for w in self.registry.workers.values()])
 
+    def _text(self, stops: list[str]) -> CompletionText:
+        return CompletionText(IncrementalDetokenizer(self.tokenizer), stops)
+
     async def to_client(self, identity: bytes, msg: P.Message) -> None:
-        await self.frontend.send_multipart([identity, P.encode(msg)])
+        sink = self.local_clients.get(identity)
+        if sink is not None:
+            sink(msg)
+        else:
+            await self.frontend.send_multipart([identity, P.encode(msg)])
 
     async def to_worker(self, worker: WorkerInfo, msg: P.Message) -> None:
         await self.backend.send_multipart([worker.identity, P.encode(msg)])

@@ -209,6 +209,15 @@ def test_generate(client, router):
     assert sent.request_id == out.request_id and len(out.request_id) == 32  # uuid4 hex
     assert not sent.stream and not sent.chat
     assert (sent.sampling.max_tokens, sent.sampling.temperature, sent.sampling.seed) == (5, 0.5, 3)
+    assert sent.stop == []
+
+
+def test_stop_strings_travel_in_the_submit(client, router):
+    client.generate("hello", stop="\n")
+    client.generate("hello", stop=["END", "###"])
+    assert [s.stop for s in router.submits] == [["\n"], ["END", "###"]]
+    with pytest.raises(InvalidRequest, match="stop"):
+        client.generate("hello", stop=["x"] * 17)  # more than MAX_STOP_STRINGS
 
 
 def test_generate_token_ids_chat_and_request_id(client, router):

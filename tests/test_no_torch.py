@@ -76,6 +76,7 @@ def test_prepare_model_into_a_full_folder_names_the_overwrite_flag(tmp_path: Pat
 LIGHT = {
     "the router": "import router.router, router.registry",
     "the launcher (serve's process)": "import router.launcher",
+    "the HTTP front end and metrics": "import router.http.server, router.http.app, router.metrics",
     "the clients": "import router.client; from router.client import Client, AsyncClient",
     "the command line": "import scripts.cli; scripts.cli.build_parser()",
     "the benchmark driver": "import scripts.benchmark, scripts.bench_report, scripts.bench_metrics",

@@ -65,6 +65,8 @@ def test_per_request_seed_is_reproducible_and_independent_of_the_batch():
 @pytest.mark.parametrize("field,value", [
     ("temperature", -0.1), ("temperature", float("nan")), ("top_p", 0.0), ("top_p", 1.5),
     ("max_tokens", 0), ("max_tokens", -3), ("top_k", -2), ("seed", -1),
+    # past what msgpack carries: a record the router could not send on
+    ("max_tokens", 2**63), ("top_k", 10**20), ("stop_token_ids", [2**64]),
 ])
 def test_invalid_sampling_params_name_the_field(field, value):
     with pytest.raises(InvalidRequest) as e:

@@ -6,7 +6,7 @@ records of `records.py` and `kv.py` in the grammar of `schema.py`; `codec.py` en
 describes the same thing in prose, and tests/test_protocol.py keeps the two in sync.
 """
 from common.protocol.client import (
-    Abort, Delta, Error, Ping, Pong, Result, Sampling, ScaleReply, ScaleRequest, Stats, StatsRequest, Submit,
+    MAX_STOP_STRINGS, Abort, Delta, Error, Ping, Pong, Result, Sampling, ScaleReply, ScaleRequest, Stats, StatsRequest, Submit,
 )
 from common.protocol.cluster import (
     AbortRequest, Alive, GenerateTask, HandoffAck, Heartbeat, KVHandoff, PrefillTask, Reserve, Reserved, Shutdown,
@@ -20,7 +20,7 @@ from common.protocol.errors import (
 from common.protocol.kv import (
     TRANSPORT_NAMES, CudaIpcDescriptor, CudaIpcPool, KVDescriptors, KVLayout, NcclDescriptor, NcclStream,
 )
-from common.protocol.records import Timings, TokenUpdate, Usage, WorkerLoad, WorkerStats
+from common.protocol.records import Timings, TokenUpdate, TransportTotals, Usage, WorkerLoad, WorkerStats
 from common.protocol.schema import (
     FINISH_REASONS, MAX_FRAME_BYTES, MAX_ID_LEN, MAX_LIST_LEN, MAX_MESSAGE_LEN, MAX_SCALE_DELTA, MAX_STR_LEN,
     MAX_TOKEN_ID, PROTOCOL_VERSION, REGISTRY, ROLES, Message, Record,
@@ -43,12 +43,12 @@ def error_reply(exc: ProtocolError, retry_after: float | None = None) -> Error:
 
 
 __all__ = [
-    "PROTOCOL_VERSION", "DEFAULT_ROUTER_ADDRESS", "MAX_FRAME_BYTES", "MAX_LIST_LEN", "MAX_STR_LEN", "MAX_ID_LEN",
+    "PROTOCOL_VERSION", "DEFAULT_ROUTER_ADDRESS", "MAX_STOP_STRINGS", "MAX_FRAME_BYTES", "MAX_LIST_LEN", "MAX_STR_LEN", "MAX_ID_LEN",
     "MAX_MESSAGE_LEN", "MAX_TOKEN_ID", "MAX_SCALE_DELTA", "ROLES", "FINISH_REASONS", "TRANSPORT_NAMES",
     "BAD_REQUEST", "UNSUPPORTED_VERSION", "UNKNOWN_TYPE", "TOO_LARGE", "NOT_FOUND", "OVERLOADED", "UNAVAILABLE",
     "TIMEOUT", "ABORTED", "UNAUTHORIZED", "INTERNAL", "ERROR_CODES", "ProtocolError", "error_reply",
     "Record", "Message", "REGISTRY", "encode", "decode", "checked", "field_problem",
-    "Sampling", "Usage", "Timings", "WorkerLoad", "WorkerStats", "TokenUpdate",
+    "Sampling", "Usage", "Timings", "TransportTotals", "WorkerLoad", "WorkerStats", "TokenUpdate",
     "KVLayout", "KVDescriptors", "CudaIpcDescriptor", "CudaIpcPool", "NcclDescriptor", "NcclStream",
     "Submit", "Abort", "Ping", "Pong", "StatsRequest", "Stats", "ScaleRequest", "ScaleReply", "Delta", "Result",
     "Error", "WorkerHello", "Reserve", "Reserved", "PrefillTask", "GenerateTask", "KVHandoff", "HandoffAck",

@@ -16,6 +16,9 @@ from common.sampling_params import InvalidRequest, SamplingParams
 # The wire record for sampling *is* the engine's SamplingParams: one set of defaults and checks.
 Sampling = SamplingParams
 ErrorCode = Literal[ERROR_CODES]
+# Stop strings: matched by the router on the detokenized completion (the engine sees only token ids).
+MAX_STOP_STRINGS = 16
+StopStrings = Annotated[list[Annotated[str, Meta(min_length=1, max_length=256)]], Meta(max_length=MAX_STOP_STRINGS)]
 
 
 @message
@@ -26,6 +29,7 @@ class Submit(Message, tag="submit", kw_only=True):
     chat: bool = False
     sampling: Sampling = Sampling()
     stream: bool = False
+    stop: StopStrings = []
 
     def _check(self) -> None:
         if (self.prompt is None) == (self.token_ids is None):

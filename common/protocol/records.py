@@ -1,6 +1,11 @@
 """Records nested in messages: usage and timings of a request, a worker's load, one step's tokens of a request."""
 from __future__ import annotations
 
+from typing import Annotated
+
+from msgspec import Meta
+
+from common.protocol.kv import TransportName
 from common.protocol.schema import Count, FinishReason, Id, OptionalId, Record, Role, Seconds, TokenIds
 from common.sampling_params import InvalidRequest
 
@@ -24,6 +29,16 @@ class Timings(Record, kw_only=True):
     itl: list[Seconds]
 
 
+class TransportTotals(Record, kw_only=True):
+    """A prefill worker's KV handoffs through one transport since it started: acknowledged ones, their bytes, and the
+    seconds from each send to its acknowledgement, summed."""
+
+    transport: TransportName
+    count: Count = 0
+    bytes: Count = 0
+    seconds: Seconds = 0.0
+
+
 class WorkerLoad(Record, kw_only=True):
     queued_requests: Count
     queued_tokens: Count
@@ -38,6 +53,7 @@ class WorkerLoad(Record, kw_only=True):
     prefill_tokens_run: Count = 0
     decode_tokens_run: Count = 0
     gpu_seconds: Seconds = 0.0
+    handoffs: Annotated[list[TransportTotals], Meta(max_length=16)] = []  # prefill workers: by transport
 
     def _check(self) -> None:
         if self.kv_blocks_free > self.kv_blocks_total:

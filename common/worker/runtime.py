@@ -77,7 +77,7 @@ class Worker:
                 if self.engine.has_unfinished() and self.engine.launch_delay() <= 0:
                     self.on_step(self._step())
                 if now >= next_heartbeat:
-                    self.send(P.Heartbeat(worker_id=self.config.worker_id, load=self.engine.load()))
+                    self.send(P.Heartbeat(worker_id=self.config.worker_id, load=self.load()))
                     next_heartbeat = now + self.config.heartbeat_interval
         finally:
             self.close()
@@ -128,6 +128,10 @@ class Worker:
             handler(msg)
 
     # ---- what a role adds ---------------------------------------------------------------------------
+    def load(self) -> P.WorkerLoad:
+        """What its heartbeats report: the engine's load (a KV worker adds its handoffs' totals)."""
+        return self.engine.load()
+
     def hello(self) -> P.WorkerHello:
         cfg = self.engine.config
         return P.WorkerHello(

@@ -105,7 +105,11 @@ def remaining(deadline: float | None) -> float | None:
 
 def build_submit(prompt: Prompt, *, chat: bool, stream: bool, request_id: str | None,
                  sampling: dict[str, Any]) -> Submit:
-    """A validated Submit; a bad argument raises InvalidRequest (a ValueError) naming it."""
+    """A validated Submit; a bad argument raises InvalidRequest (a ValueError) naming it. `stop` (a string or a list
+    of them, matched by the router on the text) may come with the sampling arguments."""
+    sampling = dict(sampling)
+    stop = sampling.pop("stop", None)
+    stop = [stop] if isinstance(stop, str) else list(stop or [])
     unknown = sorted(set(sampling) - set(SAMPLING_FIELDS))
     if unknown:
         raise TypeError(f"unknown sampling argument {unknown[0]!r}; expected some of {', '.join(SAMPLING_FIELDS)}")
@@ -118,7 +122,7 @@ def build_submit(prompt: Prompt, *, chat: bool, stream: bool, request_id: str | 
         raise InvalidRequest("prompt", f"expected a string or a list of token ids, got {type(prompt).__name__}")
     try:
         return checked(Submit(request_id=request_id if request_id is not None else uuid.uuid4().hex, prompt=text,
-                              token_ids=ids, chat=chat, sampling=params, stream=stream))
+                              token_ids=ids, chat=chat, sampling=params, stream=stream, stop=stop))
     except ProtocolError as exc:
         field_name, _, problem = exc.message.partition(": ")
         raise InvalidRequest(field_name, problem) from None
