@@ -11,6 +11,7 @@ from pathlib import Path
 
 from common.protocol.kv import DTYPES
 DEVICES = ("cpu", "cuda")
+STEP_TOKENS = {"cuda": 8192, "cpu": 512}  # max_num_batched_tokens unless given
 
 # architecture -> (attention has qkv bias, per-head q/k RMSNorm)
 ARCHITECTURES = {
@@ -116,7 +117,9 @@ class EngineConfig:
     dtype: str = _opt("auto", "float32, bfloat16, float16, or auto (the checkpoint's on cuda, float32 on cpu)")
     block_size: int = _opt(16, "tokens per KV block")
     max_num_seqs: int = _opt(256, "most sequences in one step")
-    max_num_batched_tokens: int = _opt(8192, "token budget of one step; longer prompts are prefilled in chunks")
+    max_num_batched_tokens: int | None = _opt(None, "token budget of one step; longer prompts are prefilled in chunks "
+                                                    f"(default: {STEP_TOKENS['cuda']} on cuda, {STEP_TOKENS['cpu']} "
+                                                    "on cpu, where a longer step takes seconds)")
     max_model_len: int | None = _opt(None, "longest prompt + completion (default: the model's limit)")
     kv_cache_memory: int = _opt(2 << 30, "bytes of KV cache on cpu, e.g. 2GiB", parse=parse_bytes)
     gpu_memory_utilization: float = _opt(0.9, "share of the GPU's memory this worker may use (weights, activations, KV)")
@@ -142,14 +145,17 @@ class EngineConfig:
             raise ConfigError(f"dtype: must be one of auto, {', '.join(DTYPES)}, got {self.dtype!r}")
         limit = self.model_config.max_position_embeddings
         self.max_model_len = min(self.max_model_len or limit, limit)
+        if self.max_num_batched_tokens is None and self.device in DEVICES:
+            self.max_num_batched_tokens = STEP_TOKENS[self.device]
         for name in ("block_size", "max_num_seqs", "max_num_batched_tokens", "tensor_parallel_size"):
-            if getattr(self, name) <= 0:
-                raise ConfigError(f"{name}: must be positive, got {getattr(self, name)}")
+            value = getattr(self, name)  # max_num_batched_tokens is None only until the device is decided
+            if value is not None and value <= 0:
+                raise ConfigError(f"{name}: must be positive, got {value}")
         mc, tp = self.model_config, self.tensor_parallel_size
         if mc.num_heads % tp or (mc.num_kv_heads % tp and tp % mc.num_kv_heads):
             raise ConfigError(f"tensor_parallel_size: {tp} does not split {mc.num_heads} attention heads and "
                               f"{mc.num_kv_heads} KV heads evenly")
-        if self.max_num_batched_tokens < self.max_num_seqs:
+        if self.max_num_batched_tokens is not None and self.max_num_batched_tokens < self.max_num_seqs:
             raise ConfigError("max_num_batched_tokens: must be at least max_num_seqs, so every decode fits a step")
         if not 0 < self.gpu_memory_utilization <= 1:
             raise ConfigError(f"gpu_memory_utilization: must be in (0, 1], got {self.gpu_memory_utilization}")
@@ -161,7 +167,7 @@ class EngineConfig:
             return self
         if device not in DEVICES:
             raise ConfigError(f"device: must be cpu or cuda, got {device!r}")
-        return dataclasses.replace(self, device=device)
+        return dataclasses.replace(self, device=device)  # __post_init__ fills what depends on the device
 
     @property
     def dtype_name(self) -> str:

@@ -1,0 +1,25 @@
+"""EngineConfig's defaults that depend on the device: a step's token budget is smaller on CPU, where one step of
+8192 prompt tokens takes minutes (the router still hears the worker: common/worker/liveness.py)."""
+from __future__ import annotations
+
+import pytest
+
+from common.config import STEP_TOKENS, ConfigError, EngineConfig
+
+
+def test_the_step_budget_defaults_by_device_once_the_device_is_known(tiny_qwen3_dir):
+    model = str(tiny_qwen3_dir)
+    assert EngineConfig(model=model, device="cpu").max_num_batched_tokens == STEP_TOKENS["cpu"] == 512
+    assert EngineConfig(model=model, device="cuda").max_num_batched_tokens == STEP_TOKENS["cuda"] == 8192
+    auto = EngineConfig(model=model)
+    assert auto.max_num_batched_tokens is None
+    assert auto.on_device("cpu").max_num_batched_tokens == 512
+    assert auto.on_device("cuda").max_num_batched_tokens == 8192
+    assert EngineConfig(model=model, device="cpu", max_num_batched_tokens=4096).max_num_batched_tokens == 4096
+
+
+def test_a_step_budget_below_the_batch_is_refused_once_known(tiny_qwen3_dir):
+    with pytest.raises(ConfigError, match="max_num_batched_tokens: must be positive"):
+        EngineConfig(model=str(tiny_qwen3_dir), device="cpu", max_num_batched_tokens=0)
+    with pytest.raises(ConfigError, match="at least max_num_seqs"):
+        EngineConfig(model=str(tiny_qwen3_dir), max_num_seqs=1024).on_device("cpu")
