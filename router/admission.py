@@ -37,19 +37,19 @@ class WaitQueue:
 
     def push(self, req: Request, front: bool = False) -> None:
         (self._items.appendleft if front else self._items.append)(req)
-        self.tokens += len(req.prompt_ids)
+        self.tokens += len(req.attempt_ids)
 
     def peek(self) -> Request:
         return self._items[0]
 
     def pop(self) -> Request:
         req = self._items.popleft()
-        self.tokens -= len(req.prompt_ids)
+        self.tokens -= len(req.attempt_ids)
         return req
 
     def remove(self, req: Request) -> None:
         self._items.remove(req)
-        self.tokens -= len(req.prompt_ids)
+        self.tokens -= len(req.attempt_ids)
 
 
 class Admission:

@@ -5,6 +5,7 @@ from dataclasses import dataclass, field
 
 from common import auth
 from common import protocol as P
+from router.placement import POLICIES
 
 MODES = ("disagg", "colocated")
 
@@ -20,6 +21,8 @@ class RouterConfig:
     worker_host: str = _opt("127.0.0.1", "interface the worker endpoint binds")
     mode: str = _opt("disagg", "disagg or colocated")
     kv_transport: str = _opt("auto", "auto, host, cuda_ipc or nccl (gloo on cpu)")
+    placement: str = _opt("prefix", "where a prompt is prefilled: prefix (where the fewest of its tokens are "
+                                    "not cached, counting the work waiting there) or load (the least loaded)")
     max_queued_requests: int = _opt(4096, "requests waiting for a worker before new ones get `overloaded`")
     max_queued_tokens: int = _opt(1 << 20, "prompt tokens waiting for a worker before new requests get `overloaded`")
     max_worker_requests: int = _opt(1024, "requests one worker holds at a time (queued or running); more wait at "
@@ -29,6 +32,8 @@ class RouterConfig:
     worker_timeout: float = _opt(5.0, "seconds without a heartbeat before a worker counts as dead")
     request_restarts: int = _opt(1, "times a request is started over on other workers when one dies before the "
                                     "client saw a token")
+    request_migrations: int = _opt(2, "times a streamed request moves to other workers when its worker dies after "
+                                      "the client saw tokens (0: it ends `aborted`)")
     drain_timeout: float = _opt(120.0, "seconds a worker being removed (`pdcluster scale`) gets to finish its "
                                        "requests; those left are then handled as if it died")
     auth_token_file: str | None = _opt(None, f"file holding the cluster's shared secret (or set {auth.TOKEN_ENV}); "
@@ -39,9 +44,12 @@ class RouterConfig:
         """Raises ValueError naming the first setting that cannot work."""
         if self.mode not in MODES:
             raise ValueError(f"mode: must be disagg or colocated, got {self.mode!r}")
+        if self.placement not in POLICIES:
+            raise ValueError(f"placement: must be prefix or load, got {self.placement!r}")
         for name in ("max_worker_requests", "worker_timeout"):  # zero would queue every request forever
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name}: must be positive, got {getattr(self, name)}")
-        for name in ("max_queued_requests", "max_queued_tokens", "retry_after", "request_restarts"):
+        for name in ("max_queued_requests", "max_queued_tokens", "retry_after", "request_restarts",
+                     "request_migrations"):
             if not getattr(self, name) >= 0:
                 raise ValueError(f"{name}: must be >= 0, got {getattr(self, name)}")

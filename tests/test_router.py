@@ -88,6 +88,7 @@ class Sim:
         self.replies: dict[str, list[P.Message]] = defaultdict(list)  # client request id -> what it got
         self.submitted: dict[str, tuple[bool, int]] = {}  # client request id -> (stream, max_tokens)
         self.next_token = 100
+        self.sent: list[tuple[str, P.Message]] = []  # (worker id, message), everything the router sent workers
         router.to_client = self._to_client
         router.to_worker = self._to_worker
 
@@ -96,6 +97,7 @@ class Sim:
 
     async def _to_worker(self, info, msg: P.Message) -> None:
         worker = self.workers[info.worker_id]
+        self.sent.append((info.worker_id, msg))
         if worker.state != "dead":
             worker.inbox.append(msg)
 
@@ -115,11 +117,12 @@ class Sim:
             kv_blocks_free=w.free)))
 
     async def submit(self, rid: str, prompt_len: int = 20, max_tokens: int = 4, stream: bool = False,
-                     token_ids: list[int] | None = None) -> list[P.Message]:
+                     token_ids: list[int] | None = None, migrate: bool = True) -> list[P.Message]:
         self.submitted[rid] = (stream, max_tokens)
         ids = token_ids if token_ids is not None else [1 + i % 300 for i in range(prompt_len)]
         await self.router.on_client(b"client", P.Submit(request_id=rid, token_ids=ids, stream=stream,
-                                                        sampling=SamplingParams(max_tokens=max_tokens)))
+                                                        sampling=SamplingParams(max_tokens=max_tokens),
+                                                        migrate=migrate))
         return self.replies[rid]
 
     async def abort(self, rid: str) -> None:
@@ -271,16 +274,19 @@ def where(sim: Sim, rid: str):
 # --- worker faults -------------------------------------------------------------------------------
 
 
-def test_decode_death_restarts_unseen_requests_and_aborts_streamed_ones(make_router):
+def test_decode_death_restarts_unseen_requests_migrates_streamed_ones_and_aborts_opted_out(make_router):
     async def main():
         sim = await disagg(make_router, decode=1).start()
         d0 = sim.workers["d0"]
         await sim.submit("quiet", max_tokens=8)
         await sim.submit("loud", max_tokens=8, stream=True)
+        await sim.submit("stay", max_tokens=8, stream=True, migrate=False)
         for _ in range(4):
             for w in sim.workers.values():
                 await sim.step(w)
-        assert d0.running.keys() == set(sim.router.requests) and len(d0.running) == 2
+        assert d0.running.keys() == set(sim.router.requests) and len(d0.running) == 3
+        loud_before = [t for m in sim.replies["loud"] for t in m.token_ids]
+        assert 0 < len(loud_before) < 8
         d1 = sim.workers["d1"] = FakeWorker("d1", "decode")  # a second decode worker joins
         await sim.send(d1, hello(d1))
         await sim.kill(d0)
@@ -291,9 +297,16 @@ def test_decode_death_restarts_unseen_requests_and_aborts_streamed_ones(make_rou
         sim.check_clean()
         quiet = sim.terminal("quiet")
         assert isinstance(quiet, P.Result) and len(quiet.token_ids) == 8  # started over, finished on d1
-        loud = sim.terminal("loud")  # the client had seen tokens: a clear error, not a silent restart
-        assert isinstance(loud, P.Error) and loud.code == P.ABORTED and loud.retry_after is not None
-        assert "decode worker d0" in loud.message
+        loud = sim.terminal("loud")  # the client had seen tokens: it goes on where it stopped, on d1
+        assert isinstance(loud, P.Result) and loud.token_ids[:len(loud_before)] == loud_before
+        prompt = [1 + i % 300 for i in range(20)]
+        resumed = [m for w, m in sim.sent if w == "d1" and isinstance(m, P.Reserve)
+                   and m.token_ids[:20] == prompt and len(m.token_ids) > 20]
+        assert len(resumed) == 1 and resumed[0].token_ids == prompt + loud_before  # the prompt and what it streamed
+        assert resumed[0].sampling.max_tokens == 8 - len(loud_before)
+        stay = sim.terminal("stay")  # opted out: a clear error, not a silent restart
+        assert isinstance(stay, P.Error) and stay.code == P.ABORTED and stay.retry_after is not None
+        assert "decode worker d0" in stay.message
         assert isinstance(sim.terminal("bystander"), P.Result)
 
     run(main())
@@ -353,7 +366,7 @@ def test_a_worker_declared_dead_that_speaks_again_drops_what_it_lost(make_router
     async def main():
         sim = await disagg(make_router, prefill=1, decode=1).start()
         d0 = sim.workers["d0"]
-        await sim.submit("a", max_tokens=20, stream=True)
+        await sim.submit("a", max_tokens=20, stream=True, migrate=False)
         for _ in range(3):
             for w in sim.workers.values():
                 await sim.step(w)
