@@ -60,6 +60,7 @@ class Router:
         self.by_client: dict[tuple[bytes, str], str] = {}  # (client, its request id) -> the router's id
         self.started = time.monotonic()
         self.prompt_tokens = self.cached_tokens = 0  # of the requests that ended with a result
+        self.migrations = 0
         self._ids = itertools.count()
         self._prefix = os.urandom(3).hex()
 
@@ -335,6 +336,8 @@ class Router:
         prefilled again and decoding resumes, the stream's next `Delta.index` where it stopped."""
         await self._abort_on_workers(req)
         self.requests.pop(req.rid, None)
+        log.info("request %s continues on other workers after %d tokens", req.client_rid, len(req.token_ids))
+        self.migrations += 1
         req.migrate(self._new_rid())
         self.requests[req.rid] = req
         self.by_client[(req.client, req.client_rid)] = req.rid
@@ -388,7 +391,8 @@ class Router:
     def stats(self) -> P.Stats:
         return P.Stats(uptime=time.monotonic() - self.started, requests_in_flight=len(self.requests),
                        queued_requests=len(self.queue), workers=[w.stats() for w in self.registry.workers.values()],
-                       totals=P.RouterTotals(prompt_tokens=self.prompt_tokens, cached_tokens=self.cached_tokens))
+                       totals=P.RouterTotals(prompt_tokens=self.prompt_tokens, cached_tokens=self.cached_tokens,
+                                             migrations=self.migrations))
 
     async def to_client(self, identity: bytes, msg: P.Message) -> None:
         await self.frontend.send_multipart([identity, P.encode(msg)])

@@ -304,6 +304,7 @@ def test_decode_death_restarts_unseen_requests_migrates_streamed_ones_and_aborts
                    and m.token_ids[:20] == prompt and len(m.token_ids) > 20]
         assert len(resumed) == 1 and resumed[0].token_ids == prompt + loud_before  # the prompt and what it streamed
         assert resumed[0].sampling.max_tokens == 8 - len(loud_before)
+        assert sim.router.stats().totals.migrations == 1
         stay = sim.terminal("stay")  # opted out: a clear error, not a silent restart
         assert isinstance(stay, P.Error) and stay.code == P.ABORTED and stay.retry_after is not None
         assert "decode worker d0" in stay.message

@@ -61,6 +61,7 @@ class RouterTotals(Record, kw_only=True):
 
     prompt_tokens: Count = 0
     cached_tokens: Count = 0
+    migrations: Count = 0  # streamed requests moved to other workers after theirs died
 
 
 class TokenUpdate(Record, kw_only=True):
