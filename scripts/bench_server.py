@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from scripts.bench_config import BenchConfig
+from scripts.bench_config import VARIANTS, BenchConfig
 
 log = logging.getLogger("pdcluster.bench")
 
@@ -23,7 +23,8 @@ READY_POLL_S = 2.0  # between checks that `serve` is still alive while waiting f
 STOP_TIMEOUT_S = 120.0
 # Two worker heartbeats: the router's stats then hold every step of what just ran.
 HEARTBEAT_WAIT_S = 1.0
-TOTALS = ("busy_steps", "busy_seconds", "prefill_tokens_run", "decode_tokens_run", "gpu_seconds")
+TOTALS = ("busy_steps", "busy_seconds", "prefill_tokens_run", "decode_tokens_run", "gpu_seconds",
+          "prefix_query_tokens", "prefix_hit_tokens")
 
 
 class ClusterError(Exception):
@@ -37,9 +38,11 @@ def free_port() -> int:
 
 
 def serve_command(cfg: BenchConfig, mode: str, address: str) -> list[str]:
-    """`pdcluster serve ...` for one mode, as a user would type it."""
+    """`pdcluster serve ...` for one mode (`disagg` or `colocated`, maybe with a `:variant`), as a user would type
+    it."""
+    mode, _, variant = mode.partition(":")
     cmd = ["pdcluster", "serve", "--model", str(Path(cfg.model).resolve()), "--mode", mode, "--bind", address,
-           "--device", cfg.device]
+           "--device", cfg.device, *VARIANTS.get(variant, [])]
     if mode == "disagg":
         cmd += ["--prefill-workers", str(cfg.prefill_workers), "--decode-workers", str(cfg.decode_workers),
                 "--gpus-per-worker", f"{cfg.gpus_per_worker:g}"]

@@ -1,0 +1,55 @@
+"""The benchmark's reading of placement: each load point's prefix-cache hit rate (from the engines' totals), and
+the target of prefix-aware placement against placement by load (`--modes disagg:prefix,disagg:load`): at least
+HIT_RATE_TARGET x the hit rate, and a lower TTFT p50, at every load point."""
+from __future__ import annotations
+
+HIT_RATE_TARGET = 1.5
+ROW = "prefix cache hit rate"
+
+
+def hit_rate(point: dict | None) -> float | None:
+    """Prompt tokens found in a prefix cache over those looked up, over the point's prefilling engines (prefill
+    workers, or colocated ones); None where nothing was looked up or the results hold no such totals."""
+    rows = [e for e in (point or {}).get("engines") or [] if e["role"] in ("prefill", "colocated")]
+    asked = sum(e.get("prefix_query_tokens", 0) for e in rows)
+    return sum(e.get("prefix_hit_tokens", 0) for e in rows) / asked if asked else None
+
+
+def hit_rate_rows(points: list[dict | None]) -> list[tuple[str, list[str]]]:
+    rates = [hit_rate(p) for p in points]
+    if all(r is None for r in rates):
+        return []
+    return [(ROW, ["n/a" if r is None else f"{100 * r:.1f}%" for r in rates])]
+
+
+def placement_reading(results: dict) -> str | None:
+    """For each base mode run with both placements: does `prefix` reach the targets at every load point? None
+    when no run pairs them."""
+    runs = {run["mode"]: run for run in results["runs"]}
+    lines = []
+    for base in ("disagg", "colocated"):
+        prefix, load = runs.get(f"{base}:prefix") or runs.get(base), runs.get(f"{base}:load")
+        if prefix is None or load is None:
+            continue
+        worse = []
+        for i, point in enumerate(results["load_points"]):
+            a, b = _point(prefix, i), _point(load, i)
+            if a is None or b is None:
+                worse.append(f"{point['label']}: not run")
+                continue
+            ra, rb = hit_rate(a), hit_rate(b)
+            ta, tb = a["summary"]["ttft"]["p50"], b["summary"]["ttft"]["p50"]
+            if ra is None or rb is None or ta is None or tb is None:
+                worse.append(f"{point['label']}: no hit rate or TTFT")
+            elif not (ra >= HIT_RATE_TARGET * rb and ta < tb):
+                worse.append(f"{point['label']}: hit rate {100 * ra:.1f}% vs {100 * rb:.1f}%, "
+                             f"TTFT p50 {ta * 1e3:.1f} vs {tb * 1e3:.1f} ms")
+        verdict = ("meets the target at every load point" if not worse
+                   else "misses the target at " + "; ".join(worse))
+        lines.append(f"**{base}**: prefix-aware placement against placement by load {verdict} (target: at least "
+                     f"{HIT_RATE_TARGET:g}x the prefix-cache hit rate and a lower TTFT p50).")
+    return "\n\n".join(lines) if lines else None
+
+
+def _point(run: dict, i: int) -> dict | None:
+    return run["points"][i] if i < len(run["points"]) else None
