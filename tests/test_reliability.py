@@ -244,6 +244,37 @@ def test_a_failed_kv_transfer_ends_that_request_only(cluster, fault_dir, fault, 
         assert time.monotonic() - start < HANDOFF_TIMEOUT - 1
 
 
+# --- placement -----------------------------------------------------------------------------------
+
+
+def test_requests_sharing_a_prefix_are_prefilled_where_it_is_cached(cluster):
+    """Prefix-aware placement over the 2 prefill workers: after one request warms a worker's cache with a system
+    prompt, requests sharing it (sent at once) all go there and find it cached; the other worker sees none.
+    (With --placement load they spread over both, and those on the other worker find nothing.)"""
+    system = [(i * 13) % 290 + 5 for i in range(96)]
+
+    def hits() -> dict[str, int]:
+        with cluster.client() as c:
+            return {w.worker_id: w.prefix_hit_tokens for w in c.stats(timeout=10).workers if w.role == "prefill"}
+
+    async def go(suffixes):
+        async with AsyncClient(cluster.address, timeout=120, auth_token=TOKEN) as c:
+            return await asyncio.gather(*(c.generate(system + s, max_tokens=3, **GREEDY) for s in suffixes))
+
+    asyncio.run(go([[7, 8, 9]]))
+    time.sleep(1.5)  # the heartbeats carry the engines' counts
+    before = hits()
+    results = asyncio.run(go([[20 + i, 30 + i, 40 + i, 50 + i] for i in range(4)]))
+    assert all(r.usage.cached_tokens >= 80 for r in results), [r.usage for r in results]
+    time.sleep(1.5)
+    gained = {w: n - before[w] for w, n in hits().items()}
+    assert sorted(gained.values())[0] == 0 and sorted(gained.values())[1] >= 4 * 80, gained
+    with cluster.client() as c:
+        totals = c.stats(timeout=10).totals
+    assert 0 < totals.cached_tokens < totals.prompt_tokens
+    assert_clean(cluster)
+
+
 # --- overload ------------------------------------------------------------------------------------
 
 
