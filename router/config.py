@@ -5,6 +5,7 @@ from dataclasses import dataclass, field
 
 from common import auth
 from common import protocol as P
+from router.disagg_policy import POLICIES as DISAGG_POLICIES
 from router.placement import POLICIES
 
 MODES = ("disagg", "colocated")
@@ -23,6 +24,12 @@ class RouterConfig:
     kv_transport: str = _opt("auto", "auto, host, cuda_ipc or nccl (gloo on cpu)")
     placement: str = _opt("prefix", "where a prompt is prefilled: prefix (where the fewest of its tokens are "
                                     "not cached, counting the work waiting there) or load (the least loaded)")
+    disagg_policy: str = _opt("always", "disagg: where each prompt is prefilled: always on a prefill worker (the KV "
+                                        "handed over), never (the decode worker prefills it itself), or auto (per "
+                                        "request, whichever is estimated to give the first token sooner, from "
+                                        "measured prefill rates, decode steps and handoff times)")
+    local_prefill_chunk: int = _opt(512, "disagg: most prompt tokens a decode worker prefills per step of the prompts "
+                                         "it prefills itself, so its running decodes keep their pace")
     max_queued_requests: int = _opt(4096, "requests waiting for a worker before new ones get `overloaded`")
     max_queued_tokens: int = _opt(1 << 20, "prompt tokens waiting for a worker before new requests get `overloaded`")
     max_worker_requests: int = _opt(1024, "requests one worker holds at a time (queued or running); more wait at "
@@ -46,7 +53,9 @@ class RouterConfig:
             raise ValueError(f"mode: must be disagg or colocated, got {self.mode!r}")
         if self.placement not in POLICIES:
             raise ValueError(f"placement: must be prefix or load, got {self.placement!r}")
-        for name in ("max_worker_requests", "worker_timeout"):  # zero would queue every request forever
+        if self.disagg_policy not in DISAGG_POLICIES:
+            raise ValueError(f"disagg_policy: must be always, never or auto, got {self.disagg_policy!r}")
+        for name in ("max_worker_requests", "worker_timeout", "local_prefill_chunk"):  # zero would queue every request forever
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name}: must be positive, got {getattr(self, name)}")
         for name in ("max_queued_requests", "max_queued_tokens", "retry_after", "request_restarts",

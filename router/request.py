@@ -1,7 +1,7 @@
 """A request's life at the router, as a state machine.
 
     QUEUED --pair()--> RESERVING --reserved()--> PREFILLING --first_token()--> DECODING      (disaggregated)
-    QUEUED --run_on()--> RUNNING --first_token()--> RUNNING                                   (colocated)
+    QUEUED --run_on()--> RUNNING --first_token()--> RUNNING          (colocated; disagg: prefilled on the decode worker)
     any of them --requeue()--> QUEUED          (refused for room)
     any of them --restart()--> QUEUED          (a worker died before the client saw a token: a new attempt, new id)
     any of them --migrate()--> QUEUED          (a worker died after: the prompt and the tokens streamed so far are
@@ -26,6 +26,7 @@ import msgspec
 
 from common.sampling_params import SamplingParams
 from router.detokenizer import IncrementalDetokenizer
+from router.disagg_policy import Estimate
 from router.prefix_index import PromptKeys
 from router.registry import WorkerInfo
 
@@ -67,6 +68,7 @@ class Request:
     prefilled_on: str = ""  # the worker that computed its KV (disaggregated: the prefill worker's id)
     attempt_ids: list[int] = field(default_factory=list)  # what this attempt prefills (set in __post_init__)
     keys: PromptKeys | None = None  # attempt_ids' prefix-cache keys, once placement asked
+    estimate: Estimate | None = None  # disagg: where this attempt is prefilled, and the time it was expected to take
     _prefilling_on: WorkerInfo | None = None  # whose prefill_tokens count this prompt
     _prefill_count: int = 0  # how many
 
@@ -98,10 +100,12 @@ class Request:
         return any(w.worker_id == worker_id for w in self.workers)
 
     # ---- transitions --------------------------------------------------------------------------------
-    def run_on(self, worker: WorkerInfo, cached: int = 0) -> None:
-        """Colocated: one worker prefills and decodes it (`cached`: prompt tokens its cache is reckoned to hold)."""
+    def run_on(self, worker: WorkerInfo, cached: int = 0, blocks: int = 0) -> None:
+        """One worker prefills and decodes it (a colocated one, or a decode worker that prefills it itself, with
+        `blocks` for it); `cached`: prompt tokens its cache is reckoned to hold."""
         self._expect(Phase.QUEUED)
         self.decode = worker
+        worker.blocks_promised += blocks
         worker.assigned.add(self.rid)
         self._count_prefill(worker, cached)
         self._dispatched(Phase.RUNNING)

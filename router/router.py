@@ -25,6 +25,7 @@ from kvtransfer.errors import TransferError
 from router.admission import Admission, Refused, WaitQueue
 from router.config import RouterConfig
 from router.detokenizer import IncrementalDetokenizer
+from router.disagg_policy import DisaggPolicy
 from router.placement import Placement
 from router.registry import WorkerInfo, WorkerRegistry
 from router.request import Phase, Request
@@ -54,6 +55,7 @@ class Router:
         self.worker_address = f"tcp://{config.worker_host}:{port}"
         self.registry = WorkerRegistry(config.max_worker_requests)
         self.placement = Placement(self.registry, config.kv_transport, config.placement)
+        self.disagg = DisaggPolicy(config.disagg_policy, config.local_prefill_chunk)
         self.admission = Admission(config, self.registry, self.placement, self.tokenizer)
         self.scaling = Scaling(config, self.registry, self.on_worker_lost)
         self.requests: dict[str, Request] = {}  # by the router's id of the current attempt
@@ -185,16 +187,30 @@ class Router:
                 self.placement.placed(worker, req.keys)
                 await self.to_worker(worker, P.GenerateTask(request_id=req.rid, token_ids=ids,
                                                             sampling=req.attempt_sampling))
-            else:
-                blocks = self.placement.blocks_needed(ids)
-                decode, prefill = self.placement.decode(blocks), self.placement.prefill(len(ids), req.keys)
-                if decode is None or prefill is None:
-                    return
-                req.pair(prefill, decode, blocks, self.placement.cached_tokens(prefill, req.keys))
-                await self.to_worker(decode, P.Reserve(request_id=req.rid, token_ids=ids,
-                                                       sampling=req.attempt_sampling,
-                                                       prefill_worker_id=prefill.worker_id))
+            elif not await self._dispatch_disagg(req, ids):
+                return
             self.queue.pop()
+
+    async def _dispatch_disagg(self, req: Request, ids: list[int]) -> bool:
+        """A decode worker for it, and where it is prefilled (router/disagg_policy.py): a prefill worker, the KV
+        handed over (the decode worker first reserves its blocks), or the decode worker itself. False: not now."""
+        blocks = self.placement.blocks_needed(ids)
+        decode, prefill = self.placement.decode(blocks), self.placement.prefill(len(ids), req.keys)
+        if decode is None or (prefill is None and self.disagg.policy == "always"):
+            return False
+        place = self.placement
+        req.estimate = self.disagg.choose(place.cost(prefill, len(ids), req.keys) if prefill else -1,
+                                          place.cost(decode, len(ids), req.keys))
+        place.placed(decode, req.keys)  # either way the decode worker's cache gets the prompt's blocks
+        if req.estimate.local:
+            req.run_on(decode, place.cached_tokens(decode, req.keys), blocks)
+            await self.to_worker(decode, P.GenerateTask(request_id=req.rid, token_ids=ids,
+                                                        sampling=req.attempt_sampling))
+        else:
+            req.pair(prefill, decode, blocks, place.cached_tokens(prefill, req.keys))
+            await self.to_worker(decode, P.Reserve(request_id=req.rid, token_ids=ids, sampling=req.attempt_sampling,
+                                                   prefill_worker_id=prefill.worker_id))
+        return True
 
     # ---- workers ------------------------------------------------------------------------------------
     async def on_worker(self, identity: bytes, msg: P.Message) -> None:
@@ -215,6 +231,7 @@ class Router:
                 return
             if not worker.alive:
                 await self.on_worker_back(worker)
+            self.disagg.observe_load(worker.role, worker.load, msg.load)
             self.registry.heartbeat(worker, msg)
             await self.dispatch()
         elif isinstance(msg, P.Reserved):
@@ -280,6 +297,8 @@ class Router:
         if req.awaiting_first_token:
             if not req.resumed_at:  # a migrated attempt's cache hits are not the client's prompt's
                 req.cached_tokens = u.cached_tokens
+            if req.estimate is not None:
+                self.disagg.observe_first_token(req.estimate, now - req.dispatched)
             req.first_token()
         index = len(req.token_ids)
         req.token_ids.extend(u.token_ids)
@@ -392,7 +411,8 @@ class Router:
         return P.Stats(uptime=time.monotonic() - self.started, requests_in_flight=len(self.requests),
                        queued_requests=len(self.queue), workers=[w.stats() for w in self.registry.workers.values()],
                        totals=P.RouterTotals(prompt_tokens=self.prompt_tokens, cached_tokens=self.cached_tokens,
-                                             migrations=self.migrations))
+                                             migrations=self.migrations, local_prefills=self.disagg.local_choices,
+                                             remote_prefills=self.disagg.remote_choices))
 
     async def to_client(self, identity: bytes, msg: P.Message) -> None:
         await self.frontend.send_multipart([identity, P.encode(msg)])

@@ -62,6 +62,9 @@ class RouterTotals(Record, kw_only=True):
     prompt_tokens: Count = 0
     cached_tokens: Count = 0
     migrations: Count = 0  # streamed requests moved to other workers after theirs died
+    # disagg: prompts prefilled by the decode worker itself, and on a prefill worker (--disagg-policy)
+    local_prefills: Count = 0
+    remote_prefills: Count = 0
 
 
 class TokenUpdate(Record, kw_only=True):
