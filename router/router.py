@@ -1,6 +1,6 @@
 """The router: clients in front, workers behind, every request's life in between.
 
-    client --submit--> `submit` (admission.py) --queue--> `dispatch` (placement.py) --reserve--> decode worker;
+    client --submit--> `submit` (admission.py) --queue--> `dispatch` (dispatch.py, placement.py) --reserve--> decode worker;
     `on_reserved` --prefill_task--> prefill worker --KV--> decode worker (colocated: one `generate_task`);
     worker --token_batch--> `on_tokens` --delta / result--> client
 
@@ -26,6 +26,7 @@ from router.admission import Admission, Refused, WaitQueue
 from router.config import RouterConfig
 from router.detokenizer import IncrementalDetokenizer
 from router.disagg_policy import DisaggPolicy
+from router.dispatch import Dispatcher
 from router.placement import Placement
 from router.registry import WorkerInfo, WorkerRegistry
 from router.request import Phase, Request
@@ -57,6 +58,8 @@ class Router:
         self.placement = Placement(self.registry, config.kv_transport, config.placement)
         self.disagg = DisaggPolicy(config.disagg_policy, config.local_prefill_chunk)
         self.admission = Admission(config, self.registry, self.placement, self.tokenizer)
+        self.dispatcher = Dispatcher(config.mode, self.placement, self.disagg,
+                                     lambda worker, msg: self.to_worker(worker, msg))
         self.scaling = Scaling(config, self.registry, self.on_worker_lost)
         self.requests: dict[str, Request] = {}  # by the router's id of the current attempt
         self.by_client: dict[tuple[bytes, str], str] = {}  # (client, its request id) -> the router's id
@@ -173,44 +176,8 @@ class Router:
 
     # ---- dispatch -----------------------------------------------------------------------------------
     async def dispatch(self) -> None:
-        """router -> workers: queued requests, oldest first, while some worker can take the oldest."""
-        while self.queue:
-            req = self.queue.peek()
-            ids = req.attempt_ids
-            if req.keys is None:
-                req.keys = self.placement.keys(ids)
-            if self.config.mode == "colocated":
-                worker = self.placement.colocated(len(ids), req.keys)
-                if worker is None:
-                    return
-                req.run_on(worker, self.placement.cached_tokens(worker, req.keys))
-                self.placement.placed(worker, req.keys)
-                await self.to_worker(worker, P.GenerateTask(request_id=req.rid, token_ids=ids,
-                                                            sampling=req.attempt_sampling))
-            elif not await self._dispatch_disagg(req, ids):
-                return
-            self.queue.pop()
-
-    async def _dispatch_disagg(self, req: Request, ids: list[int]) -> bool:
-        """A decode worker for it, and where it is prefilled (router/disagg_policy.py): a prefill worker, the KV
-        handed over (the decode worker first reserves its blocks), or the decode worker itself. False: not now."""
-        blocks = self.placement.blocks_needed(ids)
-        decode, prefill = self.placement.decode(blocks), self.placement.prefill(len(ids), req.keys)
-        if decode is None or (prefill is None and self.disagg.policy == "always"):
-            return False
-        place = self.placement
-        req.estimate = self.disagg.choose(place.cost(prefill, len(ids), req.keys) if prefill else -1,
-                                          place.cost(decode, len(ids), req.keys))
-        place.placed(decode, req.keys)  # either way the decode worker's cache gets the prompt's blocks
-        if req.estimate.local:
-            req.run_on(decode, place.cached_tokens(decode, req.keys), blocks)
-            await self.to_worker(decode, P.GenerateTask(request_id=req.rid, token_ids=ids,
-                                                        sampling=req.attempt_sampling))
-        else:
-            req.pair(prefill, decode, blocks, place.cached_tokens(prefill, req.keys))
-            await self.to_worker(decode, P.Reserve(request_id=req.rid, token_ids=ids, sampling=req.attempt_sampling,
-                                                   prefill_worker_id=prefill.worker_id))
-        return True
+        """router -> workers: queued requests, oldest first, while some worker can take the oldest (dispatch.py)."""
+        await self.dispatcher.run(self.queue)
 
     # ---- workers ------------------------------------------------------------------------------------
     async def on_worker(self, identity: bytes, msg: P.Message) -> None:

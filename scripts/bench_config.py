@@ -10,9 +10,17 @@ from typing import Any
 from scripts.bench_workloads import ARRIVALS, LengthRange, prefixes_to_fill
 
 MODES = ("disagg", "colocated")
-# A mode may name a variant after a colon: the router's placement (`disagg:load` places prefills by load alone,
-# the baseline of prefix-aware placement, `prefix`, the default).
-VARIANTS = {"prefix": ["--placement", "prefix"], "load": ["--placement", "load"]}
+# A mode may name variants after a colon, joined by `+`: the router's placement (`disagg:load` places prefills by
+# load alone, the baseline of prefix-aware placement, `prefix`) and, disaggregated, where each prompt is prefilled
+# (`disagg:auto`, `disagg:never`, `disagg:always`: --disagg-policy), e.g. `disagg:auto+load`.
+PLACEMENT_VARIANTS, POLICY_VARIANTS = ("prefix", "load"), ("always", "never", "auto")
+VARIANTS = {**{v: ["--placement", v] for v in PLACEMENT_VARIANTS}, **{v: ["--disagg-policy", v] for v in POLICY_VARIANTS}}
+
+
+def mode_variants(mode: str) -> tuple[str, list[str]]:
+    """`disagg:auto+load` -> ("disagg", ["auto", "load"])."""
+    base, _, variants = mode.partition(":")
+    return base, [v for v in variants.split("+") if v] if variants else []
 WORKLOADS = ("random", "long-short", "shared-prefix", "trace")
 DEFAULT_RATES = "1,2,4,8"
 DEFAULT_NUM_REQUESTS = 100
@@ -29,8 +37,9 @@ class BenchConfig:
                                    "vocabulary size")
     address: str | None = _opt(None, "benchmark the cluster running at this router address instead of "
                                      "starting one per mode")
-    modes: str | None = _opt(None, "comma list of disagg, colocated, each with a variant after a colon if "
-                                   "wanted: prefix or load (placement), e.g. disagg:prefix,disagg:load "
+    modes: str | None = _opt(None, "comma list of disagg, colocated, each with variants after a colon if "
+                                   "wanted, joined by +: prefix or load (placement), always, never or auto "
+                                   "(disagg: --disagg-policy), e.g. disagg:always,disagg:auto,colocated "
                                    "(default: disagg,colocated; with --address: the running cluster's)")
     rates: str | None = _opt(None, f"comma list of Poisson arrival rates, requests/s; inf = all at once "
                                    f"(default: {DEFAULT_RATES})")
@@ -78,10 +87,13 @@ class BenchConfig:
         if self.address and (self.modes or "").count(",") > 0:
             raise ValueError("bench: --address benchmarks one running cluster: give at most one mode")
         for mode in self.mode_list():
-            base, _, variant = mode.partition(":")
-            if base not in MODES or (variant and variant not in VARIANTS):
-                raise ValueError(f"--modes: expected disagg and/or colocated, each maybe with :{' or :'.join(VARIANTS)}"
-                                 f", got {mode!r}")
+            base, variants = mode_variants(mode)
+            policies = [v for v in variants if v in POLICY_VARIANTS]
+            placements = [v for v in variants if v in PLACEMENT_VARIANTS]
+            if (base not in MODES or len(policies) + len(placements) < len(variants) or len(policies) > 1
+                    or len(placements) > 1 or (policies and base != "disagg")):
+                raise ValueError(f"--modes: expected disagg and/or colocated, each maybe with :VARIANT[+VARIANT] "
+                                 f"(a placement: prefix, load; disagg: always, never, auto), got {mode!r}")
         if self.arrivals not in ARRIVALS:
             raise ValueError(f"--arrivals: expected one of {', '.join(ARRIVALS)}, got {self.arrivals!r}")
         if not self.burstiness > 0 or not math.isfinite(self.burstiness):
@@ -129,7 +141,7 @@ class BenchConfig:
         prefill workers (colocated replicas, when no disagg mode runs) together but do not fit in one."""
         if self.prefix_cache_tokens is None:
             return self.num_prefixes
-        disagg = any(m.partition(":")[0] == "disagg" for m in self.mode_list()) or not self.mode_list()
+        disagg = any(mode_variants(m)[0] == "disagg" for m in self.mode_list()) or not self.mode_list()
         workers = self.prefill_workers if disagg else self.workers
         return prefixes_to_fill(self.prefix_cache_tokens, workers, self.prefix_len)
 

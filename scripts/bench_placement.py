@@ -1,6 +1,8 @@
-"""The benchmark's reading of placement: each load point's prefix-cache hit rate (from the engines' totals), and
-the target of prefix-aware placement against placement by load (`--modes disagg:prefix,disagg:load`): at least
-HIT_RATE_TARGET x the hit rate, and a lower TTFT p50, at every load point."""
+"""The benchmark's readings of the router's choices. Placement: each load point's prefix-cache hit rate (from the
+engines' totals), and the target of prefix-aware placement against placement by load (`--modes
+disagg:prefix,disagg:load`): at least HIT_RATE_TARGET x the hit rate, and a lower TTFT p50, at every load point.
+Per-request disaggregation (`--modes disagg:always,disagg:auto,colocated`): does `auto` win, a TTFT p50 no higher
+and a goodput no lower than `always` at every load point (the condition for making it the default)?"""
 from __future__ import annotations
 
 HIT_RATE_TARGET = 1.5
@@ -49,6 +51,36 @@ def placement_reading(results: dict) -> str | None:
         lines.append(f"**{base}**: prefix-aware placement against placement by load {verdict} (target: at least "
                      f"{HIT_RATE_TARGET:g}x the prefix-cache hit rate and a lower TTFT p50).")
     return "\n\n".join(lines) if lines else None
+
+
+def policy_reading(results: dict) -> str | None:
+    """`disagg:auto` against `disagg:always` (or plain `disagg`), colocated's TTFT beside; None without both."""
+    runs = {run["mode"]: run for run in results["runs"]}
+    auto, always = runs.get("disagg:auto"), runs.get("disagg:always") or runs.get("disagg")
+    if auto is None or always is None:
+        return None
+    colocated = runs.get("colocated")
+    lost, rows = [], []
+    for i, point in enumerate(results["load_points"]):
+        a, b = _point(auto, i), _point(always, i)
+        if a is None or b is None:
+            lost.append(f"{point['label']}: not run")
+            continue
+        ta, tb = a["summary"]["ttft"]["p50"], b["summary"]["ttft"]["p50"]
+        ga, gb = a["summary"]["goodput"], b["summary"]["goodput"]
+        c = _point(colocated, i) if colocated else None
+        tc = c["summary"]["ttft"]["p50"] if c else None
+        rows.append(f"- {point['label']}: TTFT p50 {_ms(ta)} (auto) / {_ms(tb)} (always) / {_ms(tc)} (colocated) ms, "
+                    f"goodput {ga:.2f} / {gb:.2f} req/s")
+        if ta is None or tb is None or ta > tb or ga < gb:
+            lost.append(point["label"])
+    verdict = ("`auto` wins at every load point: it can become the default" if not lost
+               else "`auto` does not win at " + ", ".join(lost))
+    return "\n".join([verdict + " (a TTFT p50 no higher and a goodput no lower than `always`).", ""] + rows)
+
+
+def _ms(x: float | None) -> str:
+    return "n/a" if x is None else f"{x * 1e3:.1f}"
 
 
 def _point(run: dict, i: int) -> dict | None:

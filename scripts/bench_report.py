@@ -12,7 +12,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from scripts.bench_placement import hit_rate_rows, placement_reading
+from scripts.bench_placement import hit_rate_rows, placement_reading, policy_reading
 
 METRICS = (("ttft", "TTFT"), ("tpot", "TPOT"), ("itl", "ITL"), ("e2e", "E2E latency"))
 STATS = ("mean", "p50", "p90", "p99")
@@ -221,6 +221,8 @@ def markdown(results: dict) -> str:
     lines += ["## SLO reading", "", slo_reading(results), ""]
     if (reading := placement_reading(results)) is not None:
         lines += ["## Placement reading", "", reading, ""]
+    if (reading := policy_reading(results)) is not None:
+        lines += ["## Disaggregation policy reading", "", reading, ""]
     for i, point in enumerate(results["load_points"]):
         lines += [f"## {point['label']}", ""] + table(results, i) + [""]
     problems = failures(results)

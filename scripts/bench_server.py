@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from scripts.bench_config import VARIANTS, BenchConfig
+from scripts.bench_config import VARIANTS, BenchConfig, mode_variants
 
 log = logging.getLogger("pdcluster.bench")
 
@@ -40,9 +40,9 @@ def free_port() -> int:
 def serve_command(cfg: BenchConfig, mode: str, address: str) -> list[str]:
     """`pdcluster serve ...` for one mode (`disagg` or `colocated`, maybe with a `:variant`), as a user would type
     it."""
-    mode, _, variant = mode.partition(":")
+    mode, variants = mode_variants(mode)
     cmd = ["pdcluster", "serve", "--model", str(Path(cfg.model).resolve()), "--mode", mode, "--bind", address,
-           "--device", cfg.device, *VARIANTS.get(variant, [])]
+           "--device", cfg.device, *(flag for v in variants for flag in VARIANTS[v])]
     if mode == "disagg":
         cmd += ["--prefill-workers", str(cfg.prefill_workers), "--decode-workers", str(cfg.decode_workers),
                 "--gpus-per-worker", f"{cfg.gpus_per_worker:g}"]

@@ -194,6 +194,14 @@ def test_mode_variants_pick_the_routers_placement(tmp_path):
     assert commands["disagg:load"][commands["disagg:load"].index("--placement") + 1] == "load"
     assert commands["disagg:prefix"][commands["disagg:prefix"].index("--placement") + 1] == "prefix"
     assert "--placement" not in commands["colocated"]
+    both = bench_server.serve_command(config(tmp_path, modes="disagg:auto+load"), "disagg:auto+load", "tcp://x:1")
+    assert both[both.index("--disagg-policy") + 1] == "auto" and both[both.index("--placement") + 1] == "load"
+    for bad in ("colocated:auto", "disagg:auto+never", "disagg:load+prefix", "disagg:auto+"):
+        if bad == "disagg:auto+":  # an empty variant is no variant
+            config(tmp_path, modes=bad)
+            continue
+        with pytest.raises(ValueError, match="--modes"):
+            config(tmp_path, modes=bad)
 
 
 # ---- traces -------------------------------------------------------------------------------------
@@ -483,6 +491,24 @@ def test_report_shows_the_prefix_cache_hit_rate_and_reads_the_placement_target()
     results["runs"][0]["points"][1] = point(400, 0.2)  # 1.33x the hit rate: short of 1.5x
     assert "misses the target at 2 req/s: hit rate 40.0% vs 30.0%" in bench_placement.placement_reading(results)
     assert bench_placement.placement_reading({"load_points": load_points, "runs": results["runs"][:1]}) is None
+
+
+def test_report_reads_whether_auto_disaggregation_wins():
+    from scripts import bench_placement
+
+    def point(ttft: float, goodput: float) -> dict:
+        return {"summary": {"ttft": {"p50": ttft}, "goodput": goodput}}
+    load_points = [{"label": "1 req/s"}, {"label": "2 req/s"}]
+    results = {"load_points": load_points, "runs": [
+        {"mode": "disagg:always", "points": [point(0.3, 1.0), point(0.5, 1.8)]},
+        {"mode": "disagg:auto", "points": [point(0.1, 1.0), point(0.4, 1.9)]},
+        {"mode": "colocated", "points": [point(0.12, 0.9), point(0.2, 1.2)]}]}
+    reading = bench_placement.policy_reading(results)
+    assert reading.startswith("`auto` wins at every load point")
+    assert "- 1 req/s: TTFT p50 100.0 (auto) / 300.0 (always) / 120.0 (colocated) ms" in reading
+    results["runs"][1]["points"][1] = point(0.4, 1.7)  # less goodput at 2 req/s
+    assert bench_placement.policy_reading(results).startswith("`auto` does not win at 2 req/s")
+    assert bench_placement.policy_reading({"load_points": load_points, "runs": results["runs"][2:]}) is None
 
 
 def test_no_unloaded_requests_leave_no_unloaded_record(tmp_path, monkeypatch):

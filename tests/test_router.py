@@ -634,10 +634,12 @@ OPS = st.tuples(st.sampled_from(KINDS), st.booleans(), st.integers(0, 10**6), st
 
 
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(st.lists(OPS, min_size=20, max_size=120))
-def test_random_faults_lose_nothing_and_hang_nothing(make_router, ops):
+@given(st.lists(OPS, min_size=20, max_size=120), st.sampled_from(["always", "never"]))
+def test_random_faults_lose_nothing_and_hang_nothing(make_router, ops, policy):
+    """Under `--disagg-policy never` the decode workers prefill every prompt themselves."""
     async def main():
         router = shared_router(make_router)
+        router.disagg.policy = policy
         router.requests.clear()
         router.by_client.clear()
         router.admission.queue = WaitQueue()
