@@ -53,6 +53,7 @@ class Dispatcher:
             await self.send(decode, P.GenerateTask(request_id=req.rid, token_ids=ids, sampling=req.attempt_sampling))
         else:
             req.pair(prefill, decode, blocks, place.cached_tokens(prefill, req.keys))
+            place.placed(prefill, req.keys)  # at once: the next request with this prefix follows it there
             await self.send(decode, P.Reserve(request_id=req.rid, token_ids=ids, sampling=req.attempt_sampling,
                                               prefill_worker_id=prefill.worker_id))
         return True

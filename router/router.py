@@ -235,8 +235,9 @@ class Router:
             transport = self.placement.transport(prefill, worker)
         except TransferError as e:  # --kv-transport names one these two workers cannot use
             return await self.fail(req, P.UNAVAILABLE, str(e))
+        if prefill is not req.prefill:  # the paired one stopped accepting
+            self.placement.placed(prefill, req.keys)
         req.reserved(prefill)
-        self.placement.placed(prefill, req.keys)
         await self.to_worker(prefill, P.PrefillTask(
             request_id=req.rid, token_ids=req.attempt_ids, sampling=req.attempt_sampling,
             decode_worker_id=worker.worker_id,
