@@ -15,8 +15,9 @@ POLICIES = ("prefix", "load")
 class Placement:
     """Places by cost. A prompt is prefilled (on a prefill worker, or a colocated replica) where it costs least:
     its tokens that worker's prefix cache does not hold (`prefix` policy; `load`: all of them) plus the prompt
-    tokens already waiting there; a colocated tie goes to the replica running fewer requests. Decode goes to the
-    worker with the most free KV blocks among those with room for the request."""
+    tokens already waiting there; a colocated tie goes to the replica running fewer requests, and then (as a
+    prefill tie) to the one whose cache is reckoned to hold fewer blocks, so that new prefixes spread over the
+    caches. Decode goes to the worker with the most free KV blocks among those with room for the request."""
 
     def __init__(self, registry: WorkerRegistry, kv_transport: str = "auto", policy: str = "prefix"):
         if policy not in POLICIES:
@@ -46,7 +47,8 @@ class Placement:
         return worker.load.queued_tokens + worker.prefill_tokens + num_tokens - self.cached_tokens(worker, prompt)
 
     def prefill(self, num_tokens: int, prompt: PromptKeys) -> WorkerInfo | None:
-        return min(self.registry.with_room("prefill"), key=lambda w: self.cost(w, num_tokens, prompt), default=None)
+        return min(self.registry.with_room("prefill"),
+                   key=lambda w: (self.cost(w, num_tokens, prompt), self._held(w)), default=None)
 
     def decode(self, blocks: int) -> WorkerInfo | None:
         fits = [w for w in self.registry.with_room("decode") if w.free_blocks >= blocks]
@@ -54,7 +56,11 @@ class Placement:
 
     def colocated(self, num_tokens: int, prompt: PromptKeys) -> WorkerInfo | None:
         return min(self.registry.with_room("colocated"),
-                   key=lambda w: (self.cost(w, num_tokens, prompt), w.load.running_requests), default=None)
+                   key=lambda w: (self.cost(w, num_tokens, prompt), w.load.running_requests, self._held(w)),
+                   default=None)
+
+    def _held(self, worker: WorkerInfo) -> int:
+        return self.prefixes.held(worker.worker_id) if self.policy == "prefix" else 0
 
     def placed(self, worker: WorkerInfo, prompt: PromptKeys) -> None:
         """The prompt goes to `worker` to be prefilled: its blocks will be in that worker's cache."""

@@ -63,6 +63,11 @@ class PrefixIndex:
         held = self.workers.get(worker_id)
         return 0 if held is None else held.cached_blocks(prompt) * prompt.block_size
 
+    def held(self, worker_id: str) -> int:
+        """Blocks the worker is reckoned to hold: ties go to the emptier cache, so new prefixes spread."""
+        held = self.workers.get(worker_id)
+        return 0 if held is None else len(held.keys)
+
     def sent(self, worker_id: str, capacity: int, prompt: PromptKeys) -> None:
         """`prompt` was sent to the worker: its blocks will be in that worker's cache."""
         held = self.workers.get(worker_id)

@@ -76,6 +76,20 @@ def test_the_cost_is_uncached_tokens_plus_the_work_waiting():
     assert by_load.cached_tokens(p1, prompt) == 0 and by_load.prefill(67, prompt) is p0  # the cache is ignored
 
 
+def test_new_prefixes_spread_over_the_caches():
+    """Idle workers, prefixes none holds: each goes to the emptier cache, so together they hold them all."""
+    reg = registry(("p0", "prefill"), ("p1", "prefill"), ("p2", "prefill"))
+    placement = Placement(reg)
+    chosen = []
+    for i in range(6):
+        prompt = placement.keys([i + 1] * 64)
+        worker = placement.prefill(64, prompt)
+        placement.placed(worker, prompt)
+        chosen.append(worker.worker_id)
+    assert sorted(chosen) == ["p0", "p0", "p1", "p1", "p2", "p2"]
+    assert placement.prefill(64, placement.keys([1] * 64)).worker_id == chosen[0]  # and each stays put
+
+
 def test_colocated_ties_go_to_the_replica_running_fewer():
     reg = registry(("c0", "colocated"), ("c1", "colocated"))
     c0, c1 = reg.workers["c0"], reg.workers["c1"]
