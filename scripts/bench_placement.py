@@ -24,6 +24,20 @@ def hit_rate_rows(points: list[dict | None]) -> list[tuple[str, list[str]]]:
     return [(ROW, ["n/a" if r is None else f"{100 * r:.1f}%" for r in rates])]
 
 
+def router_rows(points: list[dict | None]) -> list[tuple[str, list[str]]]:
+    """What the router decided over each point (its `totals`): prompts prefilled on the decode worker itself, and
+    streams moved after a worker died. Only where some point has them."""
+    rows = [next((e for e in (p or {}).get("engines") or [] if e["role"] == "router"), None) for p in points]
+    out = []
+    if any(r and r["local_prefills"] + r["remote_prefills"] for r in rows):
+        out.append(("prefilled on the decode worker", [
+            "n/a" if not r or not (n := r["local_prefills"] + r["remote_prefills"]) else f"{r['local_prefills']} of {n}"
+            for r in rows]))
+    if any(r and r["migrations"] for r in rows):
+        out.append(("streams moved (migrations)", ["n/a" if not r else str(r["migrations"]) for r in rows]))
+    return out
+
+
 def placement_reading(results: dict) -> str | None:
     """For each base mode run with both placements: does `prefix` reach the targets at every load point? None
     when no run pairs them."""

@@ -12,7 +12,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from scripts.bench_placement import hit_rate_rows, placement_reading, policy_reading
+from scripts.bench_placement import hit_rate_rows, placement_reading, policy_reading, router_rows
 
 METRICS = (("ttft", "TTFT"), ("tpot", "TPOT"), ("itl", "ITL"), ("e2e", "E2E latency"))
 STATS = ("mean", "p50", "p90", "p99")
@@ -123,7 +123,7 @@ def table(results: dict, i: int) -> list[str]:
             ratios = [times(tpot_ratio(run, s)) if s else "not run" for run, s in zip(runs, summaries)]
             rows.append((RATIO_ROW, ratios))
     points = [point_of(run, i) for run in runs]
-    return grid(runs, rows + engine_rows(points) + hit_rate_rows(points))
+    return grid(runs, rows + engine_rows(points) + hit_rate_rows(points) + router_rows(points))
 
 
 def unloaded_table(results: dict) -> list[str]:

@@ -25,6 +25,9 @@ STOP_TIMEOUT_S = 120.0
 HEARTBEAT_WAIT_S = 1.0
 TOTALS = ("busy_steps", "busy_seconds", "prefill_tokens_run", "decode_tokens_run", "gpu_seconds",
           "prefix_query_tokens", "prefix_hit_tokens")
+# The router's own counts (`Stats.totals`), kept as one more row of a point's `engines`, role "router".
+ROUTER = "router"
+ROUTER_TOTALS = ("prompt_tokens", "cached_tokens", "migrations", "local_prefills", "remote_prefills")
 
 
 class ClusterError(Exception):
@@ -127,19 +130,24 @@ async def watch(server: ServeProcess, client: Any) -> None:
 
 
 async def engine_totals(client: Any) -> dict[str, dict] | None:
-    """Each worker's engine totals (`WorkerStats`), after the heartbeats settle; None if stats fail."""
+    """Each worker's engine totals (`WorkerStats`) and the router's (`totals`, under "router"), after the heartbeats
+    settle; None if stats fail."""
     await asyncio.sleep(HEARTBEAT_WAIT_S)
     try:
         stats = await client.stats(timeout=10)
     except Exception as e:  # a benchmark of a cluster that cannot say this still measures latencies
         log.warning("no engine totals from the cluster's stats: %s", e)
         return None
-    return {w.worker_id: {"role": w.role, **{k: getattr(w, k, 0) for k in TOTALS}} for w in stats.workers}
+    rows = {w.worker_id: {"role": w.role, **{k: getattr(w, k, 0) for k in TOTALS}} for w in stats.workers}
+    if (totals := getattr(stats, "totals", None)) is not None:
+        rows[ROUTER] = {"role": ROUTER, **{k: getattr(totals, k, 0) for k in ROUTER_TOTALS}}
+    return rows
 
 
 def engine_activity(before: dict[str, dict] | None, after: dict[str, dict] | None) -> list[dict] | None:
     """What each worker's engine ran over a load point: the differences of its totals."""
     if before is None or after is None:
         return None
-    return [{"worker_id": wid, "role": a["role"], **{k: a.get(k, 0) - before[wid].get(k, 0) for k in TOTALS}}
+    keys = lambda row: ROUTER_TOTALS if row["role"] == ROUTER else TOTALS  # noqa: E731
+    return [{"worker_id": wid, "role": a["role"], **{k: a.get(k, 0) - before[wid].get(k, 0) for k in keys(a)}}
             for wid, a in sorted(after.items()) if wid in before]

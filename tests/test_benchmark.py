@@ -493,6 +493,36 @@ def test_report_shows_the_prefix_cache_hit_rate_and_reads_the_placement_target()
     assert bench_placement.placement_reading({"load_points": load_points, "runs": results["runs"][:1]}) is None
 
 
+def test_points_keep_the_routers_decisions_and_the_report_shows_them():
+    from types import SimpleNamespace
+
+    from scripts import bench_placement
+
+    def stats(local: int, remote: int, migrations: int):
+        worker = SimpleNamespace(worker_id="d0", role="decode", busy_steps=1)
+        totals = SimpleNamespace(prompt_tokens=0, cached_tokens=0, migrations=migrations, local_prefills=local,
+                                 remote_prefills=remote)
+        return SimpleNamespace(workers=[worker], totals=totals)
+
+    class Stats:
+        def __init__(self, *answers):
+            self.answers = list(answers)
+
+        async def stats(self, timeout=None):
+            return self.answers.pop(0)
+
+    monkey = Stats(stats(2, 3, 0), stats(7, 13, 1))
+    before, after = asyncio.run(bench_server.engine_totals(monkey)), asyncio.run(bench_server.engine_totals(monkey))
+    rows = bench_server.engine_activity(before, after)
+    router = next(r for r in rows if r["role"] == "router")
+    assert (router["local_prefills"], router["remote_prefills"], router["migrations"]) == (5, 10, 1)
+    assert "busy_steps" not in router and rows[0]["busy_steps"] == 0
+    point = {"engines": rows}
+    assert bench_placement.router_rows([point, None]) == [("prefilled on the decode worker", ["5 of 15", "n/a"]),
+                                                          ("streams moved (migrations)", ["1", "n/a"])]
+    assert bench_placement.router_rows([{"engines": rows[:1]}]) == []  # no router row: results from before
+
+
 def test_report_reads_whether_auto_disaggregation_wins():
     from scripts import bench_placement
 
