@@ -732,6 +732,25 @@ def test_removal_drains_the_worker_before_stopping_it_and_loses_nothing(make_rou
     run(main())
 
 
+def test_a_drain_past_its_timeout_moves_the_streams_it_still_holds(make_router):
+    async def main():
+        sim = await disagg(make_router, prefill=1, decode=2, drain_timeout=0.3).start()
+        sim.router.scaling.scaler = FakeScaler(sim)
+        for i in range(4):
+            await sim.submit(f"s{i}", max_tokens=30, stream=True)
+        while not all(sim.replies[f"s{i}"] for i in range(4)):  # every client has seen tokens
+            for w in list(sim.workers.values()):
+                await sim.step(w)
+        ok, message, (victim,) = await sim.router.scaling.scale("decode", -1)  # nothing steps: it times out
+        assert ok and "timed out" in message
+        await sim.drain()
+        sim.check_clean()  # every stream whole: no gap, no duplicate, 30 tokens
+        assert all(isinstance(sim.terminal(f"s{i}"), P.Result) for i in range(4))
+        assert sim.router.stats().totals.migrations == 2  # the victim's half
+
+    run(main())
+
+
 def test_added_workers_join_and_get_requests(make_router):
     async def main():
         sim = await disagg(make_router, prefill=1, decode=1).start()
