@@ -27,7 +27,7 @@ def hit_rate_rows(points: list[dict | None]) -> list[tuple[str, list[str]]]:
 def router_rows(points: list[dict | None]) -> list[tuple[str, list[str]]]:
     """What the router decided over each point (its `totals`): prompts prefilled on the decode worker itself, and
     streams moved after a worker died. Only where some point has them."""
-    rows = [next((e for e in (p or {}).get("engines") or [] if e["role"] == "router"), None) for p in points]
+    rows = [(p or {}).get("router") for p in points]
     out = []
     if any(r and r["local_prefills"] + r["remote_prefills"] for r in rows):
         out.append(("prefilled on the decode worker", [

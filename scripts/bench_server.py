@@ -25,7 +25,7 @@ STOP_TIMEOUT_S = 120.0
 HEARTBEAT_WAIT_S = 1.0
 TOTALS = ("busy_steps", "busy_seconds", "prefill_tokens_run", "decode_tokens_run", "gpu_seconds",
           "prefix_query_tokens", "prefix_hit_tokens")
-# The router's own counts (`Stats.totals`), kept as one more row of a point's `engines`, role "router".
+# The router's own counts (`Stats.totals`), kept under ROUTER beside the workers' rows (a point's `router`).
 ROUTER = "router"
 ROUTER_TOTALS = ("prompt_tokens", "cached_tokens", "migrations", "local_prefills", "remote_prefills")
 
@@ -148,6 +148,12 @@ def engine_activity(before: dict[str, dict] | None, after: dict[str, dict] | Non
     """What each worker's engine ran over a load point: the differences of its totals."""
     if before is None or after is None:
         return None
-    keys = lambda row: ROUTER_TOTALS if row["role"] == ROUTER else TOTALS  # noqa: E731
-    return [{"worker_id": wid, "role": a["role"], **{k: a.get(k, 0) - before[wid].get(k, 0) for k in keys(a)}}
-            for wid, a in sorted(after.items()) if wid in before]
+    return [{"worker_id": wid, "role": a["role"], **{k: a.get(k, 0) - before[wid].get(k, 0) for k in TOTALS}}
+            for wid, a in sorted(after.items()) if wid in before and wid != ROUTER]
+
+
+def router_activity(before: dict[str, dict] | None, after: dict[str, dict] | None) -> dict | None:
+    """What the router decided over a load point: the differences of its totals; None without them."""
+    if before is None or after is None or ROUTER not in before or ROUTER not in after:
+        return None
+    return {k: after[ROUTER][k] - before[ROUTER][k] for k in ROUTER_TOTALS}

@@ -51,6 +51,7 @@ from scripts import bench_workloads as W
 from scripts.bench_config import DEFAULT_NUM_REQUESTS, BenchConfig
 from scripts.bench_metrics import SLO, RequestRecord, summarize
 from scripts.bench_server import (ClusterError, ServeProcess, engine_activity, engine_totals, free_port, infer_mode,
+                                  router_activity,
                                   serve_command, wait_ready, watch)
 from scripts.bench_workloads import BenchRequest, TraceEntry
 
@@ -230,7 +231,8 @@ async def bench_cluster(cfg: BenchConfig, run: dict, server: ServeProcess | None
             records = await run_point(client, point, requests, times, cfg.request_timeout, bar, alive)
         result = {"load": point.to_json(), "summary": asdict(summarize(records, slo)),
                   "requests": [r.to_json() for r in records],
-                  "engines": engine_activity(before, await engine_totals(client))}
+                  "engines": engine_activity(before, after := await engine_totals(client)),
+                  "router": router_activity(before, after)}
         print(summary_line(mode, label, result["summary"]), flush=True)
         return result
 

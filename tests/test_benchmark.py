@@ -513,14 +513,14 @@ def test_points_keep_the_routers_decisions_and_the_report_shows_them():
 
     monkey = Stats(stats(2, 3, 0), stats(7, 13, 1))
     before, after = asyncio.run(bench_server.engine_totals(monkey)), asyncio.run(bench_server.engine_totals(monkey))
-    rows = bench_server.engine_activity(before, after)
-    router = next(r for r in rows if r["role"] == "router")
+    assert [r["worker_id"] for r in bench_server.engine_activity(before, after)] == ["d0"]
+    router = bench_server.router_activity(before, after)
     assert (router["local_prefills"], router["remote_prefills"], router["migrations"]) == (5, 10, 1)
-    assert "busy_steps" not in router and rows[0]["busy_steps"] == 0
-    point = {"engines": rows}
+    point = {"router": router}
     assert bench_placement.router_rows([point, None]) == [("prefilled on the decode worker", ["5 of 15", "n/a"]),
                                                           ("streams moved (migrations)", ["1", "n/a"])]
-    assert bench_placement.router_rows([{"engines": rows[:1]}]) == []  # no router row: results from before
+    assert bench_placement.router_rows([{"engines": []}]) == []  # results from before the router's totals
+    assert bench_server.router_activity({"d0": {}}, {"d0": {}}) is None
 
 
 def test_report_reads_whether_auto_disaggregation_wins():
