@@ -163,14 +163,14 @@ async def stream_all(address: str, jobs: list[tuple[list[int], dict]],
 
 
 def test_a_decode_worker_killed_under_streaming_clients_loses_nothing(cluster, fault_dir):
-    """Migration: 16 streams over both decode workers, greedy and seeded-sampled; one decode worker is killed
+    """Migration: 32 streams over both decode workers, greedy and seeded-sampled; one decode worker is killed
     mid-stream. Every request completes, each stream's tokens have no gap and no duplicate and equal an
     uninterrupted run's, and every block is free after."""
     marker = 406  # the first job's: the victim is the decode worker streaming it, after its third token
     jobs = [(prompt(marker if i == 0 else 60 + i), dict(max_tokens=200 if i == 0 else 40, ignore_eos=True,
                                                          temperature=0.0)
              if i % 2 == 0 else dict(max_tokens=40, ignore_eos=True, temperature=1.0, seed=1000 + i))
-            for i in range(16)]
+            for i in range(32)]
     reference = asyncio.run(stream_all(cluster.address, jobs))
     with cluster.client() as c:
         migrations = c.stats(timeout=10).totals.migrations
