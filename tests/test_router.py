@@ -313,6 +313,27 @@ def test_decode_death_restarts_unseen_requests_migrates_streamed_ones_and_aborts
     run(main())
 
 
+def test_a_colocated_replica_dying_mid_stream_moves_its_streams_to_another(make_router):
+    async def main():
+        c0, c1 = FakeWorker("c0", "colocated"), FakeWorker("c1", "colocated")
+        sim = await Sim(make_router(mode="colocated"), c0, c1).start()
+        for i in range(4):
+            await sim.submit(f"s{i}", max_tokens=10, stream=True)
+        while not all(sim.replies[f"s{i}"] for i in range(4)):
+            for w in sim.workers.values():
+                await sim.step(w)
+        await sim.kill(c0)
+        await sim.expire()
+        await sim.drain()
+        sim.check_clean()  # each stream whole: 10 tokens, indices 0..9
+        assert all(isinstance(sim.terminal(f"s{i}"), P.Result) for i in range(4))
+        moved = [m for w, m in sim.sent if w == "c1" and isinstance(m, P.GenerateTask) and len(m.token_ids) > 20]
+        assert moved and sim.router.stats().totals.migrations == len(moved)
+        assert all(m.sampling.max_tokens == 10 - (len(m.token_ids) - 20) for m in moved)
+
+    run(main())
+
+
 def test_prefill_death_reassigns_its_queued_requests_and_spares_decoding_ones(make_router):
     async def main():
         sim = await disagg(make_router).start()
