@@ -43,8 +43,12 @@ class Placement:
 
     def cost(self, worker: WorkerInfo, num_tokens: int, prompt: PromptKeys) -> int:
         """Tokens the worker would compute before this prompt is prefilled: what waits there, and the prompt's
-        tokens its cache does not hold."""
-        return worker.load.queued_tokens + worker.prefill_tokens + num_tokens - self.cached_tokens(worker, prompt)
+        tokens its cache does not hold. What waits there is the larger of the router's count (the prompts it sent
+        and has not seen a first token of, without what their caches were reckoned to hold) and the last
+        heartbeat's: each mostly counts the same prompts, the router's sooner (not their sum, which would count
+        them twice and push prompts away from the worker that holds their prefix)."""
+        waiting = max(worker.load.queued_tokens, worker.prefill_tokens)
+        return waiting + num_tokens - self.cached_tokens(worker, prompt)
 
     def prefill(self, num_tokens: int, prompt: PromptKeys) -> WorkerInfo | None:
         return min(self.registry.with_room("prefill"),

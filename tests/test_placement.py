@@ -67,7 +67,10 @@ def test_the_cost_is_uncached_tokens_plus_the_work_waiting():
     assert placement.prefill(67, prompt) is p1
     p1.prefill_tokens = 60  # work waiting there: still cheaper than prefilling all of it
     assert placement.prefill(67, prompt) is p1
-    p1.load = P.WorkerLoad(queued_requests=1, queued_tokens=10, running_requests=0, kv_blocks_total=64,
+    p1.load = P.WorkerLoad(queued_requests=1, queued_tokens=40, running_requests=0, kv_blocks_total=64,
+                           kv_blocks_free=64)
+    assert placement.cost(p1, 67, prompt) == 63  # the heartbeat's queue and the router's count overlap: the larger
+    p1.load = P.WorkerLoad(queued_requests=2, queued_tokens=70, running_requests=0, kv_blocks_total=64,
                            kv_blocks_free=64)
     assert placement.cost(p1, 67, prompt) == 73 and placement.prefill(67, prompt) is p0  # now it is not
     by_load = Placement(reg, policy="load")
