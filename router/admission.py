@@ -76,6 +76,17 @@ class Admission:
             raise Refused(P.OVERLOADED, f"{self.queue.tokens} prompt tokens are queued", cfg.retry_after)
         return ids
 
+    def fits(self, ids: list[int]) -> bool:
+        """Whether the workers that are left can take `ids` as a prompt (a migrating request's prompt and the tokens
+        streamed so far: one no worker can hold would wait at the head of the queue forever)."""
+        if not self.registry.can_serve(self.config.mode):
+            return True  # no worker to judge by now: it waits in the queue for one to (re)join
+        try:
+            self.check(ids, *self.registry.limits())
+        except InvalidRequest:
+            return False
+        return True
+
     def check(self, ids: list[int], max_model_len: int, vocab_size: int) -> None:
         """The engine's prompt rule, against the limits every worker supports, and room for its KV."""
         check_prompt(ids, max_model_len, vocab_size)

@@ -294,7 +294,8 @@ class Router:
                 continue
             if not req.delivered and req.attempts < self.config.request_restarts:
                 await self.restart(req)
-            elif req.delivered and req.may_migrate and req.migrations < self.config.request_migrations:
+            elif (req.delivered and req.may_migrate and req.migrations < self.config.request_migrations
+                  and self.admission.fits(req.prompt_ids + req.token_ids)):
                 await self.migrate(req)
             else:
                 done = f" after {len(req.token_ids)} tokens" if req.token_ids else ""

@@ -313,6 +313,28 @@ def test_decode_death_restarts_unseen_requests_migrates_streamed_ones_and_aborts
     run(main())
 
 
+def test_a_stream_too_long_for_the_workers_left_is_aborted_not_moved(make_router):
+    """Its prompt and tokens need more KV blocks than the decode worker left has: moved, it would wait at the head
+    of the queue forever."""
+    async def main():
+        big, small = FakeWorker("d0", "decode", num_blocks=64), FakeWorker("d1", "decode", num_blocks=8)
+        sim = await Sim(make_router(), FakeWorker("p0", "prefill"), big, small).start()
+        await sim.submit("long", prompt_len=120, max_tokens=30, stream=True)  # 8 blocks now, 9 after 8 tokens
+        while len(sim.replies["long"]) < 10:
+            for w in sim.workers.values():
+                await sim.step(w)
+        assert where(sim, "long")[1] is big
+        await sim.kill(big)
+        await sim.expire()
+        await sim.drain()
+        sim.check_clean()
+        long = sim.terminal("long")
+        assert isinstance(long, P.Error) and long.code == P.ABORTED
+        assert sim.router.stats().totals.migrations == 0
+
+    run(main())
+
+
 def test_a_colocated_replica_dying_mid_stream_moves_its_streams_to_another(make_router):
     async def main():
         c0, c1 = FakeWorker("c0", "colocated"), FakeWorker("c1", "colocated")
