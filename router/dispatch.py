@@ -42,7 +42,9 @@ class Dispatcher:
         first reserves its blocks: `reserve`, then router.py's `on_reserved`), or the decode worker itself."""
         place = self.placement
         blocks = place.blocks_needed(ids)
-        decode, prefill = place.decode(blocks), place.prefill(len(ids), req.keys)
+        local_ok = self.disagg.policy != "always"
+        decode = place.decode(blocks, len(ids), req.keys) if local_ok else place.decode(blocks)
+        prefill = place.prefill(len(ids), req.keys)
         if decode is None or (prefill is None and self.disagg.policy == "always"):
             return False
         req.estimate = self.disagg.choose(place.cost(prefill, len(ids), req.keys) if prefill else -1,

@@ -17,7 +17,8 @@ class Placement:
     its tokens that worker's prefix cache does not hold (`prefix` policy; `load`: all of them) plus the prompt
     tokens already waiting there; a colocated tie goes to the replica running fewer requests, and then (as a
     prefill tie) to the one whose cache is reckoned to hold fewer blocks, so that new prefixes spread over the
-    caches. Decode goes to the worker with the most free KV blocks among those with room for the request."""
+    caches. Decode goes to the worker with the most free KV blocks among those with room for the request (where it
+    may prefill the prompt itself, --disagg-policy never or auto: the least cost first)."""
 
     def __init__(self, registry: WorkerRegistry, kv_transport: str = "auto", policy: str = "prefix"):
         if policy not in POLICIES:
@@ -54,9 +55,14 @@ class Placement:
         return min(self.registry.with_room("prefill"),
                    key=lambda w: (self.cost(w, num_tokens, prompt), self._held(w)), default=None)
 
-    def decode(self, blocks: int) -> WorkerInfo | None:
+    def decode(self, blocks: int, num_tokens: int = 0, prompt: PromptKeys | None = None) -> WorkerInfo | None:
+        """The decode worker with the most free blocks among those with room; given the prompt (the decode worker
+        may prefill it itself), the one where it costs least, then (as for prefill) the emptier cache, then the most
+        free blocks."""
         fits = [w for w in self.registry.with_room("decode") if w.free_blocks >= blocks]
-        return max(fits, key=lambda w: w.free_blocks, default=None)
+        if prompt is None:
+            return max(fits, key=lambda w: w.free_blocks, default=None)
+        return min(fits, key=lambda w: (self.cost(w, num_tokens, prompt), self._held(w), -w.free_blocks), default=None)
 
     def colocated(self, num_tokens: int, prompt: PromptKeys) -> WorkerInfo | None:
         return min(self.registry.with_room("colocated"),

@@ -78,6 +78,24 @@ def test_never_prefills_on_the_decode_workers_and_loses_nothing(make_router):  #
     asyncio.run(main())
 
 
+def test_decode_workers_that_prefill_get_the_prompts_whose_prefix_they_hold(make_router):  # noqa: F811
+    async def main():
+        workers = [FakeWorker("p0", "prefill"), FakeWorker("d0", "decode"), FakeWorker("d1", "decode")]
+        sim = await Sim(make_router(disagg_policy="never"), *workers).start()
+        systems = [[11] * 48, [22] * 48]
+        for i in range(6):
+            await sim.submit(f"r{i}", token_ids=systems[i % 2] + [100 + i, 101 + i], max_tokens=2)
+            await sim.drain()
+        sim.check_clean()
+        by_worker: dict[str, set] = {}
+        for w, m in sim.sent:
+            if isinstance(m, P.GenerateTask):
+                by_worker.setdefault(w, set()).add(tuple(m.token_ids[:48]))
+        assert sorted(map(len, by_worker.values())) == [1, 1], by_worker  # each decode worker one system prompt
+
+    asyncio.run(main())
+
+
 PROMPTS = [[5 + (i * 7 + j) % 250 for j in range(20 + 37 * i)] for i in range(4)]  # up to 131 tokens
 
 
