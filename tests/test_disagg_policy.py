@@ -99,16 +99,18 @@ def test_decode_workers_that_prefill_get_the_prompts_whose_prefix_they_hold(make
 PROMPTS = [[5 + (i * 7 + j) % 250 for j in range(20 + 37 * i)] for i in range(4)]  # up to 131 tokens
 
 
-def test_a_decode_worker_prefilling_in_small_chunks_answers_as_the_offline_engine(tiny_qwen3_dir, tmp_path):
+@pytest.mark.parametrize("policy", ["never", "auto"])
+def test_a_decode_worker_prefilling_in_small_chunks_answers_as_the_offline_engine(tiny_qwen3_dir, tmp_path, policy):
     """--disagg-policy never with --local-prefill-chunk 16: every prompt prefilled by the decode worker, in chunks
-    between its decode steps, greedy output equal to offline generation."""
+    between its decode steps, greedy output equal to offline generation. auto: whatever it picks per request (two
+    rounds: the second after it has measured), the same output."""
     greedy = dict(max_tokens=8, temperature=0.0, ignore_eos=True)
     llm = LLM(str(tiny_qwen3_dir), device="cpu", kv_cache_memory=64 << 20)
     try:
         expected = [o.token_ids for o in llm.generate(PROMPTS, SamplingParams(**greedy), use_tqdm=False)]
     finally:
         llm.close()
-    cluster = RunningCluster(tiny_qwen3_dir, "disagg", tmp_path / "serve.log", "--disagg-policy", "never",
+    cluster = RunningCluster(tiny_qwen3_dir, "disagg", tmp_path / "serve.log", "--disagg-policy", policy,
                              "--local-prefill-chunk", "16")
     try:
         async def go():
@@ -116,11 +118,15 @@ def test_a_decode_worker_prefilling_in_small_chunks_answers_as_the_offline_engin
             async with AsyncClient(cluster.address, timeout=120) as c:
                 return await asyncio.gather(*(c.generate(p, **greedy) for p in PROMPTS))
 
-        results = asyncio.run(go())
-        assert [r.token_ids for r in results] == expected
+        rounds = 2 if policy == "auto" else 1
+        for _ in range(rounds):
+            results = asyncio.run(go())
+            assert [r.token_ids for r in results] == expected
         with cluster.client() as c:
             totals = c.stats(timeout=10).totals
-        assert (totals.local_prefills, totals.remote_prefills) == (len(PROMPTS), 0)
+        assert totals.local_prefills + totals.remote_prefills == rounds * len(PROMPTS)
+        if policy == "never":
+            assert totals.remote_prefills == 0
         assert all(w.kv_blocks_free == w.kv_blocks_total for w in cluster.wait_all_blocks_free())
     finally:
         cluster.stop_cleanly()
