@@ -42,10 +42,10 @@ class Dispatcher:
         first reserves its blocks: `reserve`, then router.py's `on_reserved`), or the decode worker itself."""
         place = self.placement
         blocks = place.blocks_needed(ids)
-        local_ok = self.disagg.policy != "always"
-        decode = place.decode(blocks, len(ids), req.keys) if local_ok else place.decode(blocks)
+        may_be_local = self.disagg.policy != "always"
+        decode = place.decode(blocks, len(ids), req.keys) if may_be_local else place.decode(blocks)
         prefill = place.prefill(len(ids), req.keys)
-        if decode is None or (prefill is None and self.disagg.policy == "always"):
+        if decode is None or (prefill is None and not may_be_local):
             return False
         req.estimate = self.disagg.choose(place.cost(prefill, len(ids), req.keys) if prefill else -1,
                                           place.cost(decode, len(ids), req.keys))
