@@ -1,4 +1,5 @@
-"""The decode worker: reserves blocks, lands the KV a prefill worker sends into them, and decodes in batches."""
+"""The decode worker: reserves blocks, lands the KV a prefill worker sends into them, and decodes in batches; a
+prompt the router sends it whole (`generate_task`) it prefills itself, in small chunks between decode steps."""
 from __future__ import annotations
 
 import logging
@@ -25,6 +26,10 @@ class DecodeWorker(KVWorker):
     def __init__(self, config: WorkerConfig, engine_config: EngineConfig):
         super().__init__(config, engine_config)
         self.handlers[P.Reserve] = self.on_reserve
+        # A prompt the router has this worker prefill itself (--disagg-policy): chunks small enough that the
+        # running decodes keep their pace.
+        self.handlers[P.GenerateTask] = lambda msg: self.add_request(msg.request_id, msg.token_ids, msg.sampling)
+        self.engine.scheduler.max_prefill_tokens = config.local_prefill_chunk
 
     # ---- router -> decode: room for the KV ------------------------------------------------------------
     def on_reserve(self, msg: P.Reserve) -> None:

@@ -37,19 +37,19 @@ class WaitQueue:
 
     def push(self, req: Request, front: bool = False) -> None:
         (self._items.appendleft if front else self._items.append)(req)
-        self.tokens += len(req.prompt_ids)
+        self.tokens += len(req.attempt_ids)
 
     def peek(self) -> Request:
         return self._items[0]
 
     def pop(self) -> Request:
         req = self._items.popleft()
-        self.tokens -= len(req.prompt_ids)
+        self.tokens -= len(req.attempt_ids)
         return req
 
     def remove(self, req: Request) -> None:
         self._items.remove(req)
-        self.tokens -= len(req.prompt_ids)
+        self.tokens -= len(req.attempt_ids)
 
 
 class Admission:
@@ -75,6 +75,17 @@ class Admission:
         if self.queue and self.queue.tokens + len(ids) > cfg.max_queued_tokens:
             raise Refused(P.OVERLOADED, f"{self.queue.tokens} prompt tokens are queued", cfg.retry_after)
         return ids
+
+    def fits(self, ids: list[int]) -> bool:
+        """Whether the workers that are left can take `ids` as a prompt (a migrating request's prompt and the tokens
+        streamed so far: one no worker can hold would wait at the head of the queue forever)."""
+        if not self.registry.can_serve(self.config.mode):
+            return True  # no worker to judge by now: it waits in the queue for one to (re)join
+        try:
+            self.check(ids, *self.registry.limits())
+        except InvalidRequest:
+            return False
+        return True
 
     def check(self, ids: list[int], max_model_len: int, vocab_size: int) -> None:
         """The engine's prompt rule, against the limits every worker supports, and room for its KV."""

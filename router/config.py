@@ -5,6 +5,8 @@ from dataclasses import dataclass, field
 
 from common import auth
 from common import protocol as P
+from router.disagg_policy import POLICIES as DISAGG_POLICIES
+from router.placement import POLICIES
 
 MODES = ("disagg", "colocated")
 
@@ -20,6 +22,14 @@ class RouterConfig:
     worker_host: str = _opt("127.0.0.1", "interface the worker endpoint binds")
     mode: str = _opt("disagg", "disagg or colocated")
     kv_transport: str = _opt("auto", "auto, host, cuda_ipc or nccl (gloo on cpu)")
+    placement: str = _opt("prefix", "where a prompt is prefilled: prefix (where the fewest of its tokens are "
+                                    "not cached, counting the work waiting there) or load (the least loaded)")
+    disagg_policy: str = _opt("always", "disagg: where each prompt is prefilled: always on a prefill worker (the KV "
+                                        "handed over), never (the decode worker prefills it itself), or auto (per "
+                                        "request, whichever is estimated to give the first token sooner, from "
+                                        "measured prefill rates, decode steps and handoff times)")
+    local_prefill_chunk: int = _opt(512, "disagg: most prompt tokens a decode worker prefills per step of the prompts "
+                                         "it prefills itself, so its running decodes keep their pace")
     max_queued_requests: int = _opt(4096, "requests waiting for a worker before new ones get `overloaded`")
     max_queued_tokens: int = _opt(1 << 20, "prompt tokens waiting for a worker before new requests get `overloaded`")
     max_worker_requests: int = _opt(1024, "requests one worker holds at a time (queued or running); more wait at "
@@ -29,6 +39,8 @@ class RouterConfig:
     worker_timeout: float = _opt(5.0, "seconds without a heartbeat before a worker counts as dead")
     request_restarts: int = _opt(1, "times a request is started over on other workers when one dies before the "
                                     "client saw a token")
+    request_migrations: int = _opt(2, "times a streamed request moves to other workers when its worker dies after "
+                                      "the client saw tokens (0: it ends `aborted`)")
     drain_timeout: float = _opt(120.0, "seconds a worker being removed (`pdcluster scale`) gets to finish its "
                                        "requests; those left are then handled as if it died")
     http: str | None = _opt(None, "HOST:PORT of the OpenAI-compatible HTTP front end and /metrics (docs/http.md); off "
@@ -63,9 +75,14 @@ class RouterConfig:
         self.http_host_port()
         if self.mode not in MODES:
             raise ValueError(f"mode: must be disagg or colocated, got {self.mode!r}")
-        for name in ("max_worker_requests", "worker_timeout"):  # zero would queue every request forever
+        if self.placement not in POLICIES:
+            raise ValueError(f"placement: must be prefix or load, got {self.placement!r}")
+        if self.disagg_policy not in DISAGG_POLICIES:
+            raise ValueError(f"disagg_policy: must be always, never or auto, got {self.disagg_policy!r}")
+        for name in ("max_worker_requests", "worker_timeout", "local_prefill_chunk"):  # zero would queue every request forever
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name}: must be positive, got {getattr(self, name)}")
-        for name in ("max_queued_requests", "max_queued_tokens", "retry_after", "request_restarts"):
+        for name in ("max_queued_requests", "max_queued_tokens", "retry_after", "request_restarts",
+                     "request_migrations"):
             if not getattr(self, name) >= 0:
                 raise ValueError(f"{name}: must be >= 0, got {getattr(self, name)}")

@@ -1,14 +1,20 @@
 """A request's life at the router, as a state machine.
 
     QUEUED --pair()--> RESERVING --reserved()--> PREFILLING --first_token()--> DECODING      (disaggregated)
-    QUEUED --run_on()--> RUNNING --first_token()--> RUNNING                                   (colocated)
+    QUEUED --run_on()--> RUNNING --first_token()--> RUNNING          (colocated; disagg: prefilled on the decode worker)
     any of them --requeue()--> QUEUED          (refused for room)
     any of them --restart()--> QUEUED          (a worker died before the client saw a token: a new attempt, new id)
+    any of them --migrate()--> QUEUED          (a worker died after: the prompt and the tokens streamed so far are
+                                                prefilled again elsewhere, and the stream goes on where it stopped)
     any of them --end()--> DONE                (its result or error went out)
 
 The transitions are the only code that changes what the workers are counted to hold for a request: the prompt
-tokens a worker still has to prefill (`prefill_tokens`), the requests it works on (`assigned`) and the blocks a
-decode worker was asked to reserve (`blocks_promised`, until its next heartbeat). So the counts cannot drift.
+tokens a worker still has to prefill (`prefill_tokens`: those its prefix cache is not reckoned to hold), the
+requests it works on (`assigned`) and the blocks a decode worker was asked to reserve (`blocks_promised`, until its
+next heartbeat). So the counts cannot drift.
+
+What an attempt sends to the workers is `attempt_ids` and `attempt_sampling`: the client's prompt and sampling,
+or after a migration the prompt followed by the tokens already streamed and the tokens still to come.
 """
 from __future__ import annotations
 
@@ -16,7 +22,11 @@ import time
 from dataclasses import dataclass, field
 from enum import Enum
 
+import msgspec
+
 from common.sampling_params import SamplingParams
+from router.disagg_policy import Estimate
+from router.prefix_index import PromptKeys
 from router.registry import WorkerInfo
 from router.stop import CompletionText
 
@@ -52,13 +62,34 @@ class Request:
     token_times: list[float] = field(default_factory=list)
     cached_tokens: int = 0
     attempts: int = 0  # restarts after a worker died
+    may_migrate: bool = True  # may continue on other workers after the client saw tokens (Submit.migrate)
+    migrations: int = 0
+    resumed_at: int = 0  # tokens streamed before this attempt began (a migration resumes after them)
     prefilled_on: str = ""  # the worker that computed its KV (disaggregated: the prefill worker's id)
+    attempt_ids: list[int] = field(default_factory=list)  # what this attempt prefills (set in __post_init__)
+    keys: PromptKeys | None = None  # attempt_ids' prefix-cache keys, once placement asked
+    estimate: Estimate | None = None  # disagg: where this attempt is prefilled, and the time it was expected to take
     _prefilling_on: WorkerInfo | None = None  # whose prefill_tokens count this prompt
+    _prefill_count: int = 0  # how many
+
+    def __post_init__(self) -> None:
+        self.attempt_ids = self.prompt_ids
 
     @property
     def delivered(self) -> bool:
         """Whether the client has seen part of the completion (then it cannot be started over)."""
         return self.stream and bool(self.token_ids)
+
+    @property
+    def attempt_sampling(self) -> SamplingParams:
+        if not self.resumed_at:
+            return self.sampling
+        return msgspec.structs.replace(self.sampling, max_tokens=self.sampling.max_tokens - self.resumed_at)
+
+    @property
+    def awaiting_first_token(self) -> bool:
+        """No token of this attempt came yet: the next one ends its prefill."""
+        return len(self.token_ids) == self.resumed_at and self.phase in (Phase.PREFILLING, Phase.RUNNING)
 
     @property
     def workers(self) -> list[WorkerInfo]:
@@ -69,22 +100,24 @@ class Request:
         return any(w.worker_id == worker_id for w in self.workers)
 
     # ---- transitions --------------------------------------------------------------------------------
-    def run_on(self, worker: WorkerInfo) -> None:
-        """Colocated: one worker prefills and decodes it."""
+    def run_on(self, worker: WorkerInfo, cached: int = 0, blocks: int = 0) -> None:
+        """One worker prefills and decodes it (a colocated one, or a decode worker that prefills it itself, with
+        `blocks` for it); `cached`: prompt tokens its cache is reckoned to hold."""
         self._expect(Phase.QUEUED)
         self.decode = worker
+        worker.blocks_promised += blocks
         worker.assigned.add(self.rid)
-        self._count_prefill(worker)
+        self._count_prefill(worker, cached)
         self._dispatched(Phase.RUNNING)
 
-    def pair(self, prefill: WorkerInfo, decode: WorkerInfo, blocks: int) -> None:
+    def pair(self, prefill: WorkerInfo, decode: WorkerInfo, blocks: int, cached: int = 0) -> None:
         """Disaggregated: `decode` reserves `blocks` for the KV that `prefill` will compute."""
         self._expect(Phase.QUEUED)
         self.prefill, self.decode = prefill, decode
         decode.blocks_promised += blocks
         decode.assigned.add(self.rid)
         prefill.assigned.add(self.rid)
-        self._count_prefill(prefill)
+        self._count_prefill(prefill, cached)
         self._dispatched(Phase.RESERVING)
 
     def reserved(self, prefill: WorkerInfo) -> None:
@@ -121,6 +154,14 @@ class Request:
         self.rid, self.attempts = rid, self.attempts + 1
         self.token_ids, self.token_times, self.cached_tokens, self.prefilled_on = [], [], 0, ""
         self.detok = detok
+        self.resumed_at, self.attempt_ids, self.keys = 0, self.prompt_ids, None
+
+    def migrate(self, rid: str) -> None:
+        """A new attempt under the id `rid` that resumes the stream: back to the queue, holding nothing, keeping the
+        tokens streamed so far (and the detokenizer's text); it prefills the prompt followed by them."""
+        self.requeue()
+        self.rid, self.migrations = rid, self.migrations + 1
+        self.resumed_at, self.attempt_ids, self.keys = len(self.token_ids), self.prompt_ids + self.token_ids, None
 
     def end(self) -> None:
         """Its last message went to the client: it holds nothing on any worker (they are told to abort it)."""
@@ -137,14 +178,15 @@ class Request:
         self.dispatched = time.monotonic()
         self.phase = phase
 
-    def _count_prefill(self, worker: WorkerInfo) -> None:
-        worker.prefill_tokens += len(self.prompt_ids)
+    def _count_prefill(self, worker: WorkerInfo, cached: int = 0) -> None:
+        self._prefill_count = max(len(self.attempt_ids) - cached, 1)
+        worker.prefill_tokens += self._prefill_count
         self._prefilling_on = worker
 
     def _uncount_prefill(self) -> None:
         if self._prefilling_on is not None:
             worker = self._prefilling_on
-            worker.prefill_tokens = max(0, worker.prefill_tokens - len(self.prompt_ids))
+            worker.prefill_tokens = max(0, worker.prefill_tokens - self._prefill_count)
             self._prefilling_on = None
 
     def _release_prefill(self) -> None:

@@ -1,6 +1,6 @@
 """The router: clients in front, workers behind, every request's life in between.
 
-    client --submit--> `submit` (admission.py) --queue--> `dispatch` (placement.py) --reserve--> decode worker;
+    client --submit--> `submit` (admission.py) --queue--> `dispatch` (dispatch.py, placement.py) --reserve--> decode worker;
     `on_reserved` --prefill_task--> prefill worker --KV--> decode worker (colocated: one `generate_task`);
     worker --token_batch--> `on_tokens` --delta / result--> client
 
@@ -25,6 +25,8 @@ from kvtransfer.errors import TransferError
 from router.admission import Admission, Refused, WaitQueue
 from router.config import RouterConfig
 from router.detokenizer import IncrementalDetokenizer
+from router.disagg_policy import DisaggPolicy
+from router.dispatch import Dispatcher
 from router.metrics import Metrics
 from router.placement import Placement
 from router.registry import WorkerInfo, WorkerRegistry
@@ -60,14 +62,19 @@ class Router:
         port = self.backend.bind_to_random_port(f"tcp://{config.worker_host}")
         self.worker_address = f"tcp://{config.worker_host}:{port}"
         self.registry = WorkerRegistry(config.max_worker_requests)
-        self.placement = Placement(self.registry, config.kv_transport)
+        self.placement = Placement(self.registry, config.kv_transport, config.placement)
+        self.disagg = DisaggPolicy(config.disagg_policy, config.local_prefill_chunk)
         self.admission = Admission(config, self.registry, self.placement, self.tokenizer)
+        self.dispatcher = Dispatcher(config.mode, self.placement, self.disagg,
+                                     lambda worker, msg: self.to_worker(worker, msg))
         self.scaling = Scaling(config, self.registry, self.on_worker_lost)
         self.requests: dict[str, Request] = {}  # by the router's id of the current attempt
         self.by_client: dict[tuple[bytes, str], str] = {}  # (client, its request id) -> the router's id
         self.local_clients: dict[bytes, LocalSink] = {}  # in-process clients: identity -> where its replies go
         self.metrics = Metrics(self.requests, self.registry)
         self.started = time.monotonic()
+        self.prompt_tokens = self.cached_tokens = 0  # of the requests that ended with a result
+        self.migrations = 0
         self._ids = itertools.count()
         self._prefix = os.urandom(3).hex()
 
@@ -181,7 +188,7 @@ class Router:
                                                    retry_after=e.retry_after))
             return
         req = Request(self._new_rid(), identity, msg.request_id, ids, msg.sampling, msg.stream,
-                      self._text(msg.stop))
+                      self._text(msg.stop), may_migrate=msg.migrate)
         self.requests[req.rid] = req
         self.by_client[(identity, msg.request_id)] = req.rid
         self.queue.push(req)
@@ -189,25 +196,8 @@ class Router:
 
     # ---- dispatch -----------------------------------------------------------------------------------
     async def dispatch(self) -> None:
-        """router -> workers: queued requests, oldest first, while some worker can take the oldest."""
-        while self.queue:
-            req = self.queue.peek()
-            if self.config.mode == "colocated":
-                worker = self.placement.colocated()
-                if worker is None:
-                    return
-                req.run_on(worker)
-                await self.to_worker(worker, P.GenerateTask(request_id=req.rid, token_ids=req.prompt_ids,
-                                                            sampling=req.sampling))
-            else:
-                blocks = self.placement.blocks_needed(req.prompt_ids)
-                decode, prefill = self.placement.decode(blocks), self.placement.prefill()
-                if decode is None or prefill is None:
-                    return
-                req.pair(prefill, decode, blocks)
-                await self.to_worker(decode, P.Reserve(request_id=req.rid, token_ids=req.prompt_ids,
-                                                       sampling=req.sampling, prefill_worker_id=prefill.worker_id))
-            self.queue.pop()
+        """router -> workers: queued requests, oldest first, while some worker can take the oldest (dispatch.py)."""
+        await self.dispatcher.run(self.queue)
 
     # ---- workers ------------------------------------------------------------------------------------
     async def on_worker(self, identity: bytes, msg: P.Message) -> None:
@@ -228,6 +218,7 @@ class Router:
                 return
             if not worker.alive:
                 await self.on_worker_back(worker)
+            self.disagg.observe_load(worker.role, worker.load, msg.load)
             self.registry.heartbeat(worker, msg)
             await self.dispatch()
         elif isinstance(msg, P.Alive):
@@ -244,6 +235,7 @@ class Router:
         old = self.registry.workers.get(msg.worker_id)
         if old is not None and old.alive:  # a restarted worker: what its old self held is gone
             await self.on_worker_lost(old, "restarted")
+        self.placement.forget_worker(msg.worker_id)  # and so is its prefix cache
         try:
             self.registry.register(msg, identity)
             log.info("worker %s (%s) joined: %d KV blocks", msg.worker_id, msg.role, msg.num_blocks)
@@ -267,7 +259,7 @@ class Router:
         req = self.requests.get(msg.request_id)
         if req is None or req.phase is not Phase.RESERVING or req.decode.worker_id != worker.worker_id:
             return  # aborted or restarted meanwhile: the abort_request that followed the reserve frees the blocks
-        prefill = req.prefill if req.prefill.accepting else self.placement.prefill()
+        prefill = req.prefill if req.prefill.accepting else self.placement.prefill(len(req.attempt_ids), req.keys)
         if prefill is None:
             return await self.fail(req, P.UNAVAILABLE, "no prefill worker is available",
                                    retry_after=self.config.retry_after)
@@ -275,9 +267,12 @@ class Router:
             transport = self.placement.transport(prefill, worker)
         except TransferError as e:  # --kv-transport names one these two workers cannot use
             return await self.fail(req, P.UNAVAILABLE, str(e))
+        if prefill is not req.prefill:  # the paired one stopped accepting
+            self.placement.placed(prefill, req.keys)
         req.reserved(prefill)
         await self.to_worker(prefill, P.PrefillTask(
-            request_id=req.rid, token_ids=req.prompt_ids, sampling=req.sampling, decode_worker_id=worker.worker_id,
+            request_id=req.rid, token_ids=req.attempt_ids, sampling=req.attempt_sampling,
+            decode_worker_id=worker.worker_id,
             decode_kv_address=worker.hello.kv_address, dst_block_ids=msg.block_ids, transport=transport,
             decode_kv=worker.hello.kv))
 
@@ -299,9 +294,12 @@ class Router:
         if req is None or req.decode is None or req.decode.worker_id != worker.worker_id:
             return
         now = time.monotonic()
-        if not req.token_ids and req.phase in (Phase.PREFILLING, Phase.RUNNING):
+        if req.awaiting_first_token:
+            if not req.resumed_at:  # a migrated attempt's cache hits are not the client's prompt's
+                req.cached_tokens = u.cached_tokens
+            if req.estimate is not None:
+                self.disagg.observe_first_token(req.estimate, now - req.dispatched)
             req.first_token()
-            req.cached_tokens = u.cached_tokens
         index, ids, text = len(req.token_ids), u.token_ids, ""
         if req.stream or req.detok.stops:
             text, kept = req.detok.add(ids)
@@ -317,9 +315,12 @@ class Router:
 
     async def on_worker_lost(self, worker: WorkerInfo, why: str) -> None:
         """A worker died (or restarted): start its requests over elsewhere where the client saw nothing of
-        them yet, end the others with `aborted`. Either way the surviving side frees its blocks."""
+        them yet, move the others (the prompt and the tokens streamed so far prefilled again, the stream going on
+        where it stopped) unless their client opted out, end the rest with `aborted`. Either way the surviving
+        side frees its blocks."""
         log.error("%s worker %s %s: %d requests affected", worker.role, worker.worker_id, why, len(worker.assigned))
         worker.alive = False
+        self.placement.forget_worker(worker.worker_id)
         for rid in list(worker.assigned):
             worker.assigned.discard(rid)
             worker.lost.add(rid)
@@ -328,6 +329,9 @@ class Router:
                 continue
             if not req.delivered and req.attempts < self.config.request_restarts:
                 await self.restart(req)
+            elif (req.delivered and req.may_migrate and req.migrations < self.config.request_migrations
+                  and self.admission.fits(req.prompt_ids + req.token_ids)):
+                await self.migrate(req)
             else:
                 done = f" after {len(req.token_ids)} tokens" if req.token_ids else ""
                 await self.fail(req, P.ABORTED, f"{worker.role} worker {worker.worker_id} {why}{done}",
@@ -346,6 +350,18 @@ class Router:
         await self._abort_on_workers(req)
         self.requests.pop(req.rid, None)
         req.restart(self._new_rid(), self._text(req.detok.stops))
+        self.requests[req.rid] = req
+        self.by_client[(req.client, req.client_rid)] = req.rid
+        self.queue.push(req, front=True)
+
+    async def migrate(self, req: Request) -> None:
+        """Continue a streamed request elsewhere under a new id: its prompt and the tokens the client has are
+        prefilled again and decoding resumes, the stream's next `Delta.index` where it stopped."""
+        await self._abort_on_workers(req)
+        self.requests.pop(req.rid, None)
+        log.info("request %s continues on other workers after %d tokens", req.client_rid, len(req.token_ids))
+        self.migrations += 1
+        req.migrate(self._new_rid())
         self.requests[req.rid] = req
         self.by_client[(req.client, req.client_rid)] = req.rid
         self.queue.push(req, front=True)
@@ -371,6 +387,8 @@ class Router:
         usage = P.Usage(prompt_tokens=len(req.prompt_ids), completion_tokens=len(req.token_ids),
                         cached_tokens=min(req.cached_tokens, len(req.prompt_ids)))
         self.metrics.finished(reason, usage, timings)
+        self.prompt_tokens += usage.prompt_tokens
+        self.cached_tokens += usage.cached_tokens
         await self.to_client(req.client, P.Result(request_id=req.client_rid, token_ids=req.token_ids, text=text,
                                                   finish_reason=reason, usage=usage, timings=timings))
         self._forget(req)
@@ -397,7 +415,10 @@ class Router:
     # ---- io -----------------------------------------------------------------------------------------
     def stats(self) -> P.Stats:
         return P.Stats(uptime=time.monotonic() - self.started, requests_in_flight=len(self.requests),
-                       queued_requests=len(self.queue), workers=[w.stats() for w in self.registry.workers.values()])
+                       queued_requests=len(self.queue), workers=[w.stats() for w in self.registry.workers.values()],
+                       totals=P.RouterTotals(prompt_tokens=self.prompt_tokens, cached_tokens=self.cached_tokens,
+                                             migrations=self.migrations, local_prefills=self.disagg.local_choices,
+                                             remote_prefills=self.disagg.remote_choices))
 
     def _text(self, stops: list[str]) -> CompletionText:
         return CompletionText(IncrementalDetokenizer(self.tokenizer), stops)

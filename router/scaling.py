@@ -95,7 +95,7 @@ class Scaling:
         timeout = self.config.drain_timeout
         drained = await wait_until(lambda: all(w.idle_since(started) for w in victims), timeout)
         for worker in victims:
-            if worker.assigned:  # past the timeout: as if it died (moved if unseen, else aborted)
+            if worker.assigned:  # past the timeout: as if it died (started over if unseen, else migrated)
                 await self.lose(worker, f"was removed after the {timeout:g} s drain timeout")
             await self.scaler.remove(worker.worker_id)
             self.registry.forget(worker.worker_id)

@@ -7,9 +7,20 @@ import shlex
 from dataclasses import dataclass, field
 from typing import Any
 
-from scripts.bench_workloads import LengthRange
+from scripts.bench_workloads import ARRIVALS, LengthRange, prefixes_to_fill
 
 MODES = ("disagg", "colocated")
+# A mode may name variants after a colon, joined by `+`: the router's placement (`disagg:load` places prefills by
+# load alone, the baseline of prefix-aware placement, `prefix`) and, disaggregated, where each prompt is prefilled
+# (`disagg:auto`, `disagg:never`, `disagg:always`: --disagg-policy), e.g. `disagg:auto+load`.
+PLACEMENT_VARIANTS, POLICY_VARIANTS = ("prefix", "load"), ("always", "never", "auto")
+VARIANTS = {**{v: ["--placement", v] for v in PLACEMENT_VARIANTS}, **{v: ["--disagg-policy", v] for v in POLICY_VARIANTS}}
+
+
+def mode_variants(mode: str) -> tuple[str, list[str]]:
+    """`disagg:auto+load` -> ("disagg", ["auto", "load"])."""
+    base, _, variants = mode.partition(":")
+    return base, [v for v in variants.split("+") if v] if variants else []
 WORKLOADS = ("random", "long-short", "shared-prefix", "trace")
 DEFAULT_RATES = "1,2,4,8"
 DEFAULT_NUM_REQUESTS = 100
@@ -26,11 +37,16 @@ class BenchConfig:
                                    "vocabulary size")
     address: str | None = _opt(None, "benchmark the cluster running at this router address instead of "
                                      "starting one per mode")
-    modes: str | None = _opt(None, "comma list of disagg, colocated (default: both; with --address: the "
-                                   "running cluster's)")
+    modes: str | None = _opt(None, "comma list of disagg, colocated, each with variants after a colon if "
+                                   "wanted, joined by +: prefix or load (placement), always, never or auto "
+                                   "(disagg: --disagg-policy), e.g. disagg:always,disagg:auto,colocated "
+                                   "(default: disagg,colocated; with --address: the running cluster's)")
     rates: str | None = _opt(None, f"comma list of Poisson arrival rates, requests/s; inf = all at once "
                                    f"(default: {DEFAULT_RATES})")
     concurrency: str | None = _opt(None, "comma list of closed-loop concurrencies, instead of --rates")
+    arrivals: str = _opt("poisson", "open loop: poisson, or gamma (gaps with coefficient of variation --burstiness)")
+    burstiness: float = _opt(1.0, "gamma arrivals: coefficient of variation of the gaps between requests (1: as "
+                                  "Poisson; 2-4: bursts and lulls)")
     num_requests: int | None = _opt(None, f"requests per load point (default: {DEFAULT_NUM_REQUESTS}; "
                                           "a trace's: all its lines)")
     warmup_requests: int = _opt(4, "requests sent to each cluster before measuring, not counted")
@@ -44,6 +60,9 @@ class BenchConfig:
     long_fraction: float = _opt(0.25, "long-short: share of long requests")
     prefix_len: int = _opt(1024, "shared-prefix: tokens of each system prompt")
     num_prefixes: int = _opt(4, "shared-prefix: distinct system prompts")
+    prefix_cache_tokens: int | None = _opt(None, "shared-prefix: the prefix cache (KV tokens) of one prefill worker "
+                                                 "(colocated: replica); given, --num-prefixes is chosen so that the "
+                                                 "prefixes fit in all their caches together but not in one")
     trace: str | None = _opt(None, "trace workload: JSON lines {\"arrival\": s, \"input_len\": n, "
                                    "\"output_len\": n}")
     slo_ttft: float = _opt(1.0, "SLO on time to first token, seconds")
@@ -68,8 +87,17 @@ class BenchConfig:
         if self.address and (self.modes or "").count(",") > 0:
             raise ValueError("bench: --address benchmarks one running cluster: give at most one mode")
         for mode in self.mode_list():
-            if mode not in MODES:
-                raise ValueError(f"--modes: expected disagg and/or colocated, got {mode!r}")
+            base, variants = mode_variants(mode)
+            policies = [v for v in variants if v in POLICY_VARIANTS]
+            placements = [v for v in variants if v in PLACEMENT_VARIANTS]
+            if (base not in MODES or len(policies) + len(placements) < len(variants) or len(policies) > 1
+                    or len(placements) > 1 or (policies and base != "disagg")):
+                raise ValueError(f"--modes: expected disagg and/or colocated, each maybe with :VARIANT[+VARIANT] "
+                                 f"(a placement: prefix, load; disagg: always, never, auto), got {mode!r}")
+        if self.arrivals not in ARRIVALS:
+            raise ValueError(f"--arrivals: expected one of {', '.join(ARRIVALS)}, got {self.arrivals!r}")
+        if not self.burstiness > 0 or not math.isfinite(self.burstiness):
+            raise ValueError(f"--burstiness: must be a finite number > 0, got {self.burstiness:g}")
         if self.rates and self.concurrency:
             raise ValueError("bench: give --rates (open loop) or --concurrency (closed loop), not both")
         self.rate_list()
@@ -82,7 +110,7 @@ class BenchConfig:
             self.lengths(name)
         if not 0 <= self.long_fraction <= 1:
             raise ValueError(f"--long-fraction: must be in [0, 1], got {self.long_fraction:g}")
-        positive = ("prefix_len", "num_prefixes", "num_requests", "prefill_workers", "decode_workers", "workers",
+        positive = ("prefix_len", "num_prefixes", "prefix_cache_tokens", "num_requests", "prefill_workers", "decode_workers", "workers",
                     "vocab_size", "slo_ttft", "slo_tpot", "request_timeout", "ready_timeout", "gpus_per_worker",
                     "colocated_gpus_per_worker")
         for name in positive:
@@ -92,6 +120,11 @@ class BenchConfig:
         for name in ("warmup_requests", "unloaded_requests"):
             if getattr(self, name) < 0:
                 raise ValueError(f"--{name.replace('_', '-')}: must be >= 0, got {getattr(self, name)}")
+        if self.prefix_cache_tokens is not None:
+            try:
+                self.prefix_count()
+            except ValueError as e:
+                raise ValueError(f"--prefix-cache-tokens: {e}") from None
         try:
             shlex.split(self.serve_args)
         except ValueError as e:
@@ -102,6 +135,15 @@ class BenchConfig:
         if len(set(modes)) != len(modes):
             raise ValueError(f"--modes: a mode is named twice in {self.modes!r}")
         return modes
+
+    def prefix_count(self) -> int:
+        """shared-prefix: distinct system prompts; with --prefix-cache-tokens, as many as fill the caches of the
+        prefill workers (colocated replicas, when no disagg mode runs) together but do not fit in one."""
+        if self.prefix_cache_tokens is None:
+            return self.num_prefixes
+        disagg = any(mode_variants(m)[0] == "disagg" for m in self.mode_list()) or not self.mode_list()
+        workers = self.prefill_workers if disagg else self.workers
+        return prefixes_to_fill(self.prefix_cache_tokens, workers, self.prefix_len)
 
     def rate_list(self) -> list[float]:
         rates = []

@@ -12,6 +12,8 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+from scripts.bench_placement import hit_rate_rows, placement_reading, policy_reading, router_rows
+
 METRICS = (("ttft", "TTFT"), ("tpot", "TPOT"), ("itl", "ITL"), ("e2e", "E2E latency"))
 STATS = ("mean", "p50", "p90", "p99")
 PLOTS = ("latency.png", "goodput.png", "ttft_cdf.png", "tpot_cdf.png")
@@ -120,7 +122,8 @@ def table(results: dict, i: int) -> list[str]:
         if key == "tpot":
             ratios = [times(tpot_ratio(run, s)) if s else "not run" for run, s in zip(runs, summaries)]
             rows.append((RATIO_ROW, ratios))
-    return grid(runs, rows + engine_rows([point_of(run, i) for run in runs]))
+    points = [point_of(run, i) for run in runs]
+    return grid(runs, rows + engine_rows(points) + hit_rate_rows(points) + router_rows(points))
 
 
 def unloaded_table(results: dict) -> list[str]:
@@ -216,6 +219,10 @@ def markdown(results: dict) -> str:
         lines += ["## Unloaded reference", "", "Requests sent one at a time, before the load points.", ""]
         lines += unloaded_table(results) + [""]
     lines += ["## SLO reading", "", slo_reading(results), ""]
+    if (reading := placement_reading(results)) is not None:
+        lines += ["## Placement reading", "", reading, ""]
+    if (reading := policy_reading(results)) is not None:
+        lines += ["## Disaggregation policy reading", "", reading, ""]
     for i, point in enumerate(results["load_points"]):
         lines += [f"## {point['label']}", ""] + table(results, i) + [""]
     problems = failures(results)

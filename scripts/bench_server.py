@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from scripts.bench_config import BenchConfig
+from scripts.bench_config import VARIANTS, BenchConfig, mode_variants
 
 log = logging.getLogger("pdcluster.bench")
 
@@ -23,7 +23,11 @@ READY_POLL_S = 2.0  # between checks that `serve` is still alive while waiting f
 STOP_TIMEOUT_S = 120.0
 # Two worker heartbeats: the router's stats then hold every step of what just ran.
 HEARTBEAT_WAIT_S = 1.0
-TOTALS = ("busy_steps", "busy_seconds", "prefill_tokens_run", "decode_tokens_run", "gpu_seconds")
+TOTALS = ("busy_steps", "busy_seconds", "prefill_tokens_run", "decode_tokens_run", "gpu_seconds",
+          "prefix_query_tokens", "prefix_hit_tokens")
+# The router's own counts (`Stats.totals`), kept under ROUTER beside the workers' rows (a point's `router`).
+ROUTER = "router"
+ROUTER_TOTALS = ("prompt_tokens", "cached_tokens", "migrations", "local_prefills", "remote_prefills")
 
 
 class ClusterError(Exception):
@@ -37,9 +41,11 @@ def free_port() -> int:
 
 
 def serve_command(cfg: BenchConfig, mode: str, address: str) -> list[str]:
-    """`pdcluster serve ...` for one mode, as a user would type it."""
+    """`pdcluster serve ...` for one mode (`disagg` or `colocated`, maybe with a `:variant`), as a user would type
+    it."""
+    mode, variants = mode_variants(mode)
     cmd = ["pdcluster", "serve", "--model", str(Path(cfg.model).resolve()), "--mode", mode, "--bind", address,
-           "--device", cfg.device]
+           "--device", cfg.device, *(flag for v in variants for flag in VARIANTS[v])]
     if mode == "disagg":
         cmd += ["--prefill-workers", str(cfg.prefill_workers), "--decode-workers", str(cfg.decode_workers),
                 "--gpus-per-worker", f"{cfg.gpus_per_worker:g}"]
@@ -124,14 +130,18 @@ async def watch(server: ServeProcess, client: Any) -> None:
 
 
 async def engine_totals(client: Any) -> dict[str, dict] | None:
-    """Each worker's engine totals (`WorkerStats`), after the heartbeats settle; None if stats fail."""
+    """Each worker's engine totals (`WorkerStats`) and the router's (`totals`, under "router"), after the heartbeats
+    settle; None if stats fail."""
     await asyncio.sleep(HEARTBEAT_WAIT_S)
     try:
         stats = await client.stats(timeout=10)
     except Exception as e:  # a benchmark of a cluster that cannot say this still measures latencies
         log.warning("no engine totals from the cluster's stats: %s", e)
         return None
-    return {w.worker_id: {"role": w.role, **{k: getattr(w, k, 0) for k in TOTALS}} for w in stats.workers}
+    rows = {w.worker_id: {"role": w.role, **{k: getattr(w, k, 0) for k in TOTALS}} for w in stats.workers}
+    if (totals := getattr(stats, "totals", None)) is not None:
+        rows[ROUTER] = {"role": ROUTER, **{k: getattr(totals, k, 0) for k in ROUTER_TOTALS}}
+    return rows
 
 
 def engine_activity(before: dict[str, dict] | None, after: dict[str, dict] | None) -> list[dict] | None:
@@ -139,4 +149,11 @@ def engine_activity(before: dict[str, dict] | None, after: dict[str, dict] | Non
     if before is None or after is None:
         return None
     return [{"worker_id": wid, "role": a["role"], **{k: a.get(k, 0) - before[wid].get(k, 0) for k in TOTALS}}
-            for wid, a in sorted(after.items()) if wid in before]
+            for wid, a in sorted(after.items()) if wid in before and wid != ROUTER]
+
+
+def router_activity(before: dict[str, dict] | None, after: dict[str, dict] | None) -> dict | None:
+    """What the router decided over a load point: the differences of its totals; None without them."""
+    if before is None or after is None or ROUTER not in before or ROUTER not in after:
+        return None
+    return {k: after[ROUTER][k] - before[ROUTER][k] for k in ROUTER_TOTALS}

@@ -81,6 +81,19 @@ def shared_prefix_mix(rng: random.Random, n: int, vocab_size: int, prefix_len: i
             for _ in range(n)]
 
 
+def prefixes_to_fill(cache_tokens: int, workers: int, prefix_len: int, fill: float = 0.75) -> int:
+    """How many distinct system prompts of `prefix_len` tokens fit in `workers` prefix caches of `cache_tokens`
+    each together (within `fill` of their sum) but not in one: where placing a prefix where it is cached pays,
+    and placing by load alone makes every cache hold every prefix and thrash. Raises ValueError where no count
+    does both."""
+    most = int(fill * workers * cache_tokens) // prefix_len
+    fewest = cache_tokens // prefix_len + 1
+    if workers < 2 or most < fewest:
+        raise ValueError(f"no number of {prefix_len}-token prefixes fits {workers} caches of {cache_tokens} tokens "
+                         f"together but not one (needs 2+ workers and prefixes well under a cache)")
+    return most
+
+
 # ---- traces -------------------------------------------------------------------------------------
 TRACE_FIELDS = ("arrival", "input_len", "output_len")
 
@@ -157,6 +170,23 @@ def scale_arrivals(arrivals: list[float], rate: float) -> list[float]:
 
 
 # ---- arrivals -----------------------------------------------------------------------------------
+ARRIVALS = ("poisson", "gamma")
+
+
+def gamma_arrivals(rng: random.Random, n: int, rate: float, cv: float) -> list[float]:
+    """Arrival times whose gaps are gamma-distributed with mean 1 / `rate` and coefficient of variation `cv`
+    (shape 1 / cv^2): cv 1 is Poisson, above 1 bursty (clumps of arrivals and long lulls), below 1 steadier;
+    inf: all at 0."""
+    if math.isinf(rate):
+        return [0.0] * n
+    shape = 1.0 / (cv * cv)
+    t, times = 0.0, []
+    for _ in range(n):
+        t += rng.gammavariate(shape, 1.0 / (rate * shape))
+        times.append(t)
+    return times
+
+
 def poisson_arrivals(rng: random.Random, n: int, rate: float) -> list[float]:
     """Arrival times of a Poisson process of `rate` requests/s (exponential gaps); inf: all at 0."""
     if math.isinf(rate):

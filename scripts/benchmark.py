@@ -2,6 +2,7 @@
 
     pdcluster bench --model DIR --modes disagg,colocated --rates 1,2,4,8 --out OUT      # open loop, Poisson
     pdcluster bench --model DIR --concurrency 1,8,32 --out OUT                          # closed loop
+    pdcluster bench --model DIR --rates 2,4 --arrivals gamma --burstiness 3 --out OUT   # bursty open loop
     pdcluster bench --address tcp://HOST:5555 --vocab-size 151936 --rates 4 --out OUT   # a running cluster
     python -m scripts.cli bench ...                                                     # the same
 
@@ -15,7 +16,10 @@ every request and arrival time repeatable. OUT gets results.json, report.md and 
 Workloads (--workload): random (--input-len/--output-len, N or LO:HI), long-short (a --long-fraction of
 long-prompt/short-answer requests among ordinary ones), shared-prefix (--num-prefixes system prompts of
 --prefix-len tokens before each prompt), trace (--trace FILE, JSON lines of arrival, input_len,
-output_len; replayed as recorded, or scaled to each of --rates).
+output_len; replayed as recorded, or scaled to each of --rates). With --prefix-cache-tokens (one prefill worker's
+KV cache, in tokens), shared-prefix picks as many system prompts as fill all the prefill workers' caches together
+but not one: the workload where prefix-aware placement pays. A mode may name a variant (--modes
+disagg:prefix,disagg:load compares the router's placements on the same load).
 
 Fair comparisons use the same hardware for both modes:
 
@@ -47,6 +51,7 @@ from scripts import bench_workloads as W
 from scripts.bench_config import DEFAULT_NUM_REQUESTS, BenchConfig
 from scripts.bench_metrics import SLO, RequestRecord, summarize
 from scripts.bench_server import (ClusterError, ServeProcess, engine_activity, engine_totals, free_port, infer_mode,
+                                  router_activity,
                                   serve_command, wait_ready, watch)
 from scripts.bench_workloads import BenchRequest, TraceEntry
 
@@ -95,7 +100,7 @@ def build_requests(cfg: BenchConfig, rng: random.Random, n: int, vocab: int,
         return W.long_short_mix(rng, n, vocab, ins, outs, cfg.lengths("long_input_len"),
                                 cfg.lengths("long_output_len"), cfg.long_fraction)
     if cfg.workload == "shared-prefix":
-        return W.shared_prefix_mix(rng, n, vocab, cfg.prefix_len, cfg.num_prefixes, ins, outs)
+        return W.shared_prefix_mix(rng, n, vocab, cfg.prefix_len, cfg.prefix_count(), ins, outs)
     return W.random_requests(rng, n, vocab, ins, outs)
 
 
@@ -105,7 +110,10 @@ def arrivals(cfg: BenchConfig, point: LoadPoint, index: int, requests: list[Benc
         return [r.arrival for r in requests]
     if requests and requests[0].arrival is not None:
         return W.scale_arrivals([r.arrival for r in requests], point.value)
-    return W.poisson_arrivals(random.Random(f"{cfg.seed}:{index}:arrivals"), len(requests), point.value)
+    rng = random.Random(f"{cfg.seed}:{index}:arrivals")
+    if cfg.arrivals == "gamma":
+        return W.gamma_arrivals(rng, len(requests), point.value, cfg.burstiness)
+    return W.poisson_arrivals(rng, len(requests), point.value)
 
 
 def describe_workload(cfg: BenchConfig, n: int) -> str:
@@ -116,8 +124,9 @@ def describe_workload(cfg: BenchConfig, n: int) -> str:
         io = (f"{100 * cfg.long_fraction:g}% long (input {cfg.long_input_len}, output {cfg.long_output_len}), "
               f"the others {io}")
     elif cfg.workload == "shared-prefix":
-        io = f"one of {cfg.num_prefixes} system prompts of {cfg.prefix_len} tokens + {io}"
-    return f"{cfg.workload}: {io}; {n} requests per load point"
+        io = f"one of {cfg.prefix_count()} system prompts of {cfg.prefix_len} tokens + {io}"
+    arrive = f"; gamma arrivals, CV {cfg.burstiness:g}" if cfg.arrivals == "gamma" and not cfg.concurrency else ""
+    return f"{cfg.workload}: {io}; {n} requests per load point{arrive}"
 
 
 def model_vocab_size(cfg: BenchConfig) -> int:
@@ -222,7 +231,8 @@ async def bench_cluster(cfg: BenchConfig, run: dict, server: ServeProcess | None
             records = await run_point(client, point, requests, times, cfg.request_timeout, bar, alive)
         result = {"load": point.to_json(), "summary": asdict(summarize(records, slo)),
                   "requests": [r.to_json() for r in records],
-                  "engines": engine_activity(before, await engine_totals(client))}
+                  "engines": engine_activity(before, after := await engine_totals(client)),
+                  "router": router_activity(before, after)}
         print(summary_line(mode, label, result["summary"]), flush=True)
         return result
 

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import shlex
 import signal
 import socket
 import subprocess
@@ -25,7 +26,11 @@ class RunningCluster:
                  auth_token: str | None = None):
         self.address = f"tcp://127.0.0.1:{free_port()}"
         self.auth_token = auth_token  # what clients present; the serve side gets its secret from `env` or `extra`
-        args = [sys.executable, "-m", "scripts.cli", "serve", "--model", str(model), "--mode", mode, "--device", "cpu",
+        # PDCLUSTER_TEST_DEVICE=cuda runs the same tests on a GPU host (e.g. the migration test, issue 19), with
+        # PDCLUSTER_TEST_SERVE_ARGS for what a GPU needs (e.g. "--gpus-per-worker 0.5": 4 workers on 2 GPUs).
+        device = os.environ.get("PDCLUSTER_TEST_DEVICE", "cpu")
+        extra = (*extra, *shlex.split(os.environ.get("PDCLUSTER_TEST_SERVE_ARGS", "")))
+        args = [sys.executable, "-m", "scripts.cli", "serve", "--model", str(model), "--mode", mode, "--device", device,
                 "--bind", self.address, "--kv-cache-memory", "64MiB", "--max-num-seqs", "64",
                 "--max-num-batched-tokens", "1024", *extra]
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),

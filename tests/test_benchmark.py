@@ -138,6 +138,72 @@ def test_poisson_arrivals_have_the_asked_rate():
     assert W.poisson_arrivals(random.Random(0), 3, math.inf) == [0.0, 0.0, 0.0]
 
 
+@pytest.mark.parametrize("cv", [0.5, 1.0, 3.0])
+def test_gamma_arrivals_have_the_asked_rate_and_burstiness(cv):
+    times = W.gamma_arrivals(random.Random(1), 20000, 4.0, cv)
+    gaps = np.diff([0.0] + times)
+    assert times == sorted(times) and (gaps >= 0).all()
+    assert len(times) / times[-1] == pytest.approx(4.0, rel=0.05)
+    assert gaps.std() / gaps.mean() == pytest.approx(cv, rel=0.08)
+    assert W.gamma_arrivals(random.Random(1), 50, 4.0, cv) == W.gamma_arrivals(random.Random(1), 50, 4.0, cv)
+    assert W.gamma_arrivals(random.Random(0), 3, math.inf, cv) == [0.0, 0.0, 0.0]
+
+
+def test_bursty_arrivals_clump():
+    """Same mean rate: with CV 3 more requests land within a tenth of the mean gap of the one before."""
+    def close(times):
+        return int((np.diff(times) < 0.1 / 4.0).sum())
+    assert close(W.gamma_arrivals(random.Random(2), 4000, 4.0, 3.0)) > 3 * close(
+        W.poisson_arrivals(random.Random(2), 4000, 4.0))
+
+
+def test_prefixes_to_fill_fit_the_caches_together_but_not_one():
+    n = W.prefixes_to_fill(cache_tokens=10_000, workers=2, prefix_len=1024)
+    assert n * 1024 > 10_000 and n * 1024 <= 2 * 10_000
+    assert W.prefixes_to_fill(10_000, 4, 1024) > n
+    for workers, prefix in ((1, 1024), (2, 9_000)):
+        with pytest.raises(ValueError, match="together but not one"):
+            W.prefixes_to_fill(10_000, workers, prefix)
+
+
+def test_shared_prefix_workload_sized_from_the_cache(tmp_path):
+    cfg = config(tmp_path, workload="shared-prefix", prefix_len=64, prefix_cache_tokens=256, prefill_workers=3,
+                 input_len="8", output_len="2")
+    assert cfg.prefix_count() == W.prefixes_to_fill(256, 3, 64) == 9
+    reqs = build_requests(cfg, random.Random(0), 200, 100, None)
+    prefixes = {tuple(r.prompt_ids[:64]) for r in reqs}
+    assert 256 < len(prefixes) * 64 <= 3 * 256 and len(prefixes) == 9
+    assert "one of 9 system prompts" in benchmark.describe_workload(cfg, 200)
+    with pytest.raises(ValueError, match="--prefix-cache-tokens"):
+        config(tmp_path, workload="shared-prefix", prefix_len=64, prefix_cache_tokens=256, prefill_workers=1)
+
+
+def test_gamma_load_points_use_gamma_arrivals(tmp_path):
+    cfg = config(tmp_path, arrivals="gamma", burstiness=2.5)
+    reqs = [W.BenchRequest([1], 1)] * 6
+    expected = W.gamma_arrivals(random.Random(f"{cfg.seed}:1:arrivals"), 6, 3.0, 2.5)
+    assert arrivals(cfg, LoadPoint("rate", 3.0), 1, reqs) == expected
+    assert "gamma arrivals, CV 2.5" in benchmark.describe_workload(cfg, 6)
+
+
+def test_mode_variants_pick_the_routers_placement(tmp_path):
+    cfg = config(tmp_path, modes="disagg:prefix,disagg:load,colocated")
+    assert cfg.mode_list() == ["disagg:prefix", "disagg:load", "colocated"]
+    commands = {m: bench_server.serve_command(cfg, m, "tcp://127.0.0.1:1") for m in cfg.mode_list()}
+    assert commands["disagg:load"][commands["disagg:load"].index("--mode") + 1] == "disagg"
+    assert commands["disagg:load"][commands["disagg:load"].index("--placement") + 1] == "load"
+    assert commands["disagg:prefix"][commands["disagg:prefix"].index("--placement") + 1] == "prefix"
+    assert "--placement" not in commands["colocated"]
+    both = bench_server.serve_command(config(tmp_path, modes="disagg:auto+load"), "disagg:auto+load", "tcp://x:1")
+    assert both[both.index("--disagg-policy") + 1] == "auto" and both[both.index("--placement") + 1] == "load"
+    for bad in ("colocated:auto", "disagg:auto+never", "disagg:load+prefix", "disagg:auto+"):
+        if bad == "disagg:auto+":  # an empty variant is no variant
+            config(tmp_path, modes=bad)
+            continue
+        with pytest.raises(ValueError, match="--modes"):
+            config(tmp_path, modes=bad)
+
+
 # ---- traces -------------------------------------------------------------------------------------
 TRACE = ['{"arrival": 2.5, "input_len": 30, "output_len": 4, "user": "b"}', "",
          '{"arrival": 0.5, "input_len": 10, "output_len": 2}',
@@ -197,6 +263,9 @@ def test_bench_reports_a_bad_trace_line_in_one_line(tmp_path, capsys):
     (["--input-len", "9:3"], "--input-len: expected 1 <= LO <= HI"),
     (["--slo-tpot", "0"], "--slo-tpot: must be > 0"),
     (["--unloaded-requests", "-1"], "--unloaded-requests: must be >= 0, got -1"),
+    (["--modes", "disagg:fastest"], "--modes: expected disagg and/or colocated"),
+    (["--arrivals", "weibull"], "--arrivals: expected one of poisson, gamma"),
+    (["--burstiness", "0"], "--burstiness: must be a finite number > 0"),
 ])
 def test_bad_flags_exit_2_with_one_line(flags, problem, tmp_path, capsys):
     assert cli_main(["bench", "--model", str(tmp_path), "--out", str(tmp_path / "o"), *flags]) == 2
@@ -399,6 +468,77 @@ def test_report_shows_the_decode_engines_step_and_batch():
         e.pop("gpu_seconds", None)
     assert bench_report.decode_engines(point)["gpu_busy"] is None
     assert bench_report.engine_rows([{"summary": {"duration": 1.0}}, None]) == []  # results from before the totals
+
+
+def engines(hit: int, asked: int) -> list[dict]:
+    return [{"worker_id": "p0", "role": "prefill", "prefix_query_tokens": asked, "prefix_hit_tokens": hit},
+            {"worker_id": "d0", "role": "decode", "prefix_query_tokens": 0, "prefix_hit_tokens": 0}]
+
+
+def test_report_shows_the_prefix_cache_hit_rate_and_reads_the_placement_target():
+    from scripts import bench_placement
+
+    def point(hit: int, ttft: float) -> dict:
+        return {"summary": {"ttft": {"p50": ttft}}, "engines": engines(hit, 1000)}
+    assert bench_placement.hit_rate(point(300, 1.0)) == pytest.approx(0.3)
+    assert bench_placement.hit_rate({"summary": {}}) is None  # results from before the totals
+    assert bench_placement.hit_rate_rows([point(300, 1.0), None]) == [("prefix cache hit rate", ["30.0%", "n/a"])]
+    load_points = [{"label": "1 req/s"}, {"label": "2 req/s"}]
+    results = {"load_points": load_points, "runs": [
+        {"mode": "disagg:prefix", "points": [point(600, 0.1), point(500, 0.2)]},
+        {"mode": "disagg:load", "points": [point(300, 0.2), point(300, 0.3)]}]}
+    assert "meets the target at every load point" in bench_placement.placement_reading(results)
+    results["runs"][0]["points"][1] = point(400, 0.2)  # 1.33x the hit rate: short of 1.5x
+    assert "misses the target at 2 req/s: hit rate 40.0% vs 30.0%" in bench_placement.placement_reading(results)
+    assert bench_placement.placement_reading({"load_points": load_points, "runs": results["runs"][:1]}) is None
+
+
+def test_points_keep_the_routers_decisions_and_the_report_shows_them():
+    from types import SimpleNamespace
+
+    from scripts import bench_placement
+
+    def stats(local: int, remote: int, migrations: int):
+        worker = SimpleNamespace(worker_id="d0", role="decode", busy_steps=1)
+        totals = SimpleNamespace(prompt_tokens=0, cached_tokens=0, migrations=migrations, local_prefills=local,
+                                 remote_prefills=remote)
+        return SimpleNamespace(workers=[worker], totals=totals)
+
+    class Stats:
+        def __init__(self, *answers):
+            self.answers = list(answers)
+
+        async def stats(self, timeout=None):
+            return self.answers.pop(0)
+
+    monkey = Stats(stats(2, 3, 0), stats(7, 13, 1))
+    before, after = asyncio.run(bench_server.engine_totals(monkey)), asyncio.run(bench_server.engine_totals(monkey))
+    assert [r["worker_id"] for r in bench_server.engine_activity(before, after)] == ["d0"]
+    router = bench_server.router_activity(before, after)
+    assert (router["local_prefills"], router["remote_prefills"], router["migrations"]) == (5, 10, 1)
+    point = {"router": router}
+    assert bench_placement.router_rows([point, None]) == [("prefilled on the decode worker", ["5 of 15", "n/a"]),
+                                                          ("streams moved (migrations)", ["1", "n/a"])]
+    assert bench_placement.router_rows([{"engines": []}]) == []  # results from before the router's totals
+    assert bench_server.router_activity({"d0": {}}, {"d0": {}}) is None
+
+
+def test_report_reads_whether_auto_disaggregation_wins():
+    from scripts import bench_placement
+
+    def point(ttft: float, goodput: float) -> dict:
+        return {"summary": {"ttft": {"p50": ttft}, "goodput": goodput}}
+    load_points = [{"label": "1 req/s"}, {"label": "2 req/s"}]
+    results = {"load_points": load_points, "runs": [
+        {"mode": "disagg:always", "points": [point(0.3, 1.0), point(0.5, 1.8)]},
+        {"mode": "disagg:auto", "points": [point(0.1, 1.0), point(0.4, 1.9)]},
+        {"mode": "colocated", "points": [point(0.12, 0.9), point(0.2, 1.2)]}]}
+    reading = bench_placement.policy_reading(results)
+    assert reading.startswith("`auto` wins at every load point")
+    assert "- 1 req/s: TTFT p50 100.0 (auto) / 300.0 (always) / 120.0 (colocated) ms" in reading
+    results["runs"][1]["points"][1] = point(0.4, 1.7)  # less goodput at 2 req/s
+    assert bench_placement.policy_reading(results).startswith("`auto` does not win at 2 req/s")
+    assert bench_placement.policy_reading({"load_points": load_points, "runs": results["runs"][2:]}) is None
 
 
 def test_no_unloaded_requests_leave_no_unloaded_record(tmp_path, monkeypatch):

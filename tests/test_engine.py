@@ -166,3 +166,14 @@ print("triton imported:", "triton" in sys.modules)
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert proc.stdout.strip().splitlines()[-1] == "triton imported: False"
+
+
+def test_a_seeded_request_resumed_from_its_prompt_and_first_tokens_goes_on_the_same(llm):
+    """A migrated request (the prompt and the tokens already streamed, prefilled again) draws what the
+    uninterrupted run drew: a seeded draw is a function of the seed and the position only."""
+    sp = SamplingParams(max_tokens=12, temperature=0.9, top_k=40, seed=77, ignore_eos=True)
+    prompt = llm.tokenizer.encode(PROMPTS[3])
+    whole = generate(llm, [prompt], sp)[0]
+    for k in (1, 5):
+        rest = SamplingParams(max_tokens=12 - k, temperature=0.9, top_k=40, seed=77, ignore_eos=True)
+        assert whole[:k] + generate(llm, [prompt + whole[:k]], rest)[0] == whole

@@ -143,7 +143,7 @@ RECORDS: dict[str, type] = {
     "Sampling": SamplingParams, "Usage": Usage, "Timings": Timings, "WorkerStats": WorkerStats,
     "WorkerLoad": WorkerLoad, "KVLayout": KVLayout, "TokenUpdate": TokenUpdate, "KVDescriptors": KVDescriptors,
     "CudaIpcDescriptor": P.CudaIpcDescriptor, "CudaIpcPool": P.CudaIpcPool, "NcclDescriptor": NcclDescriptor,
-    "NcclStream": NcclStream,
+    "NcclStream": NcclStream, "RouterTotals": P.RouterTotals,
 }
 
 

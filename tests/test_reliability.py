@@ -119,10 +119,10 @@ def test_clients_without_the_token_get_nothing(cluster, tmp_path):
 
 
 def test_a_decode_worker_killed_mid_stream(cluster, fault_dir):
-    """Its streamed request ends with `aborted`; the other stream goes on; the router notices within
-    seconds; Ray restarts the worker and it rejoins; nothing is left behind."""
+    """Its streamed request, opted out of migration, ends with `aborted`; the other stream goes on; the router
+    notices within seconds; Ray restarts the worker and it rejoins; nothing is left behind."""
     with cluster.client(timeout=120) as a, cluster.client(timeout=120) as b:
-        doomed = a.stream(prompt(401), max_tokens=1000, **GREEDY)
+        doomed = a.stream(prompt(401), max_tokens=1000, migrate=False, **GREEDY)
         first = [next(doomed) for _ in range(3)]
         other = b.stream(prompt(7), max_tokens=60, **GREEDY)  # the other decode worker has more free blocks
         next(other)
@@ -141,6 +141,61 @@ def test_a_decode_worker_killed_mid_stream(cluster, fault_dir):
         # Served meanwhile (by the surviving decode worker, or by the victim once it is back).
         assert len(a.generate(prompt(8), max_tokens=8, **GREEDY).token_ids) == 8
     assert noticed < WORKER_TIMEOUT + 3
+    wait_for(lambda: alive(cluster)[victim], 60, f"{victim} to rejoin")
+    assert_clean(cluster)
+
+
+async def stream_all(address: str, jobs: list[tuple[list[int], dict]],
+                     started: asyncio.Event | None = None) -> list[tuple[list[P.Delta], object]]:
+    """Streams every job at once; `started` is set once the first has had 3 tokens. Each stream's deltas and
+    result."""
+    async with AsyncClient(address, timeout=300, auth_token=TOKEN) as c:
+        async def one(i: int, ids: list[int], sampling: dict):
+            deltas = []
+            stream = c.stream(ids, **sampling)
+            async for d in stream:
+                deltas.append(d)
+                if i == 0 and len(deltas) == 3 and started is not None:
+                    started.set()
+            return deltas, stream.result
+
+        return await asyncio.gather(*(one(i, ids, sampling) for i, (ids, sampling) in enumerate(jobs)))
+
+
+def test_a_decode_worker_killed_under_streaming_clients_loses_nothing(cluster, fault_dir):
+    """Migration: 32 streams over both decode workers, greedy and seeded-sampled; one decode worker is killed
+    mid-stream. Every request completes, each stream's tokens have no gap and no duplicate and equal an
+    uninterrupted run's, and every block is free after."""
+    marker = 406  # the first job's: the victim is the decode worker streaming it, after its third token
+    jobs = [(prompt(marker if i == 0 else 60 + i), dict(max_tokens=200 if i == 0 else 40, ignore_eos=True,
+                                                         temperature=0.0)
+             if i % 2 == 0 else dict(max_tokens=40, ignore_eos=True, temperature=1.0, seed=1000 + i))
+            for i in range(32)]
+    reference = asyncio.run(stream_all(cluster.address, jobs))
+    with cluster.client() as c:
+        migrations = c.stats(timeout=10).totals.migrations
+
+    async def killed():
+        started = asyncio.Event()
+
+        async def arm_when_started():
+            await started.wait()
+            arm(fault_dir, "crash_decode", marker)
+        armer = asyncio.create_task(arm_when_started())
+        try:
+            return await stream_all(cluster.address, jobs, started)
+        finally:
+            armer.cancel()
+
+    outcome = asyncio.run(killed())
+    victim = wait_for(lambda: fired(fault_dir, "crash_decode"), 5, "the fault to fire")[0]
+    for (deltas, result), (_, ref_result), (_, sampling) in zip(outcome, reference, jobs):
+        tokens = [t for d in deltas for t in d.token_ids]
+        assert [d.index for d in deltas if d.token_ids] == list(range(len(tokens)))  # no gap, no duplicate
+        assert result is not None and tokens == result.token_ids == ref_result.token_ids
+        assert result.finish_reason == "length" and len(tokens) == sampling["max_tokens"]
+    with cluster.client() as c:
+        assert c.stats(timeout=10).totals.migrations > migrations  # the first job's, at least, moved
     wait_for(lambda: alive(cluster)[victim], 60, f"{victim} to rejoin")
     assert_clean(cluster)
 
@@ -207,6 +262,37 @@ def test_a_failed_kv_transfer_ends_that_request_only(cluster, fault_dir, fault, 
     assert_clean(cluster)
     if fault != "kv_drop":  # freed at once on both sides, not when a lease runs out
         assert time.monotonic() - start < HANDOFF_TIMEOUT - 1
+
+
+# --- placement -----------------------------------------------------------------------------------
+
+
+def test_requests_sharing_a_prefix_are_prefilled_where_it_is_cached(cluster):
+    """Prefix-aware placement over the 2 prefill workers: after one request warms a worker's cache with a system
+    prompt, requests sharing it (sent at once) all go there and find it cached; the other worker sees none.
+    (With --placement load they spread over both, and those on the other worker find nothing.)"""
+    system = [(i * 13) % 290 + 5 for i in range(96)]
+
+    def hits() -> dict[str, int]:
+        with cluster.client() as c:
+            return {w.worker_id: w.prefix_hit_tokens for w in c.stats(timeout=10).workers if w.role == "prefill"}
+
+    async def go(suffixes):
+        async with AsyncClient(cluster.address, timeout=120, auth_token=TOKEN) as c:
+            return await asyncio.gather(*(c.generate(system + s, max_tokens=3, **GREEDY) for s in suffixes))
+
+    asyncio.run(go([[7, 8, 9]]))
+    time.sleep(1.5)  # the heartbeats carry the engines' counts
+    before = hits()
+    results = asyncio.run(go([[20 + i, 30 + i, 40 + i, 50 + i] for i in range(4)]))
+    assert all(r.usage.cached_tokens >= 80 for r in results), [r.usage for r in results]
+    time.sleep(1.5)
+    gained = {w: n - before[w] for w, n in hits().items()}
+    assert sorted(gained.values())[0] == 0 and sorted(gained.values())[1] >= 4 * 80, gained
+    with cluster.client() as c:
+        totals = c.stats(timeout=10).totals
+    assert 0 < totals.cached_tokens < totals.prompt_tokens
+    assert_clean(cluster)
 
 
 # --- overload ------------------------------------------------------------------------------------

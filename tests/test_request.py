@@ -129,3 +129,35 @@ def test_restart_releases_the_old_attempt_and_starts_a_fresh_one_under_a_new_id(
     req.end()
     with pytest.raises(IllegalTransition, match="is done"):
         req.restart("again", detok=None)
+
+
+def test_migrate_keeps_the_stream_and_resumes_after_it(workers):
+    p0, p1, d0, _ = workers
+    req = Request("first", b"client", "c", [1] * 12, SamplingParams(max_tokens=10, seed=3), True, detok="kept")
+    req.pair(p0, d0, blocks=1)
+    req.reserved(p0)
+    assert req.awaiting_first_token
+    req.first_token()
+    req.token_ids, req.token_times, req.cached_tokens = [5, 6, 7], [1.0, 2.0, 3.0], 4
+    assert not req.awaiting_first_token
+    req.migrate("moved")
+    assert idle(*workers) and "first" not in d0.assigned
+    assert (req.rid, req.migrations, req.attempts, req.phase) == ("moved", 1, 0, Phase.QUEUED)
+    assert req.token_ids == [5, 6, 7] and req.detok == "kept" and req.cached_tokens == 4  # the client's, kept
+    assert req.attempt_ids == [1] * 12 + [5, 6, 7] and req.prompt_ids == [1] * 12
+    assert req.attempt_sampling == SamplingParams(max_tokens=7, seed=3)  # only the tokens still to come
+    req.pair(p1, d0, blocks=1, cached=8)
+    assert p1.prefill_tokens == 15 - 8  # what its cache is not reckoned to hold
+    req.reserved(p1)
+    assert req.awaiting_first_token  # the next token ends this attempt's prefill
+    req.first_token()
+    assert idle(p0, p1)
+    req.end()
+    assert idle(*workers)
+    req2 = request(12)
+    req2.run_on(workers[3])
+    req2.token_ids = [9]
+    req2.migrate("x")
+    req2.run_on(workers[3])
+    req2.restart("y", detok=None)  # a restart starts from nothing
+    assert (req2.attempt_ids, req2.resumed_at, req2.attempt_sampling) == ([1] * 12, 0, SamplingParams())

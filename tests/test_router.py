@@ -88,6 +88,7 @@ class Sim:
         self.replies: dict[str, list[P.Message]] = defaultdict(list)  # client request id -> what it got
         self.submitted: dict[str, tuple[bool, int]] = {}  # client request id -> (stream, max_tokens)
         self.next_token = 100
+        self.sent: list[tuple[str, P.Message]] = []  # (worker id, message), everything the router sent workers
         router.to_client = self._to_client
         router.to_worker = self._to_worker
 
@@ -96,6 +97,7 @@ class Sim:
 
     async def _to_worker(self, info, msg: P.Message) -> None:
         worker = self.workers[info.worker_id]
+        self.sent.append((info.worker_id, msg))
         if worker.state != "dead":
             worker.inbox.append(msg)
 
@@ -115,11 +117,12 @@ class Sim:
             kv_blocks_free=w.free)))
 
     async def submit(self, rid: str, prompt_len: int = 20, max_tokens: int = 4, stream: bool = False,
-                     token_ids: list[int] | None = None) -> list[P.Message]:
+                     token_ids: list[int] | None = None, migrate: bool = True) -> list[P.Message]:
         self.submitted[rid] = (stream, max_tokens)
         ids = token_ids if token_ids is not None else [1 + i % 300 for i in range(prompt_len)]
         await self.router.on_client(b"client", P.Submit(request_id=rid, token_ids=ids, stream=stream,
-                                                        sampling=SamplingParams(max_tokens=max_tokens)))
+                                                        sampling=SamplingParams(max_tokens=max_tokens),
+                                                        migrate=migrate))
         return self.replies[rid]
 
     async def abort(self, rid: str) -> None:
@@ -271,16 +274,19 @@ def where(sim: Sim, rid: str):
 # --- worker faults -------------------------------------------------------------------------------
 
 
-def test_decode_death_restarts_unseen_requests_and_aborts_streamed_ones(make_router):
+def test_decode_death_restarts_unseen_requests_migrates_streamed_ones_and_aborts_opted_out(make_router):
     async def main():
         sim = await disagg(make_router, decode=1).start()
         d0 = sim.workers["d0"]
         await sim.submit("quiet", max_tokens=8)
         await sim.submit("loud", max_tokens=8, stream=True)
+        await sim.submit("stay", max_tokens=8, stream=True, migrate=False)
         for _ in range(4):
             for w in sim.workers.values():
                 await sim.step(w)
-        assert d0.running.keys() == set(sim.router.requests) and len(d0.running) == 2
+        assert d0.running.keys() == set(sim.router.requests) and len(d0.running) == 3
+        loud_before = [t for m in sim.replies["loud"] for t in m.token_ids]
+        assert 0 < len(loud_before) < 8
         d1 = sim.workers["d1"] = FakeWorker("d1", "decode")  # a second decode worker joins
         await sim.send(d1, hello(d1))
         await sim.kill(d0)
@@ -291,10 +297,61 @@ def test_decode_death_restarts_unseen_requests_and_aborts_streamed_ones(make_rou
         sim.check_clean()
         quiet = sim.terminal("quiet")
         assert isinstance(quiet, P.Result) and len(quiet.token_ids) == 8  # started over, finished on d1
-        loud = sim.terminal("loud")  # the client had seen tokens: a clear error, not a silent restart
-        assert isinstance(loud, P.Error) and loud.code == P.ABORTED and loud.retry_after is not None
-        assert "decode worker d0" in loud.message
+        loud = sim.terminal("loud")  # the client had seen tokens: it goes on where it stopped, on d1
+        assert isinstance(loud, P.Result) and loud.token_ids[:len(loud_before)] == loud_before
+        prompt = [1 + i % 300 for i in range(20)]
+        resumed = [m for w, m in sim.sent if w == "d1" and isinstance(m, P.Reserve)
+                   and m.token_ids[:20] == prompt and len(m.token_ids) > 20]
+        assert len(resumed) == 1 and resumed[0].token_ids == prompt + loud_before  # the prompt and what it streamed
+        assert resumed[0].sampling.max_tokens == 8 - len(loud_before)
+        assert sim.router.stats().totals.migrations == 1
+        stay = sim.terminal("stay")  # opted out: a clear error, not a silent restart
+        assert isinstance(stay, P.Error) and stay.code == P.ABORTED and stay.retry_after is not None
+        assert "decode worker d0" in stay.message
         assert isinstance(sim.terminal("bystander"), P.Result)
+
+    run(main())
+
+
+def test_a_stream_too_long_for_the_workers_left_is_aborted_not_moved(make_router):
+    """Its prompt and tokens need more KV blocks than the decode worker left has: moved, it would wait at the head
+    of the queue forever."""
+    async def main():
+        big, small = FakeWorker("d0", "decode", num_blocks=64), FakeWorker("d1", "decode", num_blocks=8)
+        sim = await Sim(make_router(), FakeWorker("p0", "prefill"), big, small).start()
+        await sim.submit("long", prompt_len=120, max_tokens=30, stream=True)  # 8 blocks now, 9 after 8 tokens
+        while len(sim.replies["long"]) < 10:
+            for w in sim.workers.values():
+                await sim.step(w)
+        assert where(sim, "long")[1] is big
+        await sim.kill(big)
+        await sim.expire()
+        await sim.drain()
+        sim.check_clean()
+        long = sim.terminal("long")
+        assert isinstance(long, P.Error) and long.code == P.ABORTED
+        assert sim.router.stats().totals.migrations == 0
+
+    run(main())
+
+
+def test_a_colocated_replica_dying_mid_stream_moves_its_streams_to_another(make_router):
+    async def main():
+        c0, c1 = FakeWorker("c0", "colocated"), FakeWorker("c1", "colocated")
+        sim = await Sim(make_router(mode="colocated"), c0, c1).start()
+        for i in range(4):
+            await sim.submit(f"s{i}", max_tokens=10, stream=True)
+        while not all(sim.replies[f"s{i}"] for i in range(4)):
+            for w in sim.workers.values():
+                await sim.step(w)
+        await sim.kill(c0)
+        await sim.expire()
+        await sim.drain()
+        sim.check_clean()  # each stream whole: 10 tokens, indices 0..9
+        assert all(isinstance(sim.terminal(f"s{i}"), P.Result) for i in range(4))
+        moved = [m for w, m in sim.sent if w == "c1" and isinstance(m, P.GenerateTask) and len(m.token_ids) > 20]
+        assert moved and sim.router.stats().totals.migrations == len(moved)
+        assert all(m.sampling.max_tokens == 10 - (len(m.token_ids) - 20) for m in moved)
 
     run(main())
 
@@ -353,7 +410,7 @@ def test_a_worker_declared_dead_that_speaks_again_drops_what_it_lost(make_router
     async def main():
         sim = await disagg(make_router, prefill=1, decode=1).start()
         d0 = sim.workers["d0"]
-        await sim.submit("a", max_tokens=20, stream=True)
+        await sim.submit("a", max_tokens=20, stream=True, migrate=False)
         for _ in range(3):
             for w in sim.workers.values():
                 await sim.step(w)
@@ -648,10 +705,12 @@ OPS = st.tuples(st.sampled_from(KINDS), st.booleans(), st.integers(0, 10**6), st
 
 
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(st.lists(OPS, min_size=20, max_size=120))
-def test_random_faults_lose_nothing_and_hang_nothing(make_router, ops):
+@given(st.lists(OPS, min_size=20, max_size=120), st.sampled_from(["always", "never"]))
+def test_random_faults_lose_nothing_and_hang_nothing(make_router, ops, policy):
+    """Under `--disagg-policy never` the decode workers prefill every prompt themselves."""
     async def main():
         router = shared_router(make_router)
+        router.disagg.policy = policy
         router.requests.clear()
         router.by_client.clear()
         router.admission.queue = WaitQueue()
@@ -740,6 +799,25 @@ def test_removal_drains_the_worker_before_stopping_it_and_loses_nothing(make_rou
         assert all(isinstance(sim.terminal(f"r{i}"), P.Result) for i in range(10))
         ok, message, _ = await sim.router.scaling.scale("decode", -1)
         assert not ok and "at least one must stay" in message
+
+    run(main())
+
+
+def test_a_drain_past_its_timeout_moves_the_streams_it_still_holds(make_router):
+    async def main():
+        sim = await disagg(make_router, prefill=1, decode=2, drain_timeout=0.3).start()
+        sim.router.scaling.scaler = FakeScaler(sim)
+        for i in range(4):
+            await sim.submit(f"s{i}", max_tokens=30, stream=True)
+        while not all(sim.replies[f"s{i}"] for i in range(4)):  # every client has seen tokens
+            for w in list(sim.workers.values()):
+                await sim.step(w)
+        ok, message, (victim,) = await sim.router.scaling.scale("decode", -1)  # nothing steps: it times out
+        assert ok and "timed out" in message
+        await sim.drain()
+        sim.check_clean()  # every stream whole: no gap, no duplicate, 30 tokens
+        assert all(isinstance(sim.terminal(f"s{i}"), P.Result) for i in range(4))
+        assert sim.router.stats().totals.migrations == 2  # the victim's half
 
     run(main())
 

@@ -89,3 +89,18 @@ def test_fused_cuda_sampler_gets_seeds_only_when_it_will_run():
     assert mixed.seeds is not None and mixed.seeds.shape == (2,)
     assert build([SamplingParams(seed=3)], [9]).seeds.tolist() == build([SamplingParams(seed=3)], [9]).seeds.tolist()
     assert build([SamplingParams(seed=3)], [9]).seeds.tolist() != build([SamplingParams(seed=3)], [10]).seeds.tolist()
+
+
+def test_a_seeded_draw_depends_on_the_seed_and_the_position_only():
+    """What lets a request moved mid-stream go on as it would have: the draw for position p of seed s is the
+    same whatever was drawn before it, on whichever worker."""
+    from common.engine.layers.sampler import seeded_generators
+    logits = torch.randn(1, 1000)
+    params = [SamplingParams(seed=5)]
+
+    def at(position: int) -> int:
+        gens = seeded_generators(params, [position], logits.device)
+        return sample(logits, SamplingBatch.build(params, gens, 1000, logits.device, [position])).item()
+    assert at(17) == at(17)
+    assert len({at(p) for p in range(10, 30)}) > 1  # the position changes the draw
+    assert seeded_generators([SamplingParams()], [3], logits.device) == [None]

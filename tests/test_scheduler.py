@@ -42,6 +42,22 @@ def test_long_prompt_is_chunked_under_the_budget_and_decodes_go_first():
     assert long.num_completion_tokens == 1  # a token only once the whole prompt is in
 
 
+def test_a_prefill_chunk_cap_keeps_decodes_at_pace():
+    """max_prefill_tokens (a decode worker prefilling prompts itself): every step still carries every decode,
+    and the prompts share at most the cap, in chunks."""
+    s, _ = make(budget=64)
+    s.max_prefill_tokens = 8
+    decodes = [add(s, f"d{i}", 3, max_tokens=30) for i in range(3)]
+    while any(d.num_computed_tokens < 3 for d in decodes):
+        run_step(s)
+    a, b = add(s, "a", 20), add(s, "b", 6)
+    while a.num_completion_tokens == 0 or b.num_completion_tokens == 0:
+        batch, _ = run_step(s)
+        assert batch.seqs[:3] == decodes and batch.num_new_tokens[:3] == [1, 1, 1]
+        assert sum(batch.num_new_tokens[3:]) <= 8
+    assert a.num_completion_tokens == 1 and b.num_completion_tokens == 1
+
+
 def test_max_num_seqs_limits_the_running_set():
     s, _ = make(max_seqs=2)
     for i in range(4):

@@ -2,16 +2,8 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
-import numpy as np
-import xxhash
-
 from common.engine.sequence import Sequence
-
-
-def chain_hash(prev: int, tokens: list[int]) -> int:
-    """Hash of a full block given the hash of the block before it (-1 for the first)."""
-    data = prev.to_bytes(8, "little", signed=True) + np.asarray(tokens, dtype=np.int64).tobytes()
-    return xxhash.xxh3_64_intdigest(data) & 0x7FFF_FFFF_FFFF_FFFF
+from common.prefix_hash import chain_hash, reusable_blocks
 
 
 class BlockManager:
@@ -100,8 +92,7 @@ class BlockManager:
         if not self.enable_prefix_caching or seq.num_computed_tokens:
             return []
         bs = self.block_size
-        # The last prompt token is always recomputed: a prefill needs at least one query token.
-        num_full = (seq.num_tokens - 1) // bs
+        num_full = reusable_blocks(seq.num_tokens, bs)  # the last prompt token is always recomputed
         hits: list[int] = []
         prev = -1
         for i in range(num_full):

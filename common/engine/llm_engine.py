@@ -222,6 +222,8 @@ class LLMEngine:
             prefill_tokens_run=self.totals.num_prefill_tokens,
             decode_tokens_run=self.totals.num_decode_tokens,
             gpu_seconds=self.totals.gpu_seconds,
+            prefix_query_tokens=self.block_manager.cache_query_tokens,
+            prefix_hit_tokens=self.block_manager.cache_hit_tokens,
         )
 
     def close(self) -> None:

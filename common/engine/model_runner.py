@@ -14,7 +14,7 @@ from common.engine.cuda_graph import GraphRunner
 from common.engine.device import torch_dtype
 from common.engine.in_flight import InFlight
 from common.engine.kv_pool import KVPool
-from common.engine.layers.sampler import SamplingBatch, sample
+from common.engine.layers.sampler import SamplingBatch, sample, seeded_generators
 from common.engine.loader import init_dummy_weights, load_weights
 from common.engine.models.llama import CausalLM
 from common.engine.scheduler import ScheduledBatch
@@ -221,10 +221,6 @@ class ModelRunner:
             torch.cuda.empty_cache()
 
     def _sampling_batch(self, seqs: list[Sequence]) -> SamplingBatch:
-        generators = []
-        for seq in seqs:
-            if seq.sampling.seed is not None and seq.generator is None:
-                seq.generator = torch.Generator(self.device).manual_seed(seq.sampling.seed)
-            generators.append(seq.generator)
-        return SamplingBatch.build([s.sampling for s in seqs], generators, self.config.model_config.vocab_size,
-                                   self.device, [s.num_tokens for s in seqs], self._upload)
+        params, positions = [s.sampling for s in seqs], [s.num_tokens for s in seqs]
+        return SamplingBatch.build(params, seeded_generators(params, positions, self.device),
+                                   self.config.model_config.vocab_size, self.device, positions, self._upload)

@@ -41,6 +41,9 @@ class Scheduler:
         self.block_manager = block_manager
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
+        # Most prompt tokens one step computes (chunked beyond): a decode worker that prefills prompts itself
+        # sets it low, so its running decodes keep their pace.
+        self.max_prefill_tokens = max_num_batched_tokens
         self.max_model_len = max_model_len
         self.eos_token_ids = set(eos_token_ids)
         self.waiting: deque[Sequence] = deque()
@@ -55,13 +58,17 @@ class Scheduler:
 
     def schedule(self) -> ScheduledBatch | None:
         budget = self.max_num_batched_tokens
+        prefill_budget = self.max_prefill_tokens
         scheduled: list[tuple[Sequence, int]] = []
         ready = [s for s in self.running if not self._awaits_last_token(s)]
         queue = deque(sorted(ready, key=lambda s: s.num_uncomputed() > 1))
         preempted = False
         while queue and budget > 0:
             seq = queue.popleft()
-            n = min(seq.num_uncomputed(), budget)
+            prefill = seq.num_uncomputed() > 1  # the next chunk of a prompt
+            n = min(seq.num_uncomputed(), budget, prefill_budget if prefill else budget)
+            if n <= 0:
+                continue
             while not self.block_manager.allocate(seq, seq.num_computed_tokens + n):
                 victim = queue.pop() if queue else seq
                 self._preempt(victim)
@@ -71,16 +78,23 @@ class Scheduler:
             else:
                 scheduled.append((seq, n))
                 budget -= n
+                if prefill:
+                    prefill_budget -= n
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs and not preempted:
             seq = self.waiting[0]
+            prefill = seq.num_uncomputed() > 1  # not a handed-off prompt (its KV is in) waiting to decode
+            if prefill and prefill_budget <= 0:
+                break
             if not self.block_manager.allocate(seq, seq.num_tokens):
                 break
             self.waiting.popleft()
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
-            n = min(seq.num_uncomputed(), budget)
+            n = min(seq.num_uncomputed(), budget, prefill_budget if prefill else budget)
             scheduled.append((seq, n))
             budget -= n
+            if prefill:
+                prefill_budget -= n
         if not scheduled:
             return None
         scheduled.sort(key=lambda item: item[1] != 1)

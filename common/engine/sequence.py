@@ -2,12 +2,8 @@ from __future__ import annotations
 
 import time
 from enum import Enum, auto
-from typing import TYPE_CHECKING
 
 from common.sampling_params import SamplingParams
-
-if TYPE_CHECKING:
-    import torch
 
 
 # Stands in for a token the GPU has sampled but the CPU has not seen yet (overlapped scheduling): the
@@ -39,7 +35,6 @@ class Sequence:
         self.finish_reason: str | None = None
         self.arrival_time = time.monotonic()
         self.num_preemptions = 0
-        self.generator: torch.Generator | None = None  # the request's own RNG when it has a seed
         self.prefill_only = prefill_only  # a prefill worker's: stop after the first token, keep the blocks
         self.sample_ref: tuple[int, int] = (-1, -1)  # (launch id, row) that samples its PENDING token
 

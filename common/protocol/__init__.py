@@ -20,7 +20,7 @@ from common.protocol.errors import (
 from common.protocol.kv import (
     TRANSPORT_NAMES, CudaIpcDescriptor, CudaIpcPool, KVDescriptors, KVLayout, NcclDescriptor, NcclStream,
 )
-from common.protocol.records import Timings, TokenUpdate, TransportTotals, Usage, WorkerLoad, WorkerStats
+from common.protocol.records import RouterTotals, Timings, TokenUpdate, TransportTotals, Usage, WorkerLoad, WorkerStats
 from common.protocol.schema import (
     FINISH_REASONS, MAX_FRAME_BYTES, MAX_ID_LEN, MAX_LIST_LEN, MAX_MESSAGE_LEN, MAX_SCALE_DELTA, MAX_STR_LEN,
     MAX_TOKEN_ID, PROTOCOL_VERSION, REGISTRY, ROLES, Message, Record,
@@ -48,7 +48,7 @@ __all__ = [
     "BAD_REQUEST", "UNSUPPORTED_VERSION", "UNKNOWN_TYPE", "TOO_LARGE", "NOT_FOUND", "OVERLOADED", "UNAVAILABLE",
     "TIMEOUT", "ABORTED", "UNAUTHORIZED", "INTERNAL", "ERROR_CODES", "ProtocolError", "error_reply",
     "Record", "Message", "REGISTRY", "encode", "decode", "checked", "field_problem",
-    "Sampling", "Usage", "Timings", "TransportTotals", "WorkerLoad", "WorkerStats", "TokenUpdate",
+    "Sampling", "Usage", "Timings", "TransportTotals", "WorkerLoad", "WorkerStats", "TokenUpdate", "RouterTotals",
     "KVLayout", "KVDescriptors", "CudaIpcDescriptor", "CudaIpcPool", "NcclDescriptor", "NcclStream",
     "Submit", "Abort", "Ping", "Pong", "StatsRequest", "Stats", "ScaleRequest", "ScaleReply", "Delta", "Result",
     "Error", "WorkerHello", "Reserve", "Reserved", "PrefillTask", "GenerateTask", "KVHandoff", "HandoffAck",

@@ -6,7 +6,7 @@ from typing import Annotated, Literal
 from msgspec import Meta
 
 from common.protocol.errors import ERROR_CODES
-from common.protocol.records import Timings, Usage, WorkerStats
+from common.protocol.records import RouterTotals, Timings, Usage, WorkerStats
 from common.protocol.schema import (
     MAX_SCALE_DELTA, Count, FinishReason, Id, Message, Message_, OptionalId, Prompt, Role, Seconds, Text, TokenIds,
     message,
@@ -30,6 +30,7 @@ class Submit(Message, tag="submit", kw_only=True):
     sampling: Sampling = Sampling()
     stream: bool = False
     stop: StopStrings = []
+    migrate: bool = True  # a streamed request whose worker dies continues on another (False: it ends `aborted`)
 
     def _check(self) -> None:
         if (self.prompt is None) == (self.token_ids is None):
@@ -64,6 +65,7 @@ class Stats(Message, tag="stats", kw_only=True):
     requests_in_flight: Count
     queued_requests: Count
     workers: list[WorkerStats]
+    totals: RouterTotals = RouterTotals()
 
 
 @message

@@ -54,6 +54,9 @@ class WorkerLoad(Record, kw_only=True):
     decode_tokens_run: Count = 0
     gpu_seconds: Seconds = 0.0
     handoffs: Annotated[list[TransportTotals], Meta(max_length=16)] = []  # prefill workers: by transport
+    # Since the worker started: prompt tokens looked up in its prefix cache, and those found there.
+    prefix_query_tokens: Count = 0
+    prefix_hit_tokens: Count = 0
 
     def _check(self) -> None:
         if self.kv_blocks_free > self.kv_blocks_total:
@@ -66,6 +69,18 @@ class WorkerStats(WorkerLoad, kw_only=True):
     alive: bool
     draining: bool = False  # being removed: gets no new requests, finishes the ones it has
     node_id: OptionalId = ""
+
+
+class RouterTotals(Record, kw_only=True):
+    """Since the router started, over the requests that ended with a result: their prompt tokens, and how many of
+    those the prefix caches held (cached / prompt is the cluster's hit rate)."""
+
+    prompt_tokens: Count = 0
+    cached_tokens: Count = 0
+    migrations: Count = 0  # streamed requests moved to other workers after theirs died
+    # disagg: prompts prefilled by the decode worker itself, and on a prefill worker (--disagg-policy)
+    local_prefills: Count = 0
+    remote_prefills: Count = 0
 
 
 class TokenUpdate(Record, kw_only=True):

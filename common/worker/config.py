@@ -16,6 +16,7 @@ class WorkerConfig:
     kv_transports: list[str] = field(default_factory=list)  # empty: every transport this device has
     heartbeat_interval: float = 0.5
     handoff_timeout: float = 60.0  # how long blocks wait for the other side of a KV handoff
+    local_prefill_chunk: int = 512  # decode worker: most prompt tokens a step prefills (prompts it prefills itself)
     auth_token: str | None = None  # the cluster's shared secret: CURVE on every socket (common/auth.py)
     fault_dir: str | None = None  # test-only fault injection (common/faults.py)
 

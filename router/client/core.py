@@ -105,11 +105,15 @@ def remaining(deadline: float | None) -> float | None:
 
 def build_submit(prompt: Prompt, *, chat: bool, stream: bool, request_id: str | None,
                  sampling: dict[str, Any]) -> Submit:
-    """A validated Submit; a bad argument raises InvalidRequest (a ValueError) naming it. `stop` (a string or a list
-    of them, matched by the router on the text) may come with the sampling arguments."""
+    """A validated Submit; a bad argument raises InvalidRequest (a ValueError) naming it. Besides the sampling
+    fields, `sampling` may hold `stop` (a string or a list of them, matched by the router on the text) and `migrate`
+    (Submit.migrate: False opts a stream out of migration)."""
     sampling = dict(sampling)
     stop = sampling.pop("stop", None)
     stop = [stop] if isinstance(stop, str) else list(stop or [])
+    migrate = sampling.pop("migrate", True)
+    if not isinstance(migrate, bool):
+        raise InvalidRequest("migrate", f"must be a boolean, got {migrate!r}")
     unknown = sorted(set(sampling) - set(SAMPLING_FIELDS))
     if unknown:
         raise TypeError(f"unknown sampling argument {unknown[0]!r}; expected some of {', '.join(SAMPLING_FIELDS)}")
@@ -122,7 +126,8 @@ def build_submit(prompt: Prompt, *, chat: bool, stream: bool, request_id: str | 
         raise InvalidRequest("prompt", f"expected a string or a list of token ids, got {type(prompt).__name__}")
     try:
         return checked(Submit(request_id=request_id if request_id is not None else uuid.uuid4().hex, prompt=text,
-                              token_ids=ids, chat=chat, sampling=params, stream=stream, stop=stop))
+                              token_ids=ids, chat=chat, sampling=params, stream=stream, stop=stop,
+                              migrate=migrate))
     except ProtocolError as exc:
         field_name, _, problem = exc.message.partition(": ")
         raise InvalidRequest(field_name, problem) from None

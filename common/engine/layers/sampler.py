@@ -17,7 +17,7 @@ class SamplingBatch:
     temperatures: torch.Tensor  # [B] float32; 0 = greedy
     top_ks: torch.Tensor | None  # [B] int64, vocab size where disabled; None if no row uses top-k
     top_ps: torch.Tensor | None  # [B] float32; None if no row uses top-p
-    generators: list[torch.Generator | None]  # per row: its own seeded generator, or None
+    generators: list[torch.Generator | None]  # per row: a generator seeded for this draw, or None
     all_greedy: bool
     seeds: torch.Tensor | None = None  # [B] int64 Philox seeds: set exactly when the fused sampler runs
 
@@ -46,9 +46,24 @@ class SamplingBatch:
         )
 
 
+def position_seed(seed: int, position: int) -> int:
+    """The seed of a seeded request's draw for the token at `position` (its token count then). Every draw of a
+    seeded request is a function of (seed, position) alone, on every path, so the same token is drawn wherever
+    and whenever it is sampled: a request moved to another worker mid-stream (prompt and streamed tokens
+    prefilled again) goes on exactly as it would have."""
+    return (seed * 1_000_003 + position) % 2**63
+
+
+def seeded_generators(params: list[SamplingParams], positions: list[int],
+                      device: torch.device) -> list[torch.Generator | None]:
+    """Per row: a generator seeded for this draw (`position_seed`) where the request has a seed, else None."""
+    return [None if p.seed is None else torch.Generator(device).manual_seed(position_seed(p.seed, pos))
+            for p, pos in zip(params, positions)]
+
+
 def _philox_seeds(params: list[SamplingParams], positions: list[int]) -> list[int]:
     base = int(torch.randint(0, 2**31 - 1, ()))  # the process RNG: unseeded rows differ every step
-    return [(p.seed * 1_000_003 + pos) % 2**31 if p.seed is not None else (base + i * 7919) % 2**31
+    return [position_seed(p.seed, pos) % 2**31 if p.seed is not None else (base + i * 7919) % 2**31
             for i, (p, pos) in enumerate(zip(params, positions))]
 
 

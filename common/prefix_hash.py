@@ -1,0 +1,30 @@
+"""The prefix cache's block keys, tensor-free: the engine's block manager keys its cached blocks with them and the
+router computes the same keys to know which prefixes a worker holds (router/prefix_index.py)."""
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import xxhash
+
+
+def chain_hash(prev: int, tokens: Sequence[int]) -> int:
+    """Hash of a full block given the hash of the block before it (-1 for the first)."""
+    data = prev.to_bytes(8, "little", signed=True) + np.asarray(tokens, dtype=np.int64).tobytes()
+    return xxhash.xxh3_64_intdigest(data) & 0x7FFF_FFFF_FFFF_FFFF
+
+
+def reusable_blocks(num_tokens: int, block_size: int) -> int:
+    """Full blocks of a prompt a prefill may take from the cache: the last prompt token is always recomputed (a
+    prefill needs at least one query token), so a prompt of exactly k blocks reuses k - 1."""
+    return max(num_tokens - 1, 0) // block_size
+
+
+def block_keys(token_ids: Sequence[int], block_size: int, num_blocks: int | None = None) -> list[int]:
+    """The chain keys of a prompt's first `num_blocks` full blocks (default: the reusable ones)."""
+    n = reusable_blocks(len(token_ids), block_size) if num_blocks is None else num_blocks
+    keys, prev = [], -1
+    for i in range(n):
+        prev = chain_hash(prev, token_ids[i * block_size:(i + 1) * block_size])
+        keys.append(prev)
+    return keys

@@ -1,0 +1,132 @@
+"""Per-request disaggregation (router/disagg_policy.py): what `auto` learns from heartbeats and first tokens and
+what it then chooses; through the router with fake workers, and on a CPU cluster whose decode worker prefills
+prompts itself."""
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from common import protocol as P
+from common.engine.llm import LLM
+from common.sampling_params import SamplingParams
+from router.disagg_policy import DisaggPolicy, Estimate
+from tests.cluster_harness import RunningCluster
+from tests.test_router import FakeWorker, Sim, make_router  # noqa: F401 (a fixture)
+
+
+def load(steps: int, seconds: float, prefill: int = 0, decode: int = 0) -> P.WorkerLoad:
+    return P.WorkerLoad(queued_requests=0, queued_tokens=0, running_requests=0, kv_blocks_total=64,
+                        kv_blocks_free=64, busy_steps=steps, busy_seconds=seconds, prefill_tokens_run=prefill,
+                        decode_tokens_run=decode)
+
+
+def measured(policy: str = "auto") -> DisaggPolicy:
+    """Prefill at 10,000 tokens/s, decode steps of 20 ms, handoffs 50 ms past the prefill."""
+    p = DisaggPolicy(policy, local_prefill_chunk=256)
+    p.observe_load("prefill", load(0, 0.0), load(10, 1.0, prefill=10_000))
+    p.observe_load("decode", load(0, 0.0), load(50, 1.0, decode=400))
+    p.observe_first_token(Estimate(False, 1000, None, None), 0.15)
+    return p
+
+
+def test_auto_learns_rates_from_heartbeats_and_handoffs_from_first_tokens():
+    p = DisaggPolicy("auto", 256)
+    assert not p.measured and p.choose(100, 10).local is False  # nothing measured: the usual path
+    p = measured()
+    assert p.prefill_rate == pytest.approx(10_000) and p.decode_step == pytest.approx(0.02)
+    assert p.handoff == pytest.approx(0.05)
+    p.observe_load("prefill", load(10, 1.0, prefill=10_000), load(10, 1.0, prefill=10_000))  # idle: nothing learnt
+    assert p.prefill_rate == pytest.approx(10_000)
+    p.observe_first_token(Estimate(True, 1000, None, None), 9.0)  # a local prefill says nothing of handoffs
+    assert p.handoff == pytest.approx(0.05)
+
+
+def test_auto_prefills_short_or_cached_prompts_locally_and_long_ones_remotely():
+    p = measured()
+    short = p.choose(remote_tokens=100, local_tokens=100)  # 10 ms + 1 step (20 ms) vs 10 ms + 50 ms handoff
+    assert short.local and short.local_seconds == pytest.approx(0.03) and short.remote_seconds == pytest.approx(0.06)
+    long = p.choose(remote_tokens=4000, local_tokens=4000)  # 16 steps of decode pace: slower than a handoff
+    assert not long.local and long.prefill_tokens == 4000
+    assert p.choose(remote_tokens=4000, local_tokens=64).local  # the decode worker holds the prefix
+    assert p.choose(remote_tokens=20_000, local_tokens=1500).local  # a long prefill queue
+    assert (p.local_choices, p.remote_choices) == (3, 1)
+
+
+def test_always_and_never_do_not_ask_the_measurements():
+    assert not DisaggPolicy("always").choose(10, 10).local
+    assert measured("never").choose(10**6, 10**6).local
+    assert DisaggPolicy("auto").choose(-1, 10).local  # no prefill worker to take it
+    with pytest.raises(ValueError, match="disagg_policy"):
+        DisaggPolicy("sometimes")
+
+
+def test_never_prefills_on_the_decode_workers_and_loses_nothing(make_router):  # noqa: F811
+    async def main():
+        workers = [FakeWorker("p0", "prefill"), FakeWorker("d0", "decode"), FakeWorker("d1", "decode")]
+        sim = await Sim(make_router(disagg_policy="never"), *workers).start()
+        for i in range(6):
+            await sim.submit(f"r{i}", max_tokens=3, stream=i % 2 == 0)
+        await sim.drain()
+        sim.check_clean()
+        sent = [(w, type(m)) for w, m in sim.sent]
+        assert not [w for w, kind in sent if kind in (P.Reserve, P.PrefillTask)]
+        assert {w for w, kind in sent if kind is P.GenerateTask} == {"d0", "d1"}
+        totals = sim.router.stats().totals
+        assert (totals.local_prefills, totals.remote_prefills) == (6, 0)
+
+    asyncio.run(main())
+
+
+def test_decode_workers_that_prefill_get_the_prompts_whose_prefix_they_hold(make_router):  # noqa: F811
+    async def main():
+        workers = [FakeWorker("p0", "prefill"), FakeWorker("d0", "decode"), FakeWorker("d1", "decode")]
+        sim = await Sim(make_router(disagg_policy="never"), *workers).start()
+        systems = [[11] * 48, [22] * 48]
+        for i in range(6):
+            await sim.submit(f"r{i}", token_ids=systems[i % 2] + [100 + i, 101 + i], max_tokens=2)
+            await sim.drain()
+        sim.check_clean()
+        by_worker: dict[str, set] = {}
+        for w, m in sim.sent:
+            if isinstance(m, P.GenerateTask):
+                by_worker.setdefault(w, set()).add(tuple(m.token_ids[:48]))
+        assert sorted(map(len, by_worker.values())) == [1, 1], by_worker  # each decode worker one system prompt
+
+    asyncio.run(main())
+
+
+PROMPTS = [[5 + (i * 7 + j) % 250 for j in range(20 + 37 * i)] for i in range(4)]  # up to 131 tokens
+
+
+@pytest.mark.parametrize("policy", ["never", "auto"])
+def test_a_decode_worker_prefilling_in_small_chunks_answers_as_the_offline_engine(tiny_qwen3_dir, tmp_path, policy):
+    """--disagg-policy never with --local-prefill-chunk 16: every prompt prefilled by the decode worker, in chunks
+    between its decode steps, greedy output equal to offline generation. auto: whatever it picks per request (two
+    rounds: the second after it has measured), the same output."""
+    greedy = dict(max_tokens=8, temperature=0.0, ignore_eos=True)
+    llm = LLM(str(tiny_qwen3_dir), device="cpu", kv_cache_memory=64 << 20)
+    try:
+        expected = [o.token_ids for o in llm.generate(PROMPTS, SamplingParams(**greedy), use_tqdm=False)]
+    finally:
+        llm.close()
+    cluster = RunningCluster(tiny_qwen3_dir, "disagg", tmp_path / "serve.log", "--disagg-policy", policy,
+                             "--local-prefill-chunk", "16")
+    try:
+        async def go():
+            from router.client import AsyncClient
+            async with AsyncClient(cluster.address, timeout=120) as c:
+                return await asyncio.gather(*(c.generate(p, **greedy) for p in PROMPTS))
+
+        rounds = 2 if policy == "auto" else 1
+        for _ in range(rounds):
+            results = asyncio.run(go())
+            assert [r.token_ids for r in results] == expected
+        with cluster.client() as c:
+            totals = c.stats(timeout=10).totals
+        assert totals.local_prefills + totals.remote_prefills == rounds * len(PROMPTS)
+        if policy == "never":
+            assert totals.remote_prefills == 0
+        assert all(w.kv_blocks_free == w.kv_blocks_total for w in cluster.wait_all_blocks_free())
+    finally:
+        cluster.stop_cleanly()
