@@ -159,9 +159,9 @@ def ratio_target(results: dict) -> float:
 
 def target_definition(results: dict) -> str:
     t = ratio_target(results)
-    return (f"The {t:g}x target: disagg's TPOT p90 within {t:g}x of its unloaded TPOT p50 at the load where "
-            f"colocated first breaks the TPOT SLO, this project's design goal for decode stability under load "
-            f"(--tpot-ratio-target sets another).")
+    return (f"The question: at the load where colocated TPOT p90 first breaks the TPOT SLO, is disagg's TPOT p90 "
+            f"within {t:g}x of its unloaded TPOT p50? That {t:g}x target is this project's design goal for decode "
+            f"stability under load, not a property of your deployment (--tpot-ratio-target sets another).")
 
 
 def slo_reading(results: dict) -> str:
@@ -257,7 +257,7 @@ def markdown(results: dict, plots_note: str | None = None) -> str:
         lines += ["## Unloaded reference", "", "Requests sent one at a time, before the load points.", ""]
         lines += unloaded_table(results) + [""] + ([BATCH_NOTE, ""] if engines else [])
         engines = False  # explained once
-    lines += ["## SLO reading", "", slo_reading(results), "", target_definition(results), ""]
+    lines += ["## SLO reading", "", target_definition(results), "", slo_reading(results), ""]
     if note and note.startswith("Not"):
         lines += [note, ""]
     for i, point in enumerate(results["load_points"]):

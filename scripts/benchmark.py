@@ -296,7 +296,7 @@ def run_benchmark(cfg: BenchConfig) -> dict:
                 log.info("%s: starting %s", mode, shlex.join(run["serve_command"]))
                 server = ServeProcess(run["serve_command"], out / f"serve-{mode}.log")
             asyncio.run(bench_cluster(cfg, run, server, points, workloads, warmup, unloaded,
-                                      known_before(cfg, hw["device"])))
+                                      slo=known_before(cfg, hw["device"])))
         except ClusterError as e:
             run["error"] = str(e)
             print(f"pdcluster: error: {mode}: {e}", file=sys.stderr)
