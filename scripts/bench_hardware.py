@@ -96,16 +96,21 @@ def mode_hardware(cfg: BenchConfig, mode: str, m: dict) -> dict | None:
 
 
 def describe(hw: dict | None) -> str:
-    """One mode's hardware in a line: "1 prefill + 1 decode worker (2 processes), 4 of 8 CPU cores (threads) each"."""
+    """One mode's hardware in a line: "1 prefill + 1 decode worker (2 processes), 4 threads each on 8 shared CPU
+    cores"."""
     if hw is None:
         return "a running cluster: the benchmark did not place it, so its hardware is not known here"
-    roles = " + ".join(f"{k} {role}" for role, k in hw["workers"].items())
-    workers = f"{roles} worker{'s' if sum(hw['workers'].values()) > 1 else ''}"
+    n = sum(hw["workers"].values())
+    workers = " + ".join(f"{k} {role}" for role, k in hw["workers"].items()) + f" worker{'s' if n > 1 else ''}"
     procs = f"{hw['processes']} process{'es' if hw['processes'] > 1 else ''}"
+    each = " each" if n > 1 else ""
     if hw["device"] == "cpu":
-        return (f"{workers} ({procs}), {hw['threads_per_worker']} threads each on {hw['cpu_cores']} shared CPU "
-                f"cores")
-    return f"{workers} ({procs}), {hw['gpus_per_worker']:g} GPU each, {gpus(hw['gpus'])} in all"
+        return f"{workers} ({procs}), {threads(hw['threads_per_worker'])}{each} on {hw['cpu_cores']} CPU cores"
+    return f"{workers} ({procs}), {gpus(hw['gpus_per_worker'])}{each}, {gpus(hw['gpus'])} in all"
+
+
+def threads(n: int) -> str:
+    return f"{n} thread{'s' if n > 1 else ''}"
 
 
 def gpus(n: float) -> str:
@@ -121,9 +126,9 @@ def comparison_note(hardware: dict[str, dict | None]) -> str | None:
         if d["processes"] == c["processes"]:
             return (f"Equal hardware: both modes run {d['processes']} worker processes on the same {d['cpu_cores']} CPU cores, "
                     f"{d['threads_per_worker']} threads each.")
-        return (f"Not the same split: both modes share the same {d['cpu_cores']} CPU cores, but disagg runs "
-                f"{d['processes']} worker processes of {d['threads_per_worker']} threads and colocated "
-                f"{c['processes']} of {c['threads_per_worker']}, so the comparison is also one of "
+        return (f"Not the same number of engines: on the same {d['cpu_cores']} CPU cores, disagg runs "
+                f"{d['processes']} worker processes ({threads(d['threads_per_worker'])} each) and colocated "
+                f"{c['processes']} ({threads(c['threads_per_worker'])} each), so the comparison is also one of "
                 f"{d['processes']} engines against {c['processes']}; for as many colocated workers as disagg has, "
                 f"add --workers {sum(d['workers'].values())}.")
     if d["gpus"] == c["gpus"]:

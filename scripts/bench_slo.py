@@ -36,16 +36,16 @@ def settle(cfg: BenchConfig, device: str | None, runs: list[dict]) -> dict:
             value, why = flag, f"--slo-{key}"
         elif base is not None:
             value = cfg.slo_scale * base[0]
-            why = (f"{cfg.slo_scale:g}x the unloaded {name} p50 of {base[1]} ({base[0] * 1e3:.1f} ms"
-                   + (", the slower mode's)" if sum(bool(r.get("unloaded")) for r in runs) > 1 else ")")
-                   + f": on CPU the SLO is derived from the unloaded requests (--slo-scale, or --slo-{key} to set it)")
+            slower = ", the slower mode's" if sum(bool(r.get("unloaded")) for r in runs) > 1 else ""
+            why = (f"on CPU: --slo-scale {cfg.slo_scale:g} x {base[1]}'s unloaded {name} p50 "
+                   f"({base[0] * 1e3:.1f} ms{slower}); --slo-{key} sets it")
         else:
             value = GPU_DEFAULTS[key]
-            why = {"cuda": f"GPU-sized default (--slo-{key} to change)",
-                   "cpu": f"GPU-sized default: on CPU no unloaded {name} to derive it from (give "
-                          f"--unloaded-requests > 0, or --slo-{key})",
-                   None: f"GPU-sized default (the running cluster's device is not known: with --device cpu it is "
-                         f"derived from the unloaded requests; or give --slo-{key})"}[device]
+            why = {"cuda": f"GPU-sized default; --slo-{key} sets it",
+                   "cpu": f"GPU-sized default: on CPU, no unloaded {name} to derive it from (--unloaded-requests "
+                          f"> 0, or --slo-{key})",
+                   None: f"GPU-sized default: the running cluster's device is not known (with --device cpu it is "
+                         f"derived from the unloaded requests; --slo-{key} sets it)"}[device]
         slo[key], slo[f"{key}_from"] = value, why
     return slo
 
