@@ -65,5 +65,5 @@ def of_results(results: dict) -> dict:
     if results.get("slo"):
         return results["slo"]
     cfg = results["config"]
-    return {"ttft": cfg["slo_ttft"], "tpot": cfg["slo_tpot"], "ttft_from": "the run's configuration",
-            "tpot_from": "the run's configuration"}
+    slo = {key: cfg.get(f"slo_{key}") or GPU_DEFAULTS[key] for key in NAMES}
+    return {**slo, **{f"{key}_from": "the run's configuration" for key in NAMES}}
