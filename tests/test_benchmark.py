@@ -751,8 +751,10 @@ def test_cpu_smoke_run_of_both_modes(tiny_qwen3_dir, tmp_path):
 
     results = json.loads((out / "results.json").read_text())
     assert [run["mode"] for run in results["runs"]] == ["disagg", "colocated"]
+    assert results["machine"]["device"] == "cpu" and results["slo"]["tpot_from"].startswith("on CPU: --slo-scale 5")
     for run in results["runs"]:
         assert run["error"] is None and run["warmup"] == {"requests": 4, "failed": 0, "errors": []}
+        assert "--gpus-per-worker" not in run["serve_command"] and run["hardware"]["device"] == "cpu"
         unloaded = run["unloaded"]
         assert (unloaded["summary"]["requests"], unloaded["summary"]["completed"]) == (2, 2)
         assert all(r["error_code"] is None and r["output_tokens"] == 16 for r in unloaded["requests"])
@@ -772,6 +774,6 @@ def test_cpu_smoke_run_of_both_modes(tiny_qwen3_dir, tmp_path):
         assert sum(e["prefill_tokens_run"] for e in point["engines"]) == 12 * 64
         assert 0 < s["goodput"] <= s["request_throughput"]
     report = (out / "report.md").read_text()
-    assert "| | disagg | colocated |" in report and "## 2 req/s" in report and "| decode tokens per busy step, mean |" in report
+    assert "| | disagg | colocated |" in report and "## 2 req/s" in report and "Not the same number of engines" in report and "| decode tokens per busy step, mean |" in report
     for name in PLOTS:
         assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
