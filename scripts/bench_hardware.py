@@ -124,8 +124,8 @@ def comparison_note(hardware: dict[str, dict | None]) -> str | None:
         return None
     if d["device"] == "cpu":
         if d["processes"] == c["processes"]:
-            return (f"Equal hardware: both modes run {d['processes']} worker processes on the same {d['cpu_cores']} CPU cores, "
-                    f"{d['threads_per_worker']} threads each.")
+            return (f"Equal hardware: both modes run {d['processes']} worker processes on the same "
+                    f"{d['cpu_cores']} CPU cores, {threads(d['threads_per_worker'])} each.")
         return (f"Not the same number of engines: on the same {d['cpu_cores']} CPU cores, disagg runs "
                 f"{d['processes']} worker processes ({threads(d['threads_per_worker'])} each) and colocated "
                 f"{c['processes']} ({threads(c['threads_per_worker'])} each), so the comparison is also one of "
