@@ -53,7 +53,7 @@ def machine(cfg: BenchConfig, gpus: list[str] | None = None) -> dict:
 def label(m: dict | None) -> str:
     """The hardware in a few words, for titles: "2x NVIDIA H200", "CPU, 8 cores"."""
     if not m or not m.get("local"):
-        return {"cpu": "CPU", "cuda": "GPU"}.get((m or {}).get("device"), "hardware not known")
+        return {"cpu": "CPU", "cuda": "GPU"}.get((m or {}).get("device"), "unknown hardware")
     if m["device"] == "cuda":
         names = m["gpus"]
         if not names:

@@ -235,12 +235,13 @@ def hardware_note(results: dict) -> str | None:
 def markdown(results: dict, plots_note: str | None = None) -> str:
     """report.md; `plots_note` in place of the plots when there are none (bench_plots.missing)."""
     cfg, slo, note = results["config"], of_results(results), hardware_note(results)
+    machine = results.get("machine") or {}
     lines = [
         "# Disaggregated vs colocated: serving benchmark",
         "",
         f"- started: {results['started']}; model: `{cfg.get('model') or results.get('address')}`",
-        f"- hardware: {label(results.get('machine'))}"
-        + (f" ({m})" if (m := (results.get("machine") or {}).get("cpu_model")) else ""),
+        f"- hardware: {label(machine)}"
+        + (f" ({machine['cpu_model']})" if machine.get("device") == "cpu" and machine.get("cpu_model") else ""),
         f"- workload: {results['workload']}; seed {cfg['seed']}; "
         f"{cfg['warmup_requests']} warm-up requests per cluster, not counted"
         + (f"; then {n} unloaded requests, one at a time" if (n := cfg.get("unloaded_requests")) else ""),
