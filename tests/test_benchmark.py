@@ -199,6 +199,8 @@ def test_bench_reports_a_bad_trace_line_in_one_line(tmp_path, capsys):
     (["--input-len", "9:3"], "--input-len: expected 1 <= LO <= HI"),
     (["--slo-tpot", "0"], "--slo-tpot: must be > 0"),
     (["--unloaded-requests", "-1"], "--unloaded-requests: must be >= 0, got -1"),
+    (["--slo-scale", "0"], "--slo-scale: must be > 0"),
+    (["--device", "gpu"], "--device: expected one of auto, cpu, cuda, got 'gpu'"),
 ])
 def test_bad_flags_exit_2_with_one_line(flags, problem, tmp_path, capsys):
     assert cli_main(["bench", "--model", str(tmp_path), "--out", str(tmp_path / "o"), *flags]) == 2
