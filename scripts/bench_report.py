@@ -119,7 +119,9 @@ def engine_rows(points: list[dict | None]) -> list[tuple[str, list[str]]]:
     engines = [decode_engines(p) for p in points]
     if all(e is None for e in engines):
         return []
-    return [(name, [cell(e) if e else "n/a" for e in engines]) for name, cell in ENGINE_ROWS]
+    gpus = any(e and e["gpu_busy"] is not None for e in engines)  # no GPU row on CPU
+    return [(name, [cell(e) if e else "n/a" for e in engines]) for name, cell in ENGINE_ROWS
+            if gpus or "GPU" not in name]
 
 
 def table(results: dict, i: int) -> list[str]:

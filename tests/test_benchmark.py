@@ -689,6 +689,7 @@ def test_the_decode_tokens_per_step_row_is_explained_where_it_reads_below_one(tm
                                                    "decode_tokens_run": 15}]
     unloaded = section(markdown(results), "Unloaded reference")
     assert "| decode tokens per busy step, mean | 0.94 | n/a |" in unloaded
+    assert not any("GPUs busy" in line for line in unloaded)  # no CUDA times on CPU: no row of n/a
     assert unloaded[-1] == bench_report.BATCH_NOTE and "just under 1" in unloaded[-1]
 
 
