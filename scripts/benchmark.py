@@ -25,6 +25,11 @@ Fair comparisons use the same hardware for both modes:
     # 1 GPU: prefill and decode share it (half its memory each) vs one colocated replica on all of it
     pdcluster bench --model DIR --device cuda --prefill-workers 1 --decode-workers 1 --gpus-per-worker 0.5 \\
         --workers 1 --colocated-gpus-per-worker 1 --rates 2,4,8,16 --out OUT
+    # CPU: the cores are split among the workers; --workers 2 gives colocated as many engines as 1P+1D
+    pdcluster bench --model DIR --device cpu --workers 2 --rates 1,2 --out OUT
+
+The report states each mode's hardware and whether the modes had equal hardware, and the SLO with its source
+(--slo-ttft/--slo-tpot; else 1 s / 50 ms on GPUs, --slo-scale x the unloaded p50 on CPU).
 """
 from __future__ import annotations
 
