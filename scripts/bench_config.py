@@ -21,6 +21,8 @@ def mode_variants(mode: str) -> tuple[str, list[str]]:
     """`disagg:auto+load` -> ("disagg", ["auto", "load"])."""
     base, _, variants = mode.partition(":")
     return base, [v for v in variants.split("+") if v] if variants else []
+
+DEVICES = ("auto", "cpu", "cuda")
 WORKLOADS = ("random", "long-short", "shared-prefix", "trace")
 DEFAULT_RATES = "1,2,4,8"
 DEFAULT_NUM_REQUESTS = 100
@@ -65,13 +67,21 @@ class BenchConfig:
                                                  "prefixes fit in all their caches together but not in one")
     trace: str | None = _opt(None, "trace workload: JSON lines {\"arrival\": s, \"input_len\": n, "
                                    "\"output_len\": n}")
-    slo_ttft: float = _opt(1.0, "SLO on time to first token, seconds")
-    slo_tpot: float = _opt(0.05, "SLO on time per output token after the first, seconds")
+    slo_ttft: float | None = _opt(None, "SLO on time to first token, seconds (default: 1.0 on GPUs; on CPU "
+                                        "--slo-scale x the unloaded TTFT p50)")
+    slo_tpot: float | None = _opt(None, "SLO on time per output token after the first, seconds (default: 0.05 "
+                                        "on GPUs; on CPU --slo-scale x the unloaded TPOT p50)")
+    slo_scale: float = _opt(5.0, "on CPU, without --slo-ttft/--slo-tpot: each SLO is this multiple of the slower "
+                                 "mode's unloaded p50")
+    tpot_ratio_target: float = _opt(1.2, "the report's SLO reading: is disagg's TPOT p90 within this multiple "
+                                         "of its unloaded TPOT p50 where colocated breaks the TPOT SLO? (this "
+                                         "project's design goal for decode stability under load)")
     seed: int = _opt(0, "seed of prompts, lengths and arrival times")
     vocab_size: int | None = _opt(None, "prompt token ids are below this (default: the model's vocab_size)")
     request_timeout: float = _opt(600.0, "seconds one request may take before it counts as failed")
     ready_timeout: float = _opt(900.0, "seconds a started cluster may take to become ready")
-    device: str = _opt("auto", "serve: cpu, cuda or auto")
+    device: str = _opt("auto", "serve: cpu, cuda or auto (GPUs if nvidia-smi finds any); with --address, what "
+                               "the running cluster runs on, for the report and the SLO defaults")
     prefill_workers: int = _opt(1, "serve, disagg: prefill workers")
     decode_workers: int = _opt(1, "serve, disagg: decode workers")
     workers: int = _opt(1, "serve, colocated: engine replicas")
@@ -102,6 +112,8 @@ class BenchConfig:
             raise ValueError("bench: give --rates (open loop) or --concurrency (closed loop), not both")
         self.rate_list()
         self.concurrency_list()
+        if self.device not in DEVICES:
+            raise ValueError(f"--device: expected one of {', '.join(DEVICES)}, got {self.device!r}")
         if self.workload not in WORKLOADS:
             raise ValueError(f"--workload: expected one of {', '.join(WORKLOADS)}, got {self.workload!r}")
         if (self.workload == "trace") != (self.trace is not None):
@@ -110,9 +122,9 @@ class BenchConfig:
             self.lengths(name)
         if not 0 <= self.long_fraction <= 1:
             raise ValueError(f"--long-fraction: must be in [0, 1], got {self.long_fraction:g}")
-        positive = ("prefix_len", "num_prefixes", "prefix_cache_tokens", "num_requests", "prefill_workers", "decode_workers", "workers",
-                    "vocab_size", "slo_ttft", "slo_tpot", "request_timeout", "ready_timeout", "gpus_per_worker",
-                    "colocated_gpus_per_worker")
+        positive = ("prefix_len", "num_prefixes", "prefix_cache_tokens", "num_requests", "prefill_workers",
+                    "decode_workers", "workers", "vocab_size", "slo_ttft", "slo_tpot", "slo_scale", "tpot_ratio_target",
+                    "request_timeout", "ready_timeout", "gpus_per_worker", "colocated_gpus_per_worker")
         for name in positive:
             value = getattr(self, name)
             if value is not None and not value > 0:

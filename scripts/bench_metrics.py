@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 
 PERCENTILES = (50, 90, 99)
+METRICS = (("ttft", "TTFT"), ("tpot", "TPOT"), ("itl", "ITL"), ("e2e", "E2E latency"))  # a summary's latencies
 
 
 @dataclass
@@ -46,6 +47,10 @@ class RequestRecord:
         out = asdict(self)
         out["itl"] = [round(gap, 6) for gap in self.itl]
         return {**out, "e2e": self.e2e, "tpot": self.tpot}
+
+    @classmethod
+    def from_json(cls, d: dict) -> RequestRecord:
+        return cls(**{f.name: d[f.name] for f in fields(cls)})
 
 
 @dataclass(frozen=True)
@@ -104,6 +109,12 @@ class Summary:
     e2e: Dist
 
 
+def judge(records: list[RequestRecord], slo: SLO, duration: float) -> tuple[float, float]:
+    """(goodput, SLO attainment) of a load point's requests."""
+    good = sum(slo.met(r) for r in records)
+    return (good / duration if duration > 0 else 0.0), (good / len(records) if records else 0.0)
+
+
 def summarize(records: list[RequestRecord], slo: SLO) -> Summary:
     done = [r for r in records if r.ok]
     duration = max((r.end for r in records), default=0.0)
@@ -111,7 +122,7 @@ def summarize(records: list[RequestRecord], slo: SLO) -> Summary:
     def per_s(x: float) -> float:
         return x / duration if duration > 0 else 0.0
 
-    good = sum(slo.met(r) for r in records)
+    goodput, attainment = judge(records, slo, duration)
     return Summary(
         requests=len(records),
         completed=len(done),
@@ -122,8 +133,8 @@ def summarize(records: list[RequestRecord], slo: SLO) -> Summary:
         request_throughput=per_s(len(done)),
         output_throughput=per_s(sum(r.output_tokens for r in done)),
         input_throughput=per_s(sum(r.prompt_len for r in done)),
-        goodput=per_s(good),
-        slo_attainment=good / len(records) if records else 0.0,
+        goodput=goodput,
+        slo_attainment=attainment,
         ttft=Dist.of([r.ttft for r in done if r.ttft is not None]),
         tpot=Dist.of([t for r in done if (t := r.tpot) is not None]),
         itl=Dist.of([gap for r in done for gap in r.itl]),

@@ -1,7 +1,9 @@
-"""The benchmark's report from its results.json: report.md (a table per load point, modes side by side) and plots.
+"""The benchmark's report from its results.json: report.md (the hardware and SLO of the run, a table per load point
+with the modes side by side) and the plots (scripts/bench_plots.py).
 
 report.md also compares each load point's TPOT with the unloaded one (requests sent one at a time) and reads
-the target: where colocated TPOT p90 breaks its SLO, does disagg's stay within 1.2x of its unloaded TPOT?
+the target: where colocated TPOT p90 breaks its SLO, does disagg's stay within --tpot-ratio-target (1.2x) of its
+unloaded TPOT?
 
     python -m scripts.bench_report OUT/results.json     # redraw report.md and the PNGs beside it
 """
@@ -12,13 +14,21 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+from scripts.bench_hardware import comparison_note, describe, label
+from scripts.bench_metrics import METRICS
 from scripts.bench_placement import hit_rate_rows, placement_reading, policy_reading, router_rows
+from scripts.bench_plots import PLOTS, missing, write_plots
+from scripts.bench_slo import of_results
 
-METRICS = (("ttft", "TTFT"), ("tpot", "TPOT"), ("itl", "ITL"), ("e2e", "E2E latency"))
 STATS = ("mean", "p50", "p90", "p99")
-PLOTS = ("latency.png", "goodput.png", "ttft_cdf.png", "tpot_cdf.png")
-TPOT_RATIO_TARGET = 1.2  # disagg TPOT p90 / its unloaded TPOT p50 where colocated breaks the TPOT SLO
+TPOT_RATIO_TARGET = 1.2  # the default of --tpot-ratio-target (results from before the flag)
 RATIO_ROW = "TPOT p90 / unloaded TPOT p50"
+BATCH_ROW = "decode tokens per busy step, mean"
+BATCH_NOTE = (f"*{BATCH_ROW}*: the decode tokens the decoding engines ran, divided by all their busy steps. "
+              "Those include steps that ran no decode: a colocated engine's prefill steps, and with overlap "
+              "scheduling the step that only collects a request's last token. One request at a time, it reads "
+              "just under 1 (say 15 decode tokens over 16 steps), not a batch of less than one request; under "
+              "load it is close to the decode batch.")
 
 Cell = Callable[[dict], str]  # a summary's entry in one row of a table
 
@@ -100,7 +110,7 @@ def percent(x: float | None) -> str:
 
 ENGINE_ROWS: list[tuple[str, Cell]] = [
     ("decode step, mean (ms)", lambda d: f"{d['step_ms']:.2f}"),
-    ("decode batch, mean", lambda d: f"{d['batch']:.1f}"),
+    (BATCH_ROW, lambda d: f"{d['batch']:.2f}"),
     ("decode engines busy", lambda d: percent(d["busy"])),
     ("decode GPUs busy (CUDA events)", lambda d: percent(d["gpu_busy"])),
 ]
@@ -110,7 +120,9 @@ def engine_rows(points: list[dict | None]) -> list[tuple[str, list[str]]]:
     engines = [decode_engines(p) for p in points]
     if all(e is None for e in engines):
         return []
-    return [(name, [cell(e) if e else "n/a" for e in engines]) for name, cell in ENGINE_ROWS]
+    gpus = any(e and e["gpu_busy"] is not None for e in engines)  # no GPU row on CPU
+    return [(name, [cell(e) if e else "n/a" for e in engines]) for name, cell in ENGINE_ROWS
+            if gpus or "GPU" not in name]
 
 
 def table(results: dict, i: int) -> list[str]:
@@ -145,10 +157,21 @@ def first_tpot_breach(run: dict, slo: float) -> int | None:
     return None
 
 
+def ratio_target(results: dict) -> float:
+    return results["config"].get("tpot_ratio_target") or TPOT_RATIO_TARGET
+
+
+def target_definition(results: dict) -> str:
+    t = ratio_target(results)
+    return (f"The question: at the load where colocated TPOT p90 first breaks the TPOT SLO, is disagg's TPOT p90 "
+            f"within {t:g}x of its unloaded TPOT p50? That {t:g}x target is this project's design goal for decode "
+            f"stability under load, not a property of your deployment (--tpot-ratio-target sets another).")
+
+
 def slo_reading(results: dict) -> str:
     """Where colocated TPOT p90 first breaks the TPOT SLO, and disagg's TPOT p90 there against its unloaded TPOT."""
-    slo = results["config"]["slo_tpot"]
-    target = f"the TPOT SLO ({slo * 1e3:g} ms)"
+    slo = of_results(results)["tpot"]
+    target = f"the TPOT SLO ({slo * 1e3:.4g} ms)"
     runs = {run["mode"]: run for run in results["runs"]}
     missing = [mode for mode in ("disagg", "colocated") if mode not in runs]
     if missing:
@@ -168,9 +191,10 @@ def slo_reading(results: dict) -> str:
         why = ("no unloaded TPOT to compare with (run with --unloaded-requests > 0)" if unloaded_tpot(disagg) is None
                else "no TPOT p90 there")
         return f"{text} Disagg has {why}, so the ratio cannot be read."
-    verdict = "within" if ratio <= TPOT_RATIO_TARGET else "beyond"
+    verdict = "within" if ratio <= ratio_target(results) else "beyond"
     return (f"{text} There disagg TPOT p90 is {ms(point['summary']['tpot']['p90'])} ms, **{times(ratio)}** its "
-            f"unloaded TPOT p50 ({ms(unloaded_tpot(disagg))} ms): {verdict} the {TPOT_RATIO_TARGET:g}x target.")
+            f"unloaded TPOT p50 ({ms(unloaded_tpot(disagg))} ms): {verdict} the {ratio_target(results):g}x "
+            "target.")
 
 
 def failures(results: dict) -> list[str]:
@@ -196,167 +220,80 @@ def failures(results: dict) -> list[str]:
     return lines
 
 
-def markdown(results: dict) -> str:
-    cfg = results["config"]
+def hardware_lines(results: dict) -> list[str]:
+    """Each mode's workers, processes and GPUs or CPU threads, its `serve` command, and whether the modes had equal
+    hardware."""
+    lines = []
+    for run in results["runs"]:
+        where = " ".join(run["serve_command"]) if run.get("serve_command") else f"running cluster at {run['address']}"
+        hw = describe(run["hardware"]) if "hardware" in run else "hardware not recorded (results from before it was)"
+        lines += [f"**{run['mode']}**: {hw}", "", "```", where, "```", ""]
+    note = hardware_note(results)
+    return lines + ([note, ""] if note else [])
+
+
+def hardware_note(results: dict) -> str | None:
+    return comparison_note({run["mode"]: run.get("hardware") for run in results["runs"] if "hardware" in run})
+
+
+def markdown(results: dict, plots_note: str | None = None) -> str:
+    """report.md; `plots_note` in place of the plots when there are none (bench_plots.missing)."""
+    cfg, slo, note = results["config"], of_results(results), hardware_note(results)
+    machine = results.get("machine") or {}
     lines = [
         "# Disaggregated vs colocated: serving benchmark",
         "",
         f"- started: {results['started']}; model: `{cfg.get('model') or results.get('address')}`",
+        f"- hardware: {label(machine)}"
+        + (f" ({machine['cpu_model']})" if machine.get("device") == "cpu" and machine.get("cpu_model") else ""),
         f"- workload: {results['workload']}; seed {cfg['seed']}; "
         f"{cfg['warmup_requests']} warm-up requests per cluster, not counted"
         + (f"; then {n} unloaded requests, one at a time" if (n := cfg.get("unloaded_requests")) else ""),
-        f"- SLO: TTFT <= {cfg['slo_ttft'] * 1e3:g} ms and TPOT <= {cfg['slo_tpot'] * 1e3:g} ms; "
-        "goodput = requests/s meeting both",
+        f"- SLO: TTFT <= {slo['ttft'] * 1e3:.4g} ms and TPOT <= {slo['tpot'] * 1e3:.4g} ms; goodput = requests/s "
+        "meeting both",
+        f"  - TTFT SLO: {slo['ttft_from']}",
+        f"  - TPOT SLO: {slo['tpot_from']}",
         "- latencies measured at the client (see docs/benchmarks.md for definitions)",
         "",
         "## Clusters",
         "",
     ]
-    for run in results["runs"]:
-        where = " ".join(run["serve_command"]) if run.get("serve_command") else f"running cluster at {run['address']}"
-        lines += [f"**{run['mode']}**:", "", "```", where, "```", ""]
+    lines += hardware_lines(results)
+    engines = any(decode_engines(p) for run in results["runs"] for p in [run.get("unloaded"), *run["points"]])
     if any(run.get("unloaded") for run in results["runs"]):
         lines += ["## Unloaded reference", "", "Requests sent one at a time, before the load points.", ""]
-        lines += unloaded_table(results) + [""]
-    lines += ["## SLO reading", "", slo_reading(results), ""]
+        lines += unloaded_table(results) + [""] + ([BATCH_NOTE, ""] if engines else [])
+        engines = False  # explained once
+    lines += ["## SLO reading", "", target_definition(results), "", slo_reading(results), ""]
+    if note and note.startswith("Not"):
+        lines += [note, ""]
     if (reading := placement_reading(results)) is not None:
         lines += ["## Placement reading", "", reading, ""]
     if (reading := policy_reading(results)) is not None:
         lines += ["## Disaggregation policy reading", "", reading, ""]
     for i, point in enumerate(results["load_points"]):
         lines += [f"## {point['label']}", ""] + table(results, i) + [""]
+        if engines and any(decode_engines(point_of(run, i)) for run in results["runs"]):
+            lines += [BATCH_NOTE, ""]
+            engines = False
     problems = failures(results)
     lines += ["## Failures", ""] + (problems or ["None: every request finished."]) + [""]
-    lines += ["## Plots", ""] + [f"![{name}]({name})" for name in PLOTS] + [""]
+    plots = [f"Plots skipped: {plots_note.removeprefix('plots skipped: ')}."] if plots_note else [
+        f"![{name}]({name})" for name in PLOTS]
+    lines += ["## Plots", ""] + plots + [""]
     return "\n".join(lines)
 
 
-# ---- plots --------------------------------------------------------------------------------------
-def _pyplot():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
-def _color(mode: str, i: int) -> str:
-    return {"disagg": "C0", "colocated": "C1"}.get(mode, f"C{i + 2}")
-
-
-def _xaxis(ax, results: dict) -> None:
-    points = results["load_points"]
-    ax.set_xticks(range(len(points)), [p["short"] for p in points])
-    ax.set_xlabel(points[0]["axis"] if points else "")
-    ax.grid(alpha=0.3)
-
-
-def _legend(ax) -> None:
-    if ax.get_legend_handles_labels()[0]:  # a run that never got to a point leaves nothing to label
-        ax.legend(fontsize=8)
-
-
-def _series(run: dict, n: int, get) -> tuple[list[int], list[float]]:
-    xs, ys = [], []
-    for i in range(n):
-        p = point_of(run, i)
-        value = get(p["summary"]) if p else None
-        if value is not None:
-            xs.append(i)
-            ys.append(value)
-    return xs, ys
-
-
-def plot_latency(results: dict, path: Path) -> None:
-    plt = _pyplot()
-    n = len(results["load_points"])
-    fig, axes = plt.subplots(2, 2, figsize=(11, 8))
-    for ax, (key, name) in zip(axes.flat, METRICS):
-        for m, run in enumerate(results["runs"]):
-            for stat, style, marker in (("p50", "-", "o"), ("p90", "--", "s"), ("p99", ":", "^")):
-                xs, ys = _series(run, n, lambda s: None if s[key][stat] is None else s[key][stat] * 1e3)
-                ax.plot(xs, ys, style, marker=marker, color=_color(run["mode"], m), label=f"{run['mode']} {stat}")
-        ax.set_title(name)
-        ax.set_ylabel("ms")
-        ax.set_ylim(bottom=0)
-        _xaxis(ax, results)
-    _legend(axes.flat[0])
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-
-
-def plot_goodput(results: dict, path: Path) -> None:
-    plt = _pyplot()
-    n = len(results["load_points"])
-    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.5))
-    for m, run in enumerate(results["runs"]):
-        color = _color(run["mode"], m)
-        left.plot(*_series(run, n, lambda s: s["goodput"]), "-", marker="o", color=color,
-                  label=f"{run['mode']} goodput")
-        left.plot(*_series(run, n, lambda s: s["request_throughput"]), "--", marker="x", color=color,
-                  label=f"{run['mode']} throughput")
-        right.plot(*_series(run, n, lambda s: 100 * s["slo_attainment"]), "-", marker="o", color=color,
-                   label=run["mode"])
-    left.set_title("goodput (requests/s meeting the SLO)")
-    left.set_ylabel("requests/s")
-    left.set_ylim(bottom=0)
-    right.set_title("SLO attainment")
-    right.set_ylabel("% of requests")
-    right.set_ylim(0, 105)
-    for ax in (left, right):
-        _xaxis(ax, results)
-        _legend(ax)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-
-
-def plot_cdf(results: dict, key: str, slo: float, path: Path) -> None:
-    """One panel per load point; y is the share of all requests, so failed ones keep a curve below 1."""
-    plt = _pyplot()
-    points = results["load_points"]
-    cols = min(4, max(1, len(points)))
-    rows = -(-len(points) // cols) or 1
-    fig, axes = plt.subplots(rows, cols, figsize=(4 * cols, 3.3 * rows), squeeze=False)
-    for i, point in enumerate(points):
-        ax = axes.flat[i]
-        top = 0.0
-        for m, run in enumerate(results["runs"]):
-            p = point_of(run, i)
-            if not p or not p["requests"]:
-                continue
-            values = sorted(r[key] * 1e3 for r in p["requests"] if r[key] is not None)
-            total = len(p["requests"])
-            ax.step(values, [(j + 1) / total for j in range(len(values))], where="post",
-                    color=_color(run["mode"], m), label=run["mode"])
-            top = max([top, *values])
-        if slo * 1e3 <= 2 * top:  # further right, it would squash the curves against the axis
-            ax.axvline(slo * 1e3, color="gray", linestyle=":", label="SLO")
-        ax.set_title(f"{point['label']} (SLO {slo * 1e3:g} ms)", fontsize=10)
-        ax.set_xlabel(f"{key.upper()} (ms)")
-        ax.set_ylabel("share of requests")
-        ax.set_ylim(0, 1.02)
-        ax.grid(alpha=0.3)
-        _legend(ax)
-    for ax in list(axes.flat)[len(points):]:
-        ax.set_visible(False)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-
-
 def write_report(out: Path, results: dict) -> list[Path]:
-    """report.md and the PNGs in `out`; returns their paths."""
-    cfg = results["config"]
-    paths = [out / "report.md"] + [out / name for name in PLOTS]
-    paths[0].write_text(markdown(results))
-    plot_latency(results, paths[1])
-    plot_goodput(results, paths[2])
-    plot_cdf(results, "ttft", cfg["slo_ttft"], paths[3])
-    plot_cdf(results, "tpot", cfg["slo_tpot"], paths[4])
-    return paths
+    """report.md and, where matplotlib is installed, the PNGs in `out` (without it, one line on stderr says so and
+    how to get them); returns the paths written."""
+    note = missing()
+    report = out / "report.md"
+    report.write_text(markdown(results, note))
+    if note:
+        print(f"pdcluster: note: {note}", file=sys.stderr, flush=True)
+        return [report]
+    return [report, *write_plots(out, results, of_results(results))]
 
 
 def main(argv: list[str]) -> int:

@@ -40,18 +40,22 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def serve_command(cfg: BenchConfig, mode: str, address: str) -> list[str]:
-    """`pdcluster serve ...` for one mode (`disagg` or `colocated`, maybe with a `:variant`), as a user would type
-    it."""
+def serve_command(cfg: BenchConfig, mode: str, address: str, device: str | None = None) -> list[str]:
+    """`pdcluster serve ...` for one mode (`disagg` or `colocated`, maybe with a `:variant`) on `device` (cpu or
+    cuda, as the benchmark found it; default --device), as a user would type it: only the flags that apply there (no
+    GPUs per worker on CPU)."""
+    device = device or cfg.device
     mode, variants = mode_variants(mode)
     cmd = ["pdcluster", "serve", "--model", str(Path(cfg.model).resolve()), "--mode", mode, "--bind", address,
-           "--device", cfg.device, *(flag for v in variants for flag in VARIANTS[v])]
+           "--device", device, *(flag for v in variants for flag in VARIANTS[v])]
     if mode == "disagg":
-        cmd += ["--prefill-workers", str(cfg.prefill_workers), "--decode-workers", str(cfg.decode_workers),
-                "--gpus-per-worker", f"{cfg.gpus_per_worker:g}"]
+        cmd += ["--prefill-workers", str(cfg.prefill_workers), "--decode-workers", str(cfg.decode_workers)]
+        gpus = cfg.gpus_per_worker
     else:
+        cmd += ["--workers", str(cfg.workers)]
         gpus = cfg.colocated_gpus_per_worker or cfg.gpus_per_worker
-        cmd += ["--workers", str(cfg.workers), "--gpus-per-worker", f"{gpus:g}"]
+    if device != "cpu":
+        cmd += ["--gpus-per-worker", f"{gpus:g}"]
     return cmd + shlex.split(cfg.serve_args)
 
 

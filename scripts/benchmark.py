@@ -29,6 +29,11 @@ Fair comparisons use the same hardware for both modes:
     # 1 GPU: prefill and decode share it (half its memory each) vs one colocated replica on all of it
     pdcluster bench --model DIR --device cuda --prefill-workers 1 --decode-workers 1 --gpus-per-worker 0.5 \\
         --workers 1 --colocated-gpus-per-worker 1 --rates 2,4,8,16 --out OUT
+    # CPU: the cores are split among the workers; --workers 2 gives colocated as many engines as 1P+1D
+    pdcluster bench --model DIR --device cpu --workers 2 --rates 1,2 --out OUT
+
+The report states each mode's hardware and whether the modes had equal hardware, and the SLO with its source
+(--slo-ttft/--slo-tpot; else 1 s / 50 ms on GPUs, --slo-scale x the unloaded p50 on CPU).
 """
 from __future__ import annotations
 
@@ -49,10 +54,12 @@ from typing import Any
 from common.sampling_params import InvalidRequest
 from scripts import bench_workloads as W
 from scripts.bench_config import DEFAULT_NUM_REQUESTS, BenchConfig
+from scripts.bench_hardware import machine, mode_hardware
 from scripts.bench_metrics import SLO, RequestRecord, summarize
 from scripts.bench_server import (ClusterError, ServeProcess, engine_activity, engine_totals, free_port, infer_mode,
                                   router_activity,
                                   serve_command, wait_ready, watch)
+from scripts.bench_slo import known_before, rejudge, settle
 from scripts.bench_workloads import BenchRequest, TraceEntry
 
 log = logging.getLogger("pdcluster.bench")
@@ -211,16 +218,16 @@ async def run_point(client: Any, point: LoadPoint, requests: list[BenchRequest],
 
 async def bench_cluster(cfg: BenchConfig, run: dict, server: ServeProcess | None, points: list[LoadPoint],
                         workloads: list[list[BenchRequest]], warmup: list[BenchRequest],
-                        unloaded: list[BenchRequest]) -> None:
+                        unloaded: list[BenchRequest], slo: SLO | None = None) -> None:
     """Warm up one cluster, serve the unloaded requests one at a time, then run every load point on it.
 
-    Results go into `run` as they come.
+    Results go into `run` as they come, goodput judged by `slo` (None: not known yet, judged later by rejudge).
     """
     from tqdm import tqdm
 
     from router.client import AsyncClient
 
-    mode, slo = run["mode"], SLO(cfg.slo_ttft, cfg.slo_tpot)
+    mode = run["mode"]
 
     def alive() -> bool:
         return server is None or server.exited() is None
@@ -229,11 +236,11 @@ async def bench_cluster(cfg: BenchConfig, run: dict, server: ServeProcess | None
         before = await engine_totals(client)
         with tqdm(total=len(requests), desc=f"{mode} {label}", file=sys.stderr, dynamic_ncols=True) as bar:
             records = await run_point(client, point, requests, times, cfg.request_timeout, bar, alive)
-        result = {"load": point.to_json(), "summary": asdict(summarize(records, slo)),
+        result = {"load": point.to_json(), "summary": asdict(summarize(records, slo or SLO(math.inf, math.inf))),
                   "requests": [r.to_json() for r in records],
                   "engines": engine_activity(before, after := await engine_totals(client)),
                   "router": router_activity(before, after)}
-        print(summary_line(mode, label, result["summary"]), flush=True)
+        print(summary_line(mode, label, result["summary"], judged=slo is not None), flush=True)
         return result
 
     def check_alive(label: str) -> None:
@@ -262,14 +269,15 @@ async def bench_cluster(cfg: BenchConfig, run: dict, server: ServeProcess | None
                 watchdog.cancel()
 
 
-def summary_line(mode: str, label: str, s: dict) -> str:
+def summary_line(mode: str, label: str, s: dict, judged: bool = True) -> str:
     def ms(d: dict, stat: str) -> str:
         return "n/a" if d[stat] is None else f"{d[stat] * 1e3:.1f}"
 
     return (f"{mode:<10} {label:<22} {s['completed']}/{s['requests']} ok"
             f"  ttft p50/p99 {ms(s['ttft'], 'p50')}/{ms(s['ttft'], 'p99')} ms"
             f"  tpot p50/p99 {ms(s['tpot'], 'p50')}/{ms(s['tpot'], 'p99')} ms"
-            f"  {s['output_throughput']:.1f} tok/s  goodput {s['goodput']:.2f} req/s")
+            f"  {s['output_throughput']:.1f} tok/s  goodput "
+            + (f"{s['goodput']:.2f} req/s" if judged else "at the end (SLO from the unloaded requests)"))
 
 
 # ---- the whole benchmark ------------------------------------------------------------------------
@@ -287,21 +295,23 @@ def run_benchmark(cfg: BenchConfig) -> dict:
     warmup = build_requests(cfg, random.Random(f"{cfg.seed}:warmup"), cfg.warmup_requests, vocab, trace)
     unloaded = build_requests(cfg, random.Random(f"{cfg.seed}:unloaded"), cfg.unloaded_requests, vocab, trace)
     modes = cfg.mode_list() or [asyncio.run(infer_mode(cfg.address))]
+    hw = machine(cfg)
     results = {"config": asdict(cfg), "started": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-               "workload": describe_workload(cfg, n), "address": cfg.address,
+               "workload": describe_workload(cfg, n), "address": cfg.address, "machine": hw, "slo": None,
                "load_points": [p.to_json() for p in points], "runs": []}
     for mode in modes:
         address = cfg.address or f"tcp://127.0.0.1:{free_port()}"
-        run = {"mode": mode, "address": address, "serve_command": None, "error": None, "warmup": None,
-               "unloaded": None, "points": []}
+        run = {"mode": mode, "address": address, "serve_command": None, "hardware": mode_hardware(cfg, mode, hw),
+               "error": None, "warmup": None, "unloaded": None, "points": []}
         results["runs"].append(run)
         server = None
         try:
             if not cfg.address:
-                run["serve_command"] = serve_command(cfg, mode, address)
+                run["serve_command"] = serve_command(cfg, mode, address, hw["device"])
                 log.info("%s: starting %s", mode, shlex.join(run["serve_command"]))
                 server = ServeProcess(run["serve_command"], out / f"serve-{mode}.log")
-            asyncio.run(bench_cluster(cfg, run, server, points, workloads, warmup, unloaded))
+            asyncio.run(bench_cluster(cfg, run, server, points, workloads, warmup, unloaded,
+                                      slo=known_before(cfg, hw["device"])))
         except ClusterError as e:
             run["error"] = str(e)
             print(f"pdcluster: error: {mode}: {e}", file=sys.stderr)
@@ -309,7 +319,12 @@ def run_benchmark(cfg: BenchConfig) -> dict:
             if server is not None:
                 status = server.stop()
                 log.info("%s: serve stopped (status %s)", mode, status)
+            results["slo"] = settle(cfg, hw["device"], results["runs"])  # so far: the modes run until now
+            rejudge(results, results["slo"])
             (out / "results.json").write_text(json.dumps(results, indent=1))
+    slo = results["slo"]
+    print(f"SLO: TTFT <= {slo['ttft'] * 1e3:.1f} ms ({slo['ttft_from']}); "
+          f"TPOT <= {slo['tpot'] * 1e3:.1f} ms ({slo['tpot_from']})", flush=True)
     for path in write_report(out, results):
         log.info("wrote %s", path)
     print(f"results: {out / 'results.json'}\nreport: {out / 'report.md'}", flush=True)

@@ -18,10 +18,12 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from scripts import bench_report, bench_server, benchmark
+from scripts import bench_hardware as H
+from scripts import bench_plots, bench_report, bench_server, bench_slo, benchmark
 from scripts import bench_workloads as W
 from scripts.bench_metrics import SLO, Dist, RequestRecord, percentile, summarize
-from scripts.bench_report import PLOTS, markdown, write_report
+from scripts.bench_plots import PLOTS
+from scripts.bench_report import markdown, write_report
 from scripts.benchmark import (UNLOADED, BenchConfig, LoadPoint, arrivals, bench_cluster, build_requests, load_points,
                                run_benchmark, run_point)
 from scripts.cli import main as cli_main
@@ -266,6 +268,8 @@ def test_bench_reports_a_bad_trace_line_in_one_line(tmp_path, capsys):
     (["--modes", "disagg:fastest"], "--modes: expected disagg and/or colocated"),
     (["--arrivals", "weibull"], "--arrivals: expected one of poisson, gamma"),
     (["--burstiness", "0"], "--burstiness: must be a finite number > 0"),
+    (["--slo-scale", "0"], "--slo-scale: must be > 0"),
+    (["--device", "gpu"], "--device: expected one of auto, cpu, cuda, got 'gpu'"),
 ])
 def test_bad_flags_exit_2_with_one_line(flags, problem, tmp_path, capsys):
     assert cli_main(["bench", "--model", str(tmp_path), "--out", str(tmp_path / "o"), *flags]) == 2
@@ -462,7 +466,7 @@ def test_report_shows_the_decode_engines_step_and_batch():
     engines = bench_report.decode_engines(point)  # prefill workers left out
     assert engines == pytest.approx({"step_ms": 5.0, "batch": 9.0, "busy": 0.5, "gpu_busy": 0.4})
     rows = dict(bench_report.engine_rows([point, None]))
-    assert rows == {"decode step, mean (ms)": ["5.00", "n/a"], "decode batch, mean": ["9.0", "n/a"],
+    assert rows == {"decode step, mean (ms)": ["5.00", "n/a"], "decode tokens per busy step, mean": ["9.00", "n/a"],
                     "decode engines busy": ["50%", "n/a"], "decode GPUs busy (CUDA events)": ["40%", "n/a"]}
     for e in point["engines"]:  # CPU workers, or results from before GPU times were kept
         e.pop("gpu_seconds", None)
@@ -563,7 +567,7 @@ class FakeServe:
 def test_both_modes_get_the_same_unloaded_requests_from_their_own_seed(tmp_path, monkeypatch):
     given: dict[str, tuple] = {}
 
-    async def fake_bench_cluster(cfg, run, server, points, workloads, warmup, unloaded):
+    async def fake_bench_cluster(cfg, run, server, points, workloads, warmup, unloaded, slo=None):
         given[run["mode"]] = (unloaded, warmup, workloads)
 
     monkeypatch.setattr(benchmark, "bench_cluster", fake_bench_cluster)
@@ -664,7 +668,7 @@ def test_report_reads_disagg_where_colocated_breaks_the_tpot_slo(tmp_path, disag
     rows = section(text, "4 req/s")
     after_tpot = rows.index("| TPOT p99 (ms) | 40.0 | 100.0 |") + 1
     assert rows[after_tpot] == "| TPOT p90 / unloaded TPOT p50 | 2.00x | 4.00x |"
-    assert section(text, "SLO reading") == [
+    assert section(text, "SLO reading")[1:] == [
         "Colocated TPOT p90 first exceeds the TPOT SLO (50 ms) at **2 req/s** (60.0 ms). There disagg TPOT p90 is "
         f"{disagg_at_2 * 1e3:.1f} ms, **{ratio}** its unloaded TPOT p50 (20.0 ms): {verdict} the 1.2x target."]
     assert "- **disagg**, unloaded: 1 x overloaded (e.g. 'overloaded: no room')" in section(text, "Failures")
@@ -673,11 +677,11 @@ def test_report_reads_disagg_where_colocated_breaks_the_tpot_slo(tmp_path, disag
 def test_report_says_when_colocated_never_breaks_the_tpot_slo(tmp_path):
     results = tpot_results(tmp_path, {"disagg": [0.02, 0.02, 0.02], "colocated": [0.03, 0.04, 0.05]},
                            unloaded={"disagg": 0.02, "colocated": 0.025})
-    assert section(markdown(results), "SLO reading") == [
+    assert section(markdown(results), "SLO reading")[1:] == [
         "Colocated TPOT p90 never exceeded the TPOT SLO (50 ms) in this run: there is no breaking rate to read "
         "disagg at."]
     results["runs"] = results["runs"][:1]
-    assert section(markdown(results), "SLO reading") == [
+    assert section(markdown(results), "SLO reading")[1:] == [
         "No reading: it needs both modes, and this run has no colocated results."]
 
 
@@ -690,10 +694,191 @@ def test_old_results_without_unloaded_still_render(tmp_path, capsys):
     text = (tmp_path / "report.md").read_text()
     assert "## Unloaded reference" not in text and "unloaded requests, one at a time" not in text
     assert "| TPOT p90 / unloaded TPOT p50 | n/a | n/a |" in section(text, "2 req/s")
-    assert section(text, "SLO reading")[0].endswith(
+    assert section(text, "SLO reading")[1].endswith(
         "at **2 req/s** (60.0 ms). Disagg has no unloaded TPOT to compare with (run with --unloaded-requests > 0), "
         "so the ratio cannot be read.")
     assert sorted(p.name for p in tmp_path.glob("*.png")) == sorted(PLOTS)
+
+
+# ---- the run's hardware, SLO and target, said in the report; plots without matplotlib ---------
+def test_serve_commands_carry_only_the_flags_that_apply(tmp_path):
+    cfg = config(tmp_path, gpus_per_worker=0.5, colocated_gpus_per_worker=1.0)
+    cpu = bench_server.serve_command(cfg, "disagg", "tcp://127.0.0.1:1", "cpu")
+    assert cpu[cpu.index("--device") + 1] == "cpu" and "--gpus-per-worker" not in cpu
+    assert "--gpus-per-worker" not in bench_server.serve_command(cfg, "colocated", "tcp://127.0.0.1:1", "cpu")
+    gpu = bench_server.serve_command(cfg, "disagg", "tcp://127.0.0.1:1", "cuda")
+    assert gpu[gpu.index("--gpus-per-worker") + 1] == "0.5"
+    colocated = bench_server.serve_command(cfg, "colocated", "tcp://127.0.0.1:1", "cuda")
+    assert colocated[colocated.index("--gpus-per-worker") + 1] == "1"
+
+
+def test_the_machine_is_found_and_each_mode_gets_its_share(tmp_path, monkeypatch):
+    monkeypatch.setattr(os, "cpu_count", lambda: 8)
+    cpu = H.machine(config(tmp_path), gpus=[])
+    assert (cpu["device"], cpu["cpu_cores"], H.label(cpu)) == ("cpu", 8, "CPU, 8 cores")
+    gpu = H.machine(config(tmp_path), gpus=["NVIDIA H200", "NVIDIA H200"])
+    assert gpu["device"] == "cuda" and H.label(gpu) == "2x NVIDIA H200"
+    assert H.machine(config(tmp_path, device="cpu"), gpus=["NVIDIA H200"])["device"] == "cpu"  # asked for
+    remote = H.machine(BenchConfig(out=str(tmp_path), address="tcp://h:5555", vocab_size=10))
+    assert remote["device"] is None and H.mode_hardware(config(tmp_path), "disagg", remote) is None
+
+    cfg = config(tmp_path)
+    disagg, colocated = H.mode_hardware(cfg, "disagg", cpu), H.mode_hardware(cfg, "colocated", cpu)
+    assert (disagg["processes"], disagg["threads_per_worker"]) == (2, 4)  # as the launcher splits the cores
+    assert (colocated["processes"], colocated["threads_per_worker"]) == (1, 8)
+    assert H.describe(disagg) == "1 prefill + 1 decode workers (2 processes), 4 threads each on 8 CPU cores"
+    assert H.describe(colocated) == "1 colocated worker (1 process), 8 threads on 8 CPU cores"
+    tp = H.mode_hardware(config(tmp_path, workers=2, serve_args="--tensor-parallel-size=2"), "colocated", gpu)
+    assert (tp["processes"], tp["gpus"]) == (4, 4)
+
+
+@pytest.mark.parametrize("flags,device,note", [
+    ({}, "cpu", "Not the same number of engines: on the same 8 CPU cores, disagg runs 2 worker processes (4 threads "
+                "each) and colocated 1 (8 threads each), so the comparison is also one of 2 engines against 1; for as "
+                "many colocated workers as disagg has, add --workers 2."),
+    ({"workers": 2}, "cpu", "Equal hardware: both modes run 2 worker processes on the same 8 CPU cores, 4 threads "
+                            "each."),
+    ({"gpus_per_worker": 0.5, "colocated_gpus_per_worker": 1.0}, "cuda",
+     "Equal hardware: both modes have 1 GPU in all, disagg's split over 2 worker processes and colocated's over 1."),
+    ({"workers": 2}, "cuda", "Equal hardware: both modes have 2 GPUs in all."),
+    ({}, "cuda", "Not equal hardware: disagg has 2 GPUs and colocated 1 GPU, so the comparison is also one of 2 GPUs "
+                 "against 1 GPU; for equal hardware give colocated 2 GPUs in all (--workers and "
+                 "--colocated-gpus-per-worker)."),
+])
+def test_one_sentence_says_whether_the_modes_had_equal_hardware(tmp_path, monkeypatch, flags, device, note):
+    monkeypatch.setattr(os, "cpu_count", lambda: 8)
+    cfg = config(tmp_path, **flags)
+    m = H.machine(cfg, gpus=["NVIDIA H100"] * 2 if device == "cuda" else [])
+    assert H.comparison_note({mode: H.mode_hardware(cfg, mode, m) for mode in ("disagg", "colocated")}) == note
+
+
+def cpu_results(tmp_path: Path, tpot: float = 0.2, **flags) -> dict:
+    """A CPU run on 2 cores as run_benchmark leaves it: every TPOT far above the GPU-sized 50 ms."""
+    cfg = config(tmp_path, **flags)
+    results = tpot_results(tmp_path, {"disagg": [tpot] * 3, "colocated": [tpot * 1.1] * 3},
+                           unloaded={"disagg": tpot, "colocated": tpot})
+    results["config"] = asdict(cfg)
+    results["machine"] = {"device": "cpu", "gpus": [], "cpu_cores": 2, "cpu_model": None, "local": True}
+    for run in results["runs"]:
+        run["hardware"] = H.mode_hardware(cfg, run["mode"], results["machine"])
+    results["slo"] = bench_slo.settle(cfg, "cpu", results["runs"])
+    bench_slo.rejudge(results, results["slo"])
+    return results
+
+
+def test_on_cpu_the_slo_is_a_multiple_of_the_unloaded_p50_and_flags_win(tmp_path):
+    cfg = config(tmp_path)
+    assert bench_slo.known_before(cfg, "cpu") is None  # waits for the unloaded requests
+    assert bench_slo.known_before(cfg, "cuda") == SLO(1.0, 0.05)
+    assert bench_slo.known_before(config(tmp_path, slo_ttft=2.0, slo_tpot=0.3), "cpu") == SLO(2.0, 0.3)
+
+    results = cpu_results(tmp_path)
+    slo = bench_slo.settle(cfg, "cpu", results["runs"])
+    assert slo["ttft"] == pytest.approx(5 * 0.1) and slo["tpot"] == pytest.approx(5 * 0.2)
+    assert "--slo-scale 5 x disagg's unloaded TPOT p50 (200.0 ms" in slo["tpot_from"]
+    mixed = bench_slo.settle(config(tmp_path, slo_tpot=0.3, slo_scale=2), "cpu", results["runs"])
+    assert (mixed["ttft"], mixed["tpot"], mixed["tpot_from"]) == (pytest.approx(0.2), 0.3, "--slo-tpot")
+    assert bench_slo.settle(cfg, "cuda", results["runs"])["tpot"] == 0.05
+    none = bench_slo.settle(cfg, "cpu", [{**run, "unloaded": None} for run in results["runs"]])
+    assert none["tpot"] == 0.05 and "no unloaded TPOT to derive it from" in none["tpot_from"]
+
+
+def test_goodput_on_cpu_is_judged_by_the_derived_slo_and_the_report_says_so(tmp_path):
+    results = cpu_results(tmp_path)
+    del results["slo"]
+    bench_slo.rejudge(results, bench_slo.settle(config(tmp_path), "cuda", results["runs"]))
+    assert all(p["summary"]["goodput"] == 0 for run in results["runs"] for p in run["points"])  # GPU-sized: 0.00
+    results["slo"] = bench_slo.settle(config(tmp_path), "cpu", results["runs"])
+    bench_slo.rejudge(results, results["slo"])
+    assert all(p["summary"]["slo_attainment"] == 1.0 for run in results["runs"] for p in run["points"])
+    text = markdown(results)
+    assert "- SLO: TTFT <= 500 ms and TPOT <= 1000 ms" in text
+    assert "  - TPOT SLO: on CPU: --slo-scale 5 x disagg's unloaded TPOT p50 (200.0 ms, the slower mode's)" in text
+    assert "- hardware: CPU, 2 cores" in text
+
+
+def test_the_report_states_each_modes_hardware_beside_the_comparison(tmp_path):
+    text = markdown(cpu_results(tmp_path))
+    clusters = section(text, "Clusters")
+    assert "**disagg**: 1 prefill + 1 decode workers (2 processes), 1 thread each on 2 CPU cores" in clusters
+    assert "**colocated**: 1 colocated worker (1 process), 2 threads on 2 CPU cores" in clusters
+    assert clusters[-1].startswith("Not the same number of engines") and clusters[-1] in section(text, "SLO reading")
+    equal = markdown(cpu_results(tmp_path, workers=2))
+    assert section(equal, "Clusters")[-1].startswith("Equal hardware")
+    assert not any(line.startswith("Equal") for line in section(equal, "SLO reading"))
+
+
+def test_the_tpot_ratio_target_is_defined_and_can_be_set(tmp_path):
+    results = tpot_results(tmp_path, {"disagg": [0.021, 0.03, 0.04], "colocated": [0.03, 0.06, 0.1]},
+                           unloaded={"disagg": 0.02, "colocated": 0.025})
+    definition, reading = section(markdown(results), "SLO reading")[:2]
+    assert "within 1.2x of its unloaded TPOT p50" in definition and "this project's design goal" in definition
+    assert reading.endswith("**1.50x** its unloaded TPOT p50 (20.0 ms): beyond the 1.2x target.")
+    results["config"]["tpot_ratio_target"] = 1.6
+    definition, reading = section(markdown(results), "SLO reading")[:2]
+    assert "within 1.6x" in definition and reading.endswith("within the 1.6x target.")
+    with pytest.raises(ValueError, match="--tpot-ratio-target: must be > 0"):
+        config(tmp_path, tpot_ratio_target=0)
+
+
+def test_the_decode_tokens_per_step_row_is_explained_where_it_reads_below_one(tmp_path):
+    results = cpu_results(tmp_path)
+    # one request at a time, 16-token answers: 15 decode tokens, 16 busy steps (the last only collects)
+    results["runs"][0]["unloaded"]["engines"] = [{"worker_id": "d0", "role": "decode", "busy_steps": 16,
+                                                   "busy_seconds": 0.16, "prefill_tokens_run": 0,
+                                                   "decode_tokens_run": 15}]
+    unloaded = section(markdown(results), "Unloaded reference")
+    assert "| decode tokens per busy step, mean | 0.94 | n/a |" in unloaded
+    assert not any("GPUs busy" in line for line in unloaded)  # no CUDA times on CPU: no row of n/a
+    assert unloaded[-1] == bench_report.BATCH_NOTE and "just under 1" in unloaded[-1]
+
+
+def test_plot_titles_name_the_model_and_the_hardware(tmp_path, monkeypatch):
+    from matplotlib.figure import Figure
+
+    results = cpu_results(tmp_path)
+    results["config"]["model"] = "/models/qwen3-0.6b"
+    assert bench_plots.title(results) == "qwen3-0.6b on CPU, 2 cores"
+    results["machine"] = {"device": "cuda", "gpus": ["NVIDIA H200"], "cpu_cores": 64, "cpu_model": None,
+                          "local": True}
+    assert bench_plots.title(results) == "qwen3-0.6b on NVIDIA H200"
+    titles = []
+    monkeypatch.setattr(Figure, "savefig", lambda fig, path, **kw: titles.append(fig._suptitle.get_text()))
+    bench_plots.write_plots(tmp_path, results, bench_slo.of_results(results))
+    assert titles == ["qwen3-0.6b on NVIDIA H200"] * len(PLOTS)
+
+
+def test_without_matplotlib_the_report_is_written_and_says_how_to_get_plots(tmp_path, monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib now fails
+    paths = write_report(tmp_path, cpu_results(tmp_path))
+    assert paths == [tmp_path / "report.md"] and not list(tmp_path.glob("*.png"))
+    note = capsys.readouterr().err.strip()
+    assert len(note.splitlines()) == 1 and "plots skipped" in note and "pip install matplotlib" in note
+    plots = section((tmp_path / "report.md").read_text(), "Plots")
+    assert len(plots) == 1 and "pip install matplotlib" in plots[0] and "[bench]" in plots[0]
+
+
+def test_bench_without_matplotlib_exits_0_with_results_and_report(tmp_path, monkeypatch, capsys):
+    async def fake_bench_cluster(cfg, run, server, points, workloads, warmup, unloaded, slo=None):
+        assert slo is None  # on CPU without SLO flags: judged once the unloaded requests are in
+        run["unloaded"] = measured(UNLOADED, 0.2)
+        run["points"] = [measured(p, 0.25) for p in points]
+
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    monkeypatch.setattr(H, "detect_gpus", lambda: [])
+    monkeypatch.setattr(benchmark, "bench_cluster", fake_bench_cluster)
+    monkeypatch.setattr(benchmark, "ServeProcess", FakeServe)
+    out = tmp_path / "out"
+    flags = ["--model", str(tmp_path), "--vocab-size", "100", "--rates", "1,2", "--out", str(out)]
+    assert cli_main(["bench", *flags]) == 0
+    results = json.loads((out / "results.json").read_text())
+    assert (out / "report.md").is_file() and not list(out.glob("*.png"))
+    assert results["machine"]["device"] == "cpu" and results["slo"]["tpot"] == pytest.approx(5 * 0.2)
+    assert all(p["summary"]["goodput"] > 0 for run in results["runs"] for p in run["points"])
+    for run in results["runs"]:
+        assert "--gpus-per-worker" not in run["serve_command"] and "cpu" in run["serve_command"]
+    out_text = capsys.readouterr()
+    assert "SLO: TTFT <= 500.0 ms (on CPU" in out_text.out and "pip install matplotlib" in out_text.err
 
 
 # ---- the real thing, on CPU ---------------------------------------------------------------------
@@ -710,8 +895,10 @@ def test_cpu_smoke_run_of_both_modes(tiny_qwen3_dir, tmp_path):
 
     results = json.loads((out / "results.json").read_text())
     assert [run["mode"] for run in results["runs"]] == ["disagg", "colocated"]
+    assert results["machine"]["device"] == "cpu" and results["slo"]["tpot_from"].startswith("on CPU: --slo-scale 5")
     for run in results["runs"]:
         assert run["error"] is None and run["warmup"] == {"requests": 4, "failed": 0, "errors": []}
+        assert "--gpus-per-worker" not in run["serve_command"] and run["hardware"]["device"] == "cpu"
         unloaded = run["unloaded"]
         assert (unloaded["summary"]["requests"], unloaded["summary"]["completed"]) == (2, 2)
         assert all(r["error_code"] is None and r["output_tokens"] == 16 for r in unloaded["requests"])
@@ -731,6 +918,7 @@ def test_cpu_smoke_run_of_both_modes(tiny_qwen3_dir, tmp_path):
         assert sum(e["prefill_tokens_run"] for e in point["engines"]) == 12 * 64
         assert 0 < s["goodput"] <= s["request_throughput"]
     report = (out / "report.md").read_text()
-    assert "| | disagg | colocated |" in report and "## 2 req/s" in report and "| decode batch, mean |" in report
+    assert "| | disagg | colocated |" in report and "## 2 req/s" in report and "| decode tokens per busy step, mean |" in report
+    assert "Not the same number of engines" in report  # 2 worker processes against 1
     for name in PLOTS:
         assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
