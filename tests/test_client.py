@@ -538,3 +538,20 @@ def test_async_retries():
         assert len(router.submits) == 5
     finally:
         router.close()
+
+
+def test_cli_against_no_router_fails_within_its_connect_timeout():
+    """`pdcluster client --prompt` against an address where nothing listens: one line saying so, a non-zero exit,
+    within the connect deadline (it used to hang with no output until killed)."""
+    import subprocess
+    import sys
+    import time
+
+    start = time.monotonic()
+    proc = subprocess.run([sys.executable, "-m", "scripts.cli", "client", "--address", free_address(), "--prompt", "hi",
+                           "--connect-timeout", "1"], capture_output=True, text=True, timeout=60)
+    took = time.monotonic() - start
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode != 0 and proc.stdout == ""
+    assert len(lines) == 1 and "no router answered at tcp://127.0.0.1:" in lines[0] and "within 1 s" in lines[0], lines
+    assert took < 30

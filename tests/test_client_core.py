@@ -15,7 +15,7 @@ TIMINGS = P.Timings(queued=0.0, ttft=0.1, e2e=0.2, itl=[])
 def core(**kw) -> tuple[ClientCore, list[P.Message]]:
     sent: list[P.Message] = []
     return ClientCore("tcp://test", lambda frame: sent.append(P.decode(frame)), kw.get("timeout"),
-                      kw.get("retries", 0)), sent
+                      kw.get("retries", 0), kw.get("connect_timeout")), sent
 
 
 def result(request_id: str, tokens: list[int]) -> P.Result:
@@ -126,3 +126,41 @@ def test_a_closed_core_refuses_to_send_and_fails_what_waits():
     with pytest.raises(ClientError, match="closed"):
         c.submit("again", False, False, None, None, {})
     call.close()  # no abort is sent through a closed client
+
+
+def test_until_a_router_answers_no_wait_outlasts_the_connect_timeout(monkeypatch):
+    """ZMQ connects to nothing without a word: the first frame out brings a ping, and until any answer comes every
+    wait ends at the connect deadline with an error that says no router answered there."""
+    clock = [100.0]
+    monkeypatch.setattr("router.client.core.time.monotonic", lambda: clock[0])
+    c, sent = core(connect_timeout=10.0)
+    flow = c.generate("hi", False, None, "a", 0, {})  # no timeout of its own: it would wait forever
+    wait = next(flow)
+    assert [type(m) for m in sent] == [P.Ping, P.Submit] and wait.deadline == 110.0
+    clock[0] = 110.5
+    with pytest.raises(ClientTimeout, match="no router answered at tcp://test within 10 s"):
+        flow.send(None)
+    assert isinstance(sent[-1], P.Abort)  # the request is given up where it may have arrived after all
+
+
+def test_once_the_router_has_answered_only_the_calls_own_deadlines_count(monkeypatch):
+    clock = [100.0]
+    monkeypatch.setattr("router.client.core.time.monotonic", lambda: clock[0])
+    c, sent = core(connect_timeout=10.0)
+    flow = c.generate("hi", False, None, "a", 0, {})
+    next(flow)
+    c.receive(P.encode(P.Pong(nonce=sent[0].nonce)))  # the router is there
+    clock[0] = 500.0
+    again = c.generate("more", False, None, "b", 0, {})
+    assert next(again).deadline is None and [type(m) for m in sent[2:]] == [P.Submit]  # one ping per client
+
+
+def test_wait_ready_waits_its_own_timeout_for_a_router_still_starting(monkeypatch):
+    clock = [100.0]
+    monkeypatch.setattr("router.client.core.time.monotonic", lambda: clock[0])
+    c, sent = core(connect_timeout=0.5)
+    flow = c.wait_ready(60.0)
+    wait = next(flow)
+    assert wait.deadline == 101.0  # one stats request's own second, not the connect deadline's end
+    clock[0] = 101.5
+    assert isinstance(flow.send(None), (Wait, Sleep))  # no answer yet: it asks again

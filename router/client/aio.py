@@ -9,7 +9,8 @@ from typing import Any
 import zmq.asyncio
 
 from common.protocol import DEFAULT_ROUTER_ADDRESS, Abort, Delta, ScaleReply, Stats
-from router.client.core import ClientCore, Flow, Prompt, Run, StreamBase, StreamState, T, Wait, remaining
+from router.client.core import (CONNECT_TIMEOUT_S, ClientCore, Flow, Prompt, Run, StreamBase, StreamState, T, Wait,
+                                remaining)
 from router.client.results import ClientError, Completion
 from router.client.socket import dealer
 
@@ -24,10 +25,11 @@ class AsyncClient:
     """
 
     def __init__(self, address: str = DEFAULT_ROUTER_ADDRESS, timeout: float | None = None,
-                 auth_token: str | None = None, retries: int = 0) -> None:
+                 auth_token: str | None = None, retries: int = 0,
+                 connect_timeout: float | None = CONNECT_TIMEOUT_S) -> None:
         self.address = address
         self._sock = dealer(zmq.asyncio.Context.instance(), address, auth_token)
-        self._core = ClientCore(address, self._send, timeout, retries)
+        self._core = ClientCore(address, self._send, timeout, retries, connect_timeout)
         self._reader: asyncio.Task[None] | None = None
 
     async def __aenter__(self) -> AsyncClient:

@@ -35,6 +35,7 @@ RETRYABLE = ("overloaded", "unavailable", "aborted")  # error codes a resubmit m
 RETRY_BACKOFF_S = (0.1, 2.0)  # first wait and cap when the router gives no retry_after
 READY_POLL_S = 0.2  # between stats polls in wait_ready
 READY_STATS_TIMEOUT_S = 1.0  # one stats request in wait_ready; a later one is sent if it expires
+CONNECT_TIMEOUT_S = 10.0  # how long a client waits for the first word from a router before saying none is there
 
 
 # ---- what a flow waits for ------------------------------------------------------------------------------
@@ -211,9 +212,14 @@ class ClientCore:
     in flight, stale ones of aborted or timed-out requests, are dropped); pongs and scale replies by nonce; stats
     and errors without a request_id go to the oldest control call, as the router answers those in order."""
 
-    def __init__(self, address: str, send: Callable[[bytes], None], timeout: float | None, retries: int) -> None:
-        self.address, self.timeout, self.retries = address, timeout, retries
+    def __init__(self, address: str, send: Callable[[bytes], None], timeout: float | None, retries: int,
+                 connect_timeout: float | None = CONNECT_TIMEOUT_S) -> None:
+        self.address, self.timeout, self.retries, self.connect_timeout = address, timeout, retries, connect_timeout
         self._send = send
+        # ZMQ connects without a word from the other side: until the router first answers, every wait also ends at
+        # `_connect_deadline`, so a wrong address (or a missing secret) fails in seconds, not never.
+        self.heard = False
+        self._connect_deadline: float | None = None
         self.calls: dict[str, Call] = {}
         self.waiters: dict[int, tuple[type[Message], Box]] = {}  # control calls: token (a nonce) -> (kind, box)
         self.tokens = itertools.count(random.getrandbits(31))
@@ -222,7 +228,24 @@ class ClientCore:
     def send(self, msg: Message) -> None:
         if self.broken is not None:
             raise self.broken
+        if not self.heard and self._connect_deadline is None and self.connect_timeout is not None:
+            self._connect_deadline = deadline_after(self.connect_timeout)
+            self._send(encode(Ping(nonce=next(self.tokens))))  # a router answers at once, whatever comes next
         self._send(encode(msg))
+
+    def wait(self, box: Box, deadline: float | None, reach: bool = True) -> Wait:
+        """Wait for `box` until `deadline`; with `reach`, also no longer than the connect deadline while no router
+        has answered yet (then `unreachable` says so)."""
+        if reach and not self.heard and self._connect_deadline is not None:
+            deadline = self._connect_deadline if deadline is None else min(deadline, self._connect_deadline)
+        return Wait(box, deadline)
+
+    def unreachable(self) -> ClientTimeout | None:
+        """The error for a wait that ended because no router has answered within the connect timeout."""
+        if self.heard or self._connect_deadline is None or time.monotonic() < self._connect_deadline:
+            return None
+        return ClientTimeout(f"no router answered at {self.address} within {self.connect_timeout:g} s: is "
+                             "`pdcluster serve` running there (and, if the cluster has a secret, do you hold it)?")
 
     def close_with(self, error: ClientError) -> None:
         """Nothing more can be sent or received: every call in flight ends with `error`."""
@@ -239,6 +262,7 @@ class ClientCore:
 
     # ---- frames in --------------------------------------------------------------------------------------
     def receive(self, frame: bytes) -> None:
+        self.heard = True
         try:
             msg = decode(frame, expect=ROUTER_TO_CLIENT)
         except ProtocolError as exc:
@@ -298,9 +322,9 @@ class ClientCore:
     def next_message(self, call: Call) -> Flow[Delta | Result]:
         """The next Delta or the Result. Any exception (a timeout, an interrupt) ends the call."""
         try:
-            item = yield Wait(call.box, call.deadline)
+            item = yield self.wait(call.box, call.deadline)
             if item is None:
-                raise ClientTimeout(f"request {call.request_id} timed out after {call.timeout:g} s")
+                raise self.unreachable() or ClientTimeout(f"request {call.request_id} timed out after {call.timeout:g} s")
             if isinstance(item, (Result, Error)):
                 call.forget()
             msg = as_reply(item)
@@ -344,16 +368,18 @@ class ClientCore:
         return msg
 
     # ---- control ----------------------------------------------------------------------------------------
-    def control(self, kind: type[Message], timeout: float | None, make: Callable[[int], Message]) -> Flow[Message]:
+    def control(self, kind: type[Message], timeout: float | None, make: Callable[[int], Message],
+                reach: bool = True) -> Flow[Message]:
         timeout = self.timeout if timeout is None else timeout
         token = next(self.tokens)
         box = Box()
         self.waiters[token] = (kind, box)
         try:
             self.send(make(token))
-            item = yield Wait(box, deadline_after(timeout))
+            item = yield self.wait(box, deadline_after(timeout), reach)
             if item is None:
-                raise ClientTimeout(f"no {kind.TYPE} from {self.address} within {timeout:g} s")
+                raise (reach and self.unreachable()) or ClientTimeout(
+                    f"no {kind.TYPE} from {self.address} within {timeout:g} s")
         finally:
             self.waiters.pop(token, None)
         return as_reply(item)
@@ -379,7 +405,9 @@ class ClientCore:
             if left <= 0:
                 raise ClientTimeout(f"cluster at {self.address} not ready after {timeout:g} s: {problem}")
             try:
-                problem = readiness_problem((yield from self.stats(min(left, READY_STATS_TIMEOUT_S)))) or ""
+                stats = yield from self.control(Stats, min(left, READY_STATS_TIMEOUT_S), lambda token: StatsRequest(),
+                                                reach=False)  # a router that is still starting may come
+                problem = readiness_problem(stats) or ""
                 if not problem:
                     return
             except ClientTimeout:

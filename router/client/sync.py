@@ -8,7 +8,8 @@ from typing import Any
 import zmq
 
 from common.protocol import DEFAULT_ROUTER_ADDRESS, Abort, Delta, ScaleReply, Stats
-from router.client.core import ClientCore, Flow, Prompt, Run, StreamBase, StreamState, T, Wait, remaining
+from router.client.core import (CONNECT_TIMEOUT_S, ClientCore, Flow, Prompt, Run, StreamBase, StreamState, T, Wait,
+                                remaining)
 from router.client.results import ClientError, Completion
 from router.client.socket import dealer
 
@@ -19,14 +20,16 @@ class Client:
     `timeout` (seconds, None = wait forever) is the default for every call; each call may override it.
     `auth_token` is the cluster's shared secret, if it has one (default: $PDCLUSTER_AUTH_TOKEN_FILE or
     $PDCLUSTER_AUTH_TOKEN); without the right one the router never answers. `retries` is the default for
-    `generate`.
+    `generate`. Until a router first answers, no call waits longer than `connect_timeout` seconds (None: no limit):
+    a wrong address fails with ClientTimeout saying no router answered there (`wait_ready` waits its own timeout).
     """
 
     def __init__(self, address: str = DEFAULT_ROUTER_ADDRESS, timeout: float | None = None,
-                 auth_token: str | None = None, retries: int = 0) -> None:
+                 auth_token: str | None = None, retries: int = 0,
+                 connect_timeout: float | None = CONNECT_TIMEOUT_S) -> None:
         self.address = address
         self._sock = dealer(zmq.Context.instance(), address, auth_token)
-        self._core = ClientCore(address, self._sock.send, timeout, retries)
+        self._core = ClientCore(address, self._sock.send, timeout, retries, connect_timeout)
 
     def __enter__(self) -> Client:
         return self

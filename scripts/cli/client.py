@@ -13,6 +13,7 @@ from common import auth
 from common.protocol import DEFAULT_ROUTER_ADDRESS
 from common.sampling_params import InvalidRequest
 from router.client import AsyncClient, Client, ClientError, ClientTimeout, Completion
+from router.client.core import CONNECT_TIMEOUT_S
 from scripts.cli.args import (UsageError, add_prompt_args, add_sampling_args, print_results, read_prompts,
                               sampling_from_args)
 
@@ -37,6 +38,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--timeout", type=float, default=None,
                    help=f"seconds: for --ping (default {PING_TIMEOUT_S:g}), --stats (default {STATS_TIMEOUT_S:g}) "
                         "or each prompt (default: no limit)")
+    p.add_argument("--connect-timeout", type=float, default=CONNECT_TIMEOUT_S,
+                   help="seconds to wait for the router's first answer before saying none is there "
+                        "(default %(default)g; --ping waits its --timeout instead)")
     add_sampling_args(p)
     p.set_defaults(func=run)
 
@@ -51,7 +55,7 @@ def run(args: argparse.Namespace) -> None:
             client.wait_ready(args.timeout or PING_TIMEOUT_S)  # TimeoutError: main prints it, exit 2
         log.info("cluster at %s is ready", args.address)
     elif args.stats:
-        with Client(args.address, auth_token=token) as client:
+        with Client(args.address, auth_token=token, connect_timeout=args.connect_timeout) as client:
             stats = answer_or_exit(lambda: client.stats(timeout=args.timeout or STATS_TIMEOUT_S))
         print(json.dumps(msgspec.to_builtins(stats)), flush=True)
     elif not asyncio.run(_generate_all(args, token)):
@@ -73,7 +77,8 @@ async def _generate_all(args: argparse.Namespace, token: str | None) -> bool:
     """Send every prompt at once, print results in prompt order; False if any failed."""
     prompts = read_prompts(args)
     sampling = msgspec.structs.asdict(sampling_from_args(args))
-    async with AsyncClient(args.address, timeout=args.timeout, auth_token=token) as client:
+    async with AsyncClient(args.address, timeout=args.timeout, auth_token=token,
+                           connect_timeout=args.connect_timeout) as client:
         outcomes = await asyncio.gather(
             *(client.generate(p, chat=args.chat, **sampling) for p in prompts), return_exceptions=True
         )
