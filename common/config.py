@@ -12,6 +12,7 @@ from pathlib import Path
 from common.protocol.kv import DTYPES
 DEVICES = ("cpu", "cuda")
 STEP_TOKENS = {"cuda": 8192, "cpu": 512}  # max_num_batched_tokens unless given
+LOAD_FORMATS = ("auto", "dummy")
 
 # architecture -> (attention has qkv bias, per-head q/k RMSNorm)
 ARCHITECTURES = {
@@ -106,6 +107,23 @@ def parse_bytes(text: str | int) -> int:
     return int(float(m.group(1)) * base ** " KMGT".index(m.group(2).upper() or " "))
 
 
+def format_bytes(n: int) -> str:
+    """2147483648 -> '2GiB' (parse_bytes reads it back); sizes that are no whole unit stay in bytes."""
+    for unit, power in (("TiB", 40), ("GiB", 30), ("MiB", 20), ("KiB", 10)):
+        if n >= 1 << power and n % (1 << power) == 0:
+            return f"{n >> power}{unit}"
+    return str(n)
+
+
+def weight_files(model: str | Path) -> list[Path]:
+    """The checkpoint's safetensors files, in load order; ConfigError when there are none."""
+    files = sorted(Path(model).glob("*.safetensors"))
+    if not files:
+        raise ConfigError(f"model: no *.safetensors files in {str(model)!r} (a random-weight folder needs "
+                          "--load-format dummy)")
+    return files
+
+
 def _opt(default, help: str, **kw):
     return field(default=default, metadata={"help": help, **kw})
 
@@ -121,7 +139,8 @@ class EngineConfig:
                                                     f"(default: {STEP_TOKENS['cuda']} on cuda, {STEP_TOKENS['cpu']} "
                                                     "on cpu, where a longer step takes seconds)")
     max_model_len: int | None = _opt(None, "longest prompt + completion (default: the model's limit)")
-    kv_cache_memory: int = _opt(2 << 30, "bytes of KV cache on cpu, e.g. 2GiB", parse=parse_bytes)
+    kv_cache_memory: int = _opt(2 << 30, "bytes of KV cache on cpu, e.g. 2GiB or 512MB", parse=parse_bytes,
+                                show=format_bytes)
     gpu_memory_utilization: float = _opt(0.9, "share of the GPU's memory this worker may use (weights, activations, KV)")
     num_kv_blocks: int | None = _opt(None, "fix the KV pool's block count instead of sizing it from memory")
     enable_prefix_caching: bool = _opt(True, "reuse KV blocks of shared prompt prefixes")
@@ -139,6 +158,10 @@ class EngineConfig:
 
     def __post_init__(self) -> None:
         self.model_config = ModelConfig.from_dir(self.model)
+        if self.load_format not in LOAD_FORMATS:
+            raise ConfigError(f"load_format: must be one of {', '.join(LOAD_FORMATS)}, got {self.load_format!r}")
+        if self.load_format == "auto":  # found out here, in one line, before any worker starts
+            weight_files(self.model)
         if self.device not in ("auto", *DEVICES):
             raise ConfigError(f"device: must be cpu or cuda, got {self.device!r}")
         if self.dtype != "auto" and self.dtype not in DTYPES:

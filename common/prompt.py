@@ -10,16 +10,24 @@ from typing import Any
 from common.sampling_params import InvalidRequest
 
 
+_NO_LIMIT = 1 << 62
+
+
 def load_tokenizer(model: str | Path) -> Any:
     """The checkpoint's tokenizer. A `tokenizer.json` loads as a fast tokenizer without torch (transformers'
     auto classes import it); a checkpoint with only a slow tokenizer goes through AutoTokenizer."""
     if (Path(model) / "tokenizer.json").is_file():
         from transformers import PreTrainedTokenizerFast
 
-        return PreTrainedTokenizerFast.from_pretrained(str(model))
-    from transformers import AutoTokenizer
+        tokenizer = PreTrainedTokenizerFast.from_pretrained(str(model))
+    else:
+        from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(str(model))
+        tokenizer = AutoTokenizer.from_pretrained(str(model))
+    # A prompt's length is the engine's rule (check_prompt, max_model_len), not the tokenizer's hint, which only
+    # warned on every long prompt.
+    tokenizer.model_max_length = _NO_LIMIT
+    return tokenizer
 
 
 def encode_prompt(tokenizer: Any, prompt: str, chat: bool = False) -> list[int]:

@@ -203,6 +203,8 @@ class Cluster:
             # Room to scale up on this machine; each custom resource asked for exists here in plenty. "local":
             # a Ray of our own even when another runs here (ray.init would join that one, then refuse num_cpus).
             custom = {name: 1000.0 for role in ROLES for name in self.serve_config.resources(role)}
+            # Our own Ray enables its token authentication and says so on every start: noise to a user here.
+            logging.getLogger("ray._private.authentication.authentication_token_setup").setLevel(logging.ERROR)
             ray.init(address="local", num_cpus=max(len(plan), os.cpu_count() or 1) + 1, resources=custom, **kwargs)
             self._own_ray = True
         if self.engine_config.device == "auto":
@@ -224,6 +226,8 @@ class Cluster:
         plan = self.worker_plan()
         for role in ROLES:
             self._started[role] = sum(1 for _, r, _ in plan if r == role)
+        log.info("starting %d workers (%s) on %s; Ctrl-C stops", len(plan), ", ".join(w for w, _, _ in plan),
+                 self.engine_config.device)
         self._launch(plan)
 
     def add_workers(self, role: str, count: int) -> list[str]:
@@ -286,6 +290,7 @@ class Cluster:
         self.router = Router(self.router_config)
         self.router.scaling.scaler = self
         http = self.http_server()
+        why = "stopped"
         try:
             if http is not None:  # answers (503 on /health, `unavailable` on requests) while the workers load
                 await http.start()
@@ -293,13 +298,33 @@ class Cluster:
             # After ray.init, which installs a SIGTERM handler of its own that aborts the process.
             for sig in (signal.SIGINT, signal.SIGTERM):
                 loop.add_signal_handler(sig, stop.set)
-            await loop.run_in_executor(None, self.start_workers)
+            if not await self._start_workers_unless(stop):
+                why = "interrupted while the workers were starting"
+                return
             log.info("serving on %s (%s mode)", self.router_config.bind, self.router_config.mode)
             await self.router.serve(stop)
+            why = "asked to stop"
+        except BaseException as exc:
+            why = f"{type(exc).__name__}" + (f": {exc}" if str(exc) else "")
+            raise
         finally:
+            log.info("shutting down (%s)", why)
             if http is not None:
                 await http.stop()
             await loop.run_in_executor(None, self.shutdown)
+
+    async def _start_workers_unless(self, stop: asyncio.Event) -> bool:
+        """Starts the workers; False as soon as `stop` is set (a Ctrl-C while they load), not once they have loaded:
+        the shutdown that follows kills them, which ends the wait for them in its thread."""
+        starting = asyncio.get_running_loop().run_in_executor(None, self.start_workers)
+        stopped = asyncio.ensure_future(stop.wait())
+        await asyncio.wait({starting, stopped}, return_when=asyncio.FIRST_COMPLETED)
+        if stopped.done():
+            starting.add_done_callback(lambda f: f.cancelled() or f.exception())  # its error is no news then
+            return False
+        stopped.cancel()
+        starting.result()  # raises why the workers could not start
+        return True
 
     def http_server(self) -> HttpServer | None:
         """The OpenAI-compatible front end of `--http HOST:PORT`, bound (not yet serving); None without it."""

@@ -20,6 +20,7 @@ import zmq.asyncio
 
 from common import auth
 from common import protocol as P
+from common.config import ConfigError
 from common.prompt import load_tokenizer
 from kvtransfer.errors import TransferError
 from router.admission import Admission, Refused, WaitQueue
@@ -89,7 +90,11 @@ class Router:
         sock.setsockopt(zmq.MAXMSGSIZE, 4 * P.MAX_FRAME_BYTES)
         if keys:
             auth.secure_server(sock, keys)
-        sock.bind(address)
+        try:
+            sock.bind(address)
+        except zmq.ZMQError as e:  # a port in use, a host not of this machine: one line, before anything starts
+            sock.close()
+            raise ConfigError(f"bind: cannot listen on {address}: {e.strerror}") from None
         return sock
 
     def _new_rid(self) -> str:

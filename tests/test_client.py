@@ -555,3 +555,13 @@ def test_cli_against_no_router_fails_within_its_connect_timeout():
     assert proc.returncode != 0 and proc.stdout == ""
     assert len(lines) == 1 and "no router answered at tcp://127.0.0.1:" in lines[0] and "within 1 s" in lines[0], lines
     assert took < 30
+
+
+def test_cli_stream_prints_each_completion_as_it_comes(router, capsys):
+    code, out, err = run_cli(["client", "--address", router.address, "--prompt", "hello there", "--prompt",
+                              "overloaded", "--prompt", "bye", "--stream"], capsys)
+    assert (code, out) == (1, ["HELLO THERE", "", "BYE"])
+    assert err == ["pdcluster: error: prompt 1: overloaded: queue is full (retry after 1.5 s)"]
+    assert all(s.stream for s in router.submits)
+    code, _, err = run_cli(["client", "--address", router.address, "--prompt", "x", "--stream", "--json"], capsys)
+    assert code == 2 and err == ["pdcluster: error: --stream prints text as it comes: leave out --json"]

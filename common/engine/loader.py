@@ -1,19 +1,16 @@
 """Loads HF safetensors checkpoints into the engine's (packed, sharded) parameters."""
 from __future__ import annotations
 
-import glob
-import os
-
 import torch
 from safetensors import safe_open
 from torch import nn
 from tqdm import tqdm
 
+from common.config import weight_files
+
 
 def load_weights(model: nn.Module, path: str, show_progress: bool = True) -> None:
-    files = sorted(glob.glob(os.path.join(path, "*.safetensors")))
-    if not files:
-        raise FileNotFoundError(f"model: no *.safetensors files in {path!r}")
+    files = [str(f) for f in weight_files(path)]
     params = dict(model.named_parameters(remove_duplicate=False))
     packed = getattr(model, "packed_modules", {})
     tied = getattr(model.config, "tie_word_embeddings", False)

@@ -9,6 +9,8 @@ import socket
 
 import uvicorn
 
+from common.config import ConfigError
+
 from router.http.app import FrontEnd
 from router.router import Router
 
@@ -33,9 +35,9 @@ class HttpServer:
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             self.sock.bind((host, port))
-        except OSError:
+        except OSError as e:
             self.sock.close()
-            raise
+            raise ConfigError(f"http: cannot listen on {host}:{port}: {e.strerror}") from None
         self.sock.listen(2048)
         self.sock.setblocking(False)
         self.host, self.port = host, self.sock.getsockname()[1]

@@ -6,6 +6,7 @@ the benchmark driver run without it.
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import logging
 import os
 import sys
@@ -17,11 +18,22 @@ from scripts.cli import bench, client, generate, prepare_model, scale, serve
 from scripts.cli.args import UsageError
 
 SUBCOMMANDS = (generate, serve, prepare_model, client, scale, bench)
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+
+
+def version() -> str:
+    try:
+        return importlib.metadata.version("pdcluster")
+    except importlib.metadata.PackageNotFoundError:  # run from a checkout that was never installed
+        return "unknown (not installed)"
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="pdcluster", description="Disaggregated prefill/decode LLM serving")
-    parser.add_argument("--log-level", default=os.environ.get("PDCLUSTER_LOG_LEVEL", "INFO"))
+    parser.add_argument("--version", action="version", version=f"pdcluster {version()}")
+    parser.add_argument("--log-level", type=str.upper, choices=LOG_LEVELS,
+                        default=os.environ.get("PDCLUSTER_LOG_LEVEL", "INFO").upper(),
+                        help="what goes to stderr (default: %(default)s, or $PDCLUSTER_LOG_LEVEL)")
     sub = parser.add_subparsers(dest="command", required=True)
     for command in SUBCOMMANDS:
         command.register(sub)

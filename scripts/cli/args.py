@@ -16,7 +16,12 @@ class UsageError(Exception):
     """A problem with what the user asked for: one line on stderr, exit status 2."""
 
 
+METAVARS = {int: "N", float: "X", str: "STR"}
+
+
 def add_dataclass_args(parser: argparse.ArgumentParser, cls: type, exclude: tuple[str, ...] = ()) -> None:
+    """One flag per field, with its help and its default as a user would write it (sizes as sizes, on/off flags
+    as on or off); a field's metadata may give `parse` (text -> value), `show` (value -> text) and `metavar`."""
     hints = typing.get_type_hints(cls)
     for f in dataclasses.fields(cls):
         if not f.init or f.name in exclude:
@@ -26,11 +31,14 @@ def add_dataclass_args(parser: argparse.ArgumentParser, cls: type, exclude: tupl
         default = None if f.default is dataclasses.MISSING else f.default
         help_text = f.metadata.get("help", "")
         if kind is bool:
-            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=default, help=help_text)
-        else:
-            required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
-            parser.add_argument(flag, type=f.metadata.get("parse", kind), default=default, required=required,
-                                help=help_text + (f" (default: {default})" if default is not None else ""))
+            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=default,
+                                help=f"{help_text} (default: {'on' if default else 'off'})")
+            continue
+        required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+        shown = "" if default is None else f" (default: {f.metadata.get('show', str)(default)})"
+        parser.add_argument(flag, type=f.metadata.get("parse", kind), default=default, required=required,
+                            metavar=f.metadata.get("metavar", "SIZE" if "show" in f.metadata else METAVARS.get(kind)),
+                            help=(help_text + shown).replace("%", "%%"))
 
 
 def dataclass_from_args(cls: type, args: argparse.Namespace, exclude: tuple[str, ...] = (), **overrides):
@@ -48,13 +56,19 @@ def _base_type(hint: object) -> type:
 
 def add_sampling_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("sampling")
-    g.add_argument("--max-tokens", type=int, default=16)
-    g.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
-    g.add_argument("--top-p", type=float, default=1.0)
-    g.add_argument("--top-k", type=int, default=-1)
-    g.add_argument("--seed", type=int, default=None, help="per-request seed")
-    g.add_argument("--ignore-eos", action="store_true")
-    g.add_argument("--stop-token-ids", type=int, nargs="*", default=[])
+    g.add_argument("--max-tokens", type=int, default=16, metavar="N",
+                   help="most tokens to generate per prompt (default %(default)s)")
+    g.add_argument("--temperature", type=float, default=0.0, metavar="X",
+                   help="0 = greedy, the most likely token each step (default); higher samples more freely")
+    g.add_argument("--top-p", type=float, default=1.0, metavar="X",
+                   help="sample only from the most likely tokens whose probabilities add up to X (default 1: all)")
+    g.add_argument("--top-k", type=int, default=-1, metavar="N",
+                   help="sample only from the N most likely tokens (default -1: all)")
+    g.add_argument("--seed", type=int, default=None, metavar="N",
+                   help="per-request seed: the same seed gives the same sample (default: none)")
+    g.add_argument("--ignore-eos", action="store_true", help="keep generating past the end-of-sequence token")
+    g.add_argument("--stop-token-ids", type=int, nargs="*", default=[], metavar="ID",
+                   help="token ids that end the completion (besides the model's end of sequence)")
 
 
 def sampling_from_args(args: argparse.Namespace) -> SamplingParams:

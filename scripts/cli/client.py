@@ -38,6 +38,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--timeout", type=float, default=None,
                    help=f"seconds: for --ping (default {PING_TIMEOUT_S:g}), --stats (default {STATS_TIMEOUT_S:g}) "
                         "or each prompt (default: no limit)")
+    p.add_argument("--stream", action="store_true",
+                   help="print each completion's text as it comes (prompts one after another; not with --json)")
     p.add_argument("--connect-timeout", type=float, default=CONNECT_TIMEOUT_S,
                    help="seconds to wait for the router's first answer before saying none is there "
                         "(default %(default)g; --ping waits its --timeout instead)")
@@ -58,6 +60,11 @@ def run(args: argparse.Namespace) -> None:
         with Client(args.address, auth_token=token, connect_timeout=args.connect_timeout) as client:
             stats = answer_or_exit(lambda: client.stats(timeout=args.timeout or STATS_TIMEOUT_S))
         print(json.dumps(msgspec.to_builtins(stats)), flush=True)
+    elif args.stream:
+        if args.json:
+            raise UsageError("--stream prints text as it comes: leave out --json")
+        if not asyncio.run(_stream_each(args, token)):
+            raise SystemExit(1)
     elif not asyncio.run(_generate_all(args, token)):
         raise SystemExit(1)
 
@@ -71,6 +78,23 @@ def answer_or_exit(call):
     except ClientError as exc:
         print(f"pdcluster: error: {exc}", file=sys.stderr)
         raise SystemExit(1) from None
+
+
+async def _stream_each(args: argparse.Namespace, token: str | None) -> bool:
+    """Each prompt's completion printed delta by delta, a line per prompt; False if any failed."""
+    sampling = msgspec.structs.asdict(sampling_from_args(args))
+    ok = True
+    async with AsyncClient(args.address, timeout=args.timeout, auth_token=token,
+                           connect_timeout=args.connect_timeout) as client:
+        for index, prompt in enumerate(read_prompts(args)):
+            try:
+                async for delta in client.stream(prompt, chat=args.chat, **sampling):
+                    print(delta.text, end="", flush=True)
+            except (ClientError, InvalidRequest) as exc:
+                print(f"pdcluster: error: prompt {index}: {exc}", file=sys.stderr)
+                ok = False
+            print(flush=True)
+    return ok
 
 
 async def _generate_all(args: argparse.Namespace, token: str | None) -> bool:
