@@ -4,8 +4,8 @@
     `on_reserved` --prefill_task--> prefill worker --KV--> decode worker (colocated: one `generate_task`);
     worker --token_batch--> `on_tokens` --delta / result--> client
 
-A request's phases and what it holds on each worker are router/request.py's; this module owns the sockets, the
-tables of requests and the handling of each message."""
+A request's phases and what it holds on each worker are router/request.py's; this module owns the tables of
+requests and the handling of each message (the sockets' plumbing is sockets.py's)."""
 from __future__ import annotations
 
 import asyncio
@@ -13,14 +13,13 @@ import itertools
 import logging
 import os
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 
 import zmq
 import zmq.asyncio
 
 from common import auth
 from common import protocol as P
-from common.config import ConfigError
 from common.prompt import load_tokenizer
 from kvtransfer.errors import TransferError
 from router.admission import Admission, Refused, WaitQueue
@@ -33,6 +32,7 @@ from router.placement import Placement
 from router.registry import WorkerInfo, WorkerRegistry
 from router.request import Phase, Request
 from router.scaling import Scaling
+from router.sockets import bind_router_socket, bind_worker_socket, receive_forever
 from router.stop import CompletionText
 
 log = logging.getLogger(__name__)
@@ -54,14 +54,8 @@ class Router:
         self.tokenizer = load_tokenizer(config.model)
         self.ctx = zmq.asyncio.Context()
         self._authenticator = auth.start_authenticator(self.ctx, keys) if keys else None
-        self.frontend = self._socket(config.bind, keys)
-        self.backend = self.ctx.socket(zmq.ROUTER)
-        self.backend.setsockopt(zmq.LINGER, 0)
-        self.backend.setsockopt(zmq.ROUTER_HANDOVER, 1)  # a restarted worker reconnects under its old identity
-        if keys:
-            auth.secure_server(self.backend, keys)
-        port = self.backend.bind_to_random_port(f"tcp://{config.worker_host}")
-        self.worker_address = f"tcp://{config.worker_host}:{port}"
+        self.frontend = bind_router_socket(self.ctx, config.bind, keys)
+        self.backend, self.worker_address = bind_worker_socket(self.ctx, config.worker_host, keys)
         self.registry = WorkerRegistry(config.max_worker_requests)
         self.placement = Placement(self.registry, config.kv_transport, config.placement)
         self.disagg = DisaggPolicy(config.disagg_policy, config.local_prefill_chunk)
@@ -82,20 +76,6 @@ class Router:
     @property
     def queue(self) -> WaitQueue:
         return self.admission.queue
-
-    def _socket(self, address: str, keys: auth.CurveKeys | None) -> zmq.asyncio.Socket:
-        sock = self.ctx.socket(zmq.ROUTER)
-        sock.setsockopt(zmq.LINGER, 1000)  # time to deliver the errors sent while shutting down
-        # A hard cap on what a peer can make us buffer; frames under it but over the limit get `too_large`.
-        sock.setsockopt(zmq.MAXMSGSIZE, 4 * P.MAX_FRAME_BYTES)
-        if keys:
-            auth.secure_server(sock, keys)
-        try:
-            sock.bind(address)
-        except zmq.ZMQError as e:  # a port in use, a host not of this machine: one line, before anything starts
-            sock.close()
-            raise ConfigError(f"bind: cannot listen on {address}: {e.strerror}") from None
-        return sock
 
     def _new_rid(self) -> str:
         return f"{self._prefix}-{next(self._ids)}"
@@ -125,7 +105,7 @@ class Router:
         async def from_zmq(identity: bytes, msg: P.Message) -> None:
             if not identity.startswith(LOCAL_PREFIX):
                 await self.on_client(identity, msg)
-        await self._receive(self.frontend, P.CLIENT_TO_ROUTER, from_zmq, self.to_client)
+        await receive_forever(self.frontend, P.CLIENT_TO_ROUTER, from_zmq, self.to_client)
 
     def attach_local(self, identity: bytes, sink: LocalSink) -> None:
         """An in-process client (the HTTP front end): it calls `on_client` with typed records under `identity`, and
@@ -137,27 +117,7 @@ class Router:
     async def _worker_loop(self) -> None:
         async def log_it(identity: bytes, error: P.Error) -> None:  # never answer a worker's error with one
             log.warning("bad frame from worker %r: %s", identity, error.message)
-        await self._receive(self.backend, P.WORKER_TO_ROUTER, self.on_worker, log_it)
-
-    async def _receive(self, sock: zmq.asyncio.Socket, expect: tuple[type[P.Message], ...],
-                       handle: Callable[[bytes, P.Message], Awaitable[None]],
-                       refuse: Callable[[bytes, P.Error], Awaitable[None]]) -> None:
-        """One socket's loop: each message decoded and handled; a bad one refused with an error, never fatal."""
-        while True:
-            identity, *frames = await sock.recv_multipart()
-            try:
-                await handle(identity, self._one_record(frames, expect))
-            except P.ProtocolError as e:
-                await refuse(identity, P.error_reply(e))
-            except Exception:
-                log.exception("router failed on a message from %r", identity)
-                await refuse(identity, P.Error(request_id="", code=P.INTERNAL, message="router error"))
-
-    @staticmethod
-    def _one_record(frames: list[bytes], expect: tuple[type[P.Message], ...]) -> P.Message:
-        if len(frames) == 1:
-            return P.decode(frames[0], expect=expect)
-        raise P.ProtocolError(P.BAD_REQUEST, f"a message must be one frame, got {len(frames)}")
+        await receive_forever(self.backend, P.WORKER_TO_ROUTER, self.on_worker, log_it)
 
     async def _housekeeping(self) -> None:
         while True:
@@ -217,18 +177,16 @@ class Router:
         if isinstance(msg, P.TokenBatch):
             for update in msg.updates:
                 await self.on_tokens(worker, update)
+        elif isinstance(msg, (P.Heartbeat, P.Alive)) and msg.worker_id != worker.worker_id:
+            log.warning("worker %s sent a %s for %s", worker.worker_id, msg.TYPE, msg.worker_id)
         elif isinstance(msg, P.Heartbeat):
-            if msg.worker_id != worker.worker_id:
-                log.warning("worker %s sent a heartbeat for %s", worker.worker_id, msg.worker_id)
-                return
             if not worker.alive:
                 await self.on_worker_back(worker)
             self.disagg.observe_load(worker.role, worker.load, msg.load)
             self.registry.heartbeat(worker, msg)
             await self.dispatch()
         elif isinstance(msg, P.Alive):
-            if msg.worker_id == worker.worker_id:
-                await self.on_alive(worker, msg)
+            await self.on_alive(worker, msg)
         elif isinstance(msg, P.Reserved):
             await self.on_reserved(worker, msg)
         elif isinstance(msg, P.Error):
@@ -352,21 +310,20 @@ class Router:
 
     async def restart(self, req: Request) -> None:
         """Start a request over under a new id (late messages about the old attempt are then ignored)."""
-        await self._abort_on_workers(req)
-        self.requests.pop(req.rid, None)
-        req.restart(self._new_rid(), self._text(req.detok.stops))
-        self.requests[req.rid] = req
-        self.by_client[(req.client, req.client_rid)] = req.rid
-        self.queue.push(req, front=True)
+        await self._again(req, lambda rid: req.restart(rid, self._text(req.detok.stops)))
 
     async def migrate(self, req: Request) -> None:
         """Continue a streamed request elsewhere under a new id: its prompt and the tokens the client has are
         prefilled again and decoding resumes, the stream's next `Delta.index` where it stopped."""
-        await self._abort_on_workers(req)
-        self.requests.pop(req.rid, None)
         log.info("request %s continues on other workers after %d tokens", req.client_rid, len(req.token_ids))
         self.migrations += 1
-        req.migrate(self._new_rid())
+        await self._again(req, req.migrate)
+
+    async def _again(self, req: Request, new_attempt: Callable[[str], None]) -> None:
+        """The request's next attempt, under a new id, first in the queue; its old attempt is aborted everywhere."""
+        await self._abort_on_workers(req)
+        self.requests.pop(req.rid, None)
+        new_attempt(self._new_rid())
         self.requests[req.rid] = req
         self.by_client[(req.client, req.client_rid)] = req.rid
         self.queue.push(req, front=True)
@@ -413,9 +370,8 @@ class Router:
         self.by_client.pop((req.client, req.client_rid), None)
 
     async def _abort_on_workers(self, req: Request) -> None:
-        for worker in req.workers:
-            if worker.alive:
-                await self.to_worker(worker, P.AbortRequest(request_id=req.rid))
+        for worker in [w for w in req.workers if w.alive]:
+            await self.to_worker(worker, P.AbortRequest(request_id=req.rid))
 
     # ---- io -----------------------------------------------------------------------------------------
     def stats(self) -> P.Stats:
@@ -439,6 +395,5 @@ class Router:
         await self.backend.send_multipart([worker.identity, P.encode(msg)])
 
     async def _broadcast(self, msg: P.Message) -> None:
-        for worker in self.registry.workers.values():
-            if worker.alive:
-                await self.to_worker(worker, msg)
+        for worker in [w for w in self.registry.workers.values() if w.alive]:
+            await self.to_worker(worker, msg)
