@@ -3,7 +3,8 @@ the flows of one client core without I/O (`core.py`). Both speak the wire protoc
 ZMQ DEALER socket and validate every frame with `common.protocol`; docs/client.md is the user guide."""
 from common.protocol import Delta, Stats, Timings, Usage
 from router.client.aio import AsyncClient, AsyncStream
-from router.client.core import RETRYABLE, SAMPLING_FIELDS, build_submit
+from router.client.core import RETRYABLE
+from router.client.submit import SAMPLING_FIELDS, build_submit
 from router.client.results import ClientError, ClientTimeout, Completion, ServerError, readiness_problem
 from router.client.sync import Client, Stream
 

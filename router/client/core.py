@@ -13,7 +13,6 @@ import itertools
 import logging
 import random
 import time
-import uuid
 from collections import deque
 from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass, field
@@ -21,16 +20,15 @@ from typing import Any, TypeVar, Union
 
 from common.protocol import (
     ROUTER_TO_CLIENT, Abort, Delta, Error, Message, Ping, Pong, ProtocolError, Result, ScaleReply, ScaleRequest,
-    Stats, StatsRequest, Submit, checked, decode, encode,
+    Stats, StatsRequest, decode, encode,
 )
-from common.sampling_params import InvalidRequest, SamplingParams
+from common.sampling_params import InvalidRequest
 from router.client.results import ClientError, ClientTimeout, Completion, ServerError, readiness_problem
+from router.client.submit import Prompt, build_submit
 
 log = logging.getLogger(__name__)
 
-Prompt = Union[str, list[int]]
 T = TypeVar("T")
-SAMPLING_FIELDS = SamplingParams.field_names()
 RETRYABLE = ("overloaded", "unavailable", "aborted")  # error codes a resubmit may cure
 RETRY_BACKOFF_S = (0.1, 2.0)  # first wait and cap when the router gives no retry_after
 READY_POLL_S = 0.2  # between stats polls in wait_ready
@@ -103,36 +101,6 @@ def remaining(deadline: float | None) -> float | None:
 
 
 # ---- requests ---------------------------------------------------------------------------------------------
-
-def build_submit(prompt: Prompt, *, chat: bool, stream: bool, request_id: str | None,
-                 sampling: dict[str, Any]) -> Submit:
-    """A validated Submit; a bad argument raises InvalidRequest (a ValueError) naming it. Besides the sampling
-    fields, `sampling` may hold `stop` (a string or a list of them, matched by the router on the text) and `migrate`
-    (Submit.migrate: False opts a stream out of migration)."""
-    sampling = dict(sampling)
-    stop = sampling.pop("stop", None)
-    stop = [stop] if isinstance(stop, str) else list(stop or [])
-    migrate = sampling.pop("migrate", True)
-    if not isinstance(migrate, bool):
-        raise InvalidRequest("migrate", f"must be a boolean, got {migrate!r}")
-    unknown = sorted(set(sampling) - set(SAMPLING_FIELDS))
-    if unknown:
-        raise TypeError(f"unknown sampling argument {unknown[0]!r}; expected some of {', '.join(SAMPLING_FIELDS)}")
-    params = SamplingParams(**sampling)  # raises InvalidRequest naming the field
-    if isinstance(prompt, str):
-        text, ids = prompt, None
-    elif isinstance(prompt, (list, tuple)):
-        text, ids = None, list(prompt)
-    else:
-        raise InvalidRequest("prompt", f"expected a string or a list of token ids, got {type(prompt).__name__}")
-    try:
-        return checked(Submit(request_id=request_id if request_id is not None else uuid.uuid4().hex, prompt=text,
-                              token_ids=ids, chat=chat, sampling=params, stream=stream, stop=stop,
-                              migrate=migrate))
-    except ProtocolError as exc:
-        field_name, _, problem = exc.message.partition(": ")
-        raise InvalidRequest(field_name, problem) from None
-
 
 def retry_wait(exc: ServerError, attempt: int, retries: int, deadline: float | None) -> float | None:
     """Seconds to wait before resubmitting after `exc`, or None to give up."""
