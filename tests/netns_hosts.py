@@ -21,10 +21,12 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 SSHD = "/usr/sbin/sshd"
+LOGIN_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 TOOLS = ("ip", "unshare", "nsenter", "ssh", "ssh-keygen", "rsync", "tmux")
 
 SSHD_CONFIG = """\
@@ -59,6 +61,10 @@ def missing() -> str | None:
     if made.returncode:
         return f"cannot make a network namespace: {made.stderr.strip()}"
     subprocess.run(["ip", "netns", "del", probe], capture_output=True)
+    made = subprocess.run(["unshare", "--pid", "--uts", "--mount", "--fork", "--mount-proc", "true"],
+                          capture_output=True, text=True)
+    if made.returncode:
+        return f"cannot make PID, UTS and mount namespaces: {made.stderr.strip()}"
     return None
 
 
@@ -112,11 +118,14 @@ class Host:
                     out.append(f"{pid} {cmd.strip()}")
         return out
 
-    def run(self, command: str, timeout: float = 60) -> subprocess.CompletedProcess:
-        """`command` through bash on the host, as root (entering its namespaces, not through ssh)."""
+    def run(self, command: str, timeout: float = 120, login: bool = False) -> subprocess.CompletedProcess:
+        """`command` through bash on the host, as root (entering its namespaces, not through ssh); `login`: in
+        a login shell with a clean environment, as an ssh session would have."""
         init = self.init_pid()
         assert init is not None, f"{self.name} is down"
-        return subprocess.run(["nsenter", "-t", str(init), "-n", "-p", "-m", "-u", "--", "bash", "-c", command],
+        shell = (["env", "-i", "HOME=/root", f"PATH={LOGIN_PATH}", "TERM=dumb", "bash", "-lic"] if login
+                 else ["bash", "-c"])
+        return subprocess.run(["nsenter", "-t", str(init), "-n", "-p", "-m", "-u", "--", *shell, command],
                               capture_output=True, text=True, timeout=timeout)
 
     def kill(self) -> None:
@@ -156,8 +165,10 @@ def free_subnet() -> int:
     raise RuntimeError("no free 10.213.X.0/24")
 
 
-def start_host(host: Host, key_pub: str, host_key: Path) -> None:
-    """The host's files, then sshd as PID 1 of new PID, UTS and mount namespaces inside its network one."""
+def start_host(host: Host, key_pub: str, host_key: Path, hold: bool = False) -> None:
+    """The host's files, then sshd as PID 1 of new PID, UTS and mount namespaces inside its network one. With
+    `hold`, PID 1 waits for `release(host)` before it becomes sshd (the host can be set up through `run` first,
+    unseen from the network: a machine provisioned before it is put on it)."""
     for sub in ("home/.ssh", "home/.sshd", "tmp", "shm"):
         (host.root / sub).mkdir(parents=True, exist_ok=True)
     (host.home / ".ssh" / "authorized_keys").write_text(key_pub)
@@ -174,11 +185,16 @@ def start_host(host: Host, key_pub: str, host_key: Path) -> None:
     boot = (f"set -e; hostname {host.name}; mount --make-rprivate /; {binds}"
             f"mount --rbind {host.home} /root; mount --bind {host.root / 'tmp'} /tmp; "
             f"mount -t tmpfs -o size=2g tmpfs /dev/shm; mkdir -p /run/sshd; "
-            f"exec {SSHD} -D -e -f /root/.sshd/sshd_config")
+            + ("while [ ! -e /root/.sshd/go ]; do sleep 0.2; done; " if hold else "")
+            + f"exec {SSHD} -D -e -f /root/.sshd/sshd_config")
     host.proc = subprocess.Popen(
         ["ip", "netns", "exec", host.netns, "unshare", "--pid", "--uts", "--mount", "--fork", "--mount-proc",
          "sh", "-c", boot], stdout=subprocess.DEVNULL, stderr=open(host.root / "sshd.log", "ab"),
         start_new_session=True)
+
+
+def release(host: Host) -> None:
+    (host.home / ".sshd" / "go").touch()
 
 
 def wait_ssh(hosts: Hosts, timeout: float = 30, only: list[Host] | None = None) -> None:
@@ -194,7 +210,7 @@ def wait_ssh(hosts: Hosts, timeout: float = 30, only: list[Host] | None = None) 
             time.sleep(0.2)
 
 
-def add_host(made: Hosts, i: int, host: Host) -> None:
+def add_host(made: Hosts, i: int, host: Host, hold: bool = False) -> None:
     """Host `i`: its namespace on the bridge (its veth is the bridge's port {tag}v{i}), then its sshd."""
     tag = made.bridge[:-2]
     outside, inside = f"{tag}v{i}", f"{tag}i{i}"
@@ -211,7 +227,7 @@ def add_host(made: Hosts, i: int, host: Host) -> None:
     sh(*ns, "link", "set", "dead0", "up")
     sh(*ns, "link", "set", "dead1", "up")
     sh(*ns, "route", "add", "default", "dev", "dead0")
-    start_host(host, made.key.with_suffix(".pub").read_text(), made.key.parent / "host_ed25519")
+    start_host(host, made.key.with_suffix(".pub").read_text(), made.key.parent / "host_ed25519", hold)
 
 
 def remove_host(made: Hosts, i: int) -> None:
@@ -222,13 +238,21 @@ def remove_host(made: Hosts, i: int) -> None:
     sh("ip", "link", "del", f"{made.bridge[:-2]}v{i}", check=False)
 
 
-def add_another(made: Hosts, workdir: Path, ip: str | None = None) -> Host:
-    """One more host, h{n}, at `ip` (a replacement machine given a dead host's address) or the next address."""
+def add_another(made: Hosts, workdir: Path, ip: str | None = None,
+                prepare: Callable[[Host], None] | None = None) -> Host:
+    """One more host, h{n}, at `ip` (a replacement machine given a dead host's address) or the next address;
+    `prepare(host)` sets it up (through `Host.run`) before its sshd answers."""
     i = len(made.hosts)
     tag = made.bridge[:-2]
     new = Host(f"h{i}", f"{tag}h{i}", ip or f"{made.gateway.rsplit('.', 1)[0]}.{10 + i}", workdir / f"h{i}")
     made.hosts.append(new)
-    add_host(made, i, new)
+    add_host(made, i, new, hold=prepare is not None)
+    if prepare is not None:
+        deadline = time.monotonic() + 30
+        while new.init_pid() is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        prepare(new)
+        release(new)
     wait_ssh(made, only=[new])
     return new
 
@@ -288,7 +312,7 @@ def leftovers(made: Hosts) -> list[str]:
     return left
 
 
-def provision_python(hosts: Hosts, venv: Path, env: str = "~/pdcluster-env") -> None:
+def provision_python(hosts: list[Host], venv: Path, env: str = "~/pdcluster-env") -> None:
     """Each host gets `env`: a venv of its own that sees `venv`'s packages (as an image with torch and ray
     installed would) and has the `ray` command; its own setuptools goes so that `venv`'s newer one builds."""
     python = os.path.realpath(venv / "bin" / "python")
@@ -302,7 +326,7 @@ def provision_python(hosts: Hosts, venv: Path, env: str = "~/pdcluster-env") -> 
               f"printf '#!%s\\n%s\\n' {env}/bin/python {ray!r} > {env}/bin/ray; chmod +x {env}/bin/ray")
     procs = [(h, subprocess.Popen(["nsenter", "-t", str(h.init_pid()), "-n", "-p", "-m", "-u", "--", "bash", "-c",
                                    script], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
-             for h in hosts.hosts]
+             for h in hosts]
     for host, proc in procs:
         out, _ = proc.communicate(timeout=120)
         if proc.returncode:

@@ -12,9 +12,11 @@ time (CI's log shows them). Needs root, iproute2, util-linux, openssh-server, rs
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import re
 import shlex
+import shutil
 import subprocess
 import sys
 import threading
@@ -22,7 +24,9 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
 
+from router.client import AsyncClient, Client, ServerError
 from tests import netns_hosts
 from tests.netns_hosts import Host, Hosts, leftovers, make_hosts, provision_python
 
@@ -45,7 +49,10 @@ def docs_commands() -> dict[str, str]:
     lines = [re.sub(r"\s+", " ", line) for line in lines]
     find = {"up": "ray up deploy/onprem.yaml -y", "token": "secrets.token_urlsafe", "serve": "pdcluster serve", "stop_serve": "tmux send-keys C-c",
             "stop_workers": "ray get-worker-ips", "down": "ray down", "token_down": "ray rsync-down"}
-    return {name: next(line for line in lines if needle in line) for name, needle in find.items()}
+    found = {name: [line for line in lines if needle in line] for name, needle in find.items()}
+    missing = [find[name] for name, hits in found.items() if not hits]
+    assert not missing, f"docs/deploy.md's tested recipe has no `ray` line with {missing}"
+    return {name: hits[0] for name, hits in found.items()}
 
 
 def fill(text: str, hosts: Hosts, model: Path, workers: list[Host]) -> str:
@@ -125,8 +132,6 @@ class Deployment:
                   "print(json.dumps([{k: n[k] for k in ('NodeID', 'NodeManagerAddress', 'Resources')} "
                   "for n in alive]))\n")
         out = self.on_head(f"python -c {shlex.quote(script)}", timeout=timeout + 60)
-        import json
-
         return json.loads(out.strip().splitlines()[-1])
 
     def serve_output(self) -> str:
@@ -135,6 +140,13 @@ class Deployment:
     def cli(self, *args: str, timeout: float = 600) -> subprocess.CompletedProcess:
         return subprocess.run([str(VENV / "bin" / "pdcluster"), *args], capture_output=True, text=True,
                               timeout=timeout, cwd=self.work)
+
+
+@pytest.fixture(scope="module")
+def can_make_hosts() -> None:
+    reason = netns_hosts.missing()
+    if reason:
+        pytest.skip(f"cannot make hosts here: {reason}")
 
 
 @pytest.fixture(scope="module")
@@ -150,15 +162,12 @@ def expected(tiny_qwen3_dir):
         llm.close()
 
 
-def test_ray_up_serve_scale_lose_a_host_and_tear_down(tiny_qwen3_dir, expected, tmp_path, capsys):
-    reason = netns_hosts.missing()
-    if reason:
-        pytest.skip(f"cannot make hosts here: {reason}")
+def test_ray_up_serve_scale_lose_a_host_and_tear_down(can_make_hosts, tiny_qwen3_dir, expected, tmp_path, capsys):
     phase = Phases(capsys)
     commands = docs_commands()
     with make_hosts(4, tmp_path) as hosts:
         phase(f"hosts made: {', '.join(f'{h.name} {h.ip}' for h in hosts.hosts)}")
-        provision_python(hosts, VENV)  # the hosts' image: Python with torch and ray; `ray up` installs pdcluster
+        provision_python(hosts.hosts, VENV)  # the hosts' image: Python with torch and ray; `ray up` installs pdcluster
         config = tmp_path / "onprem.yaml"
         config.write_text(fill((ROOT / "deploy" / "onprem.yaml").read_text(), hosts, tiny_qwen3_dir, hosts.hosts[1:]))
         run = Deployment(hosts, tmp_path, config)
@@ -175,8 +184,6 @@ def test_ray_up_serve_scale_lose_a_host_and_tear_down(tiny_qwen3_dir, expected, 
 
 
 def up_and_serve(run: Deployment, phase: Phases, commands: dict[str, str], expected) -> None:
-    from router.client import Client
-
     start = time.monotonic()
     run.ray(commands["up"], timeout=600)
     phase(f"ray up returned after {time.monotonic() - start:.1f} s")
@@ -235,8 +242,6 @@ def up_and_serve(run: Deployment, phase: Phases, commands: dict[str, str], expec
 
 
 def scale(run: Deployment, *flags: str) -> dict:
-    import json
-
     done = run.cli("scale", "--address", run.address, "--auth-token-file", str(run.work / "pd-token"), *flags,
                    "--timeout", "600")
     assert done.returncode == 0, done.stdout + done.stderr
@@ -244,15 +249,11 @@ def scale(run: Deployment, *flags: str) -> dict:
 
 
 def stats(run: Deployment):
-    from router.client import Client
-
     with Client(run.address, auth_token=run.token, timeout=30) as c:
         return c.stats()
 
 
 def scale_and_lose_a_host(run: Deployment, phase: Phases, commands, expected, work: Path) -> None:
-    from router.client import AsyncClient, ServerError
-
     host_of = {v: k for k, v in run.node_ids.items()}
     removed = scale(run, "--decode", "-1")["workers"]
     assert len(removed) == 1
@@ -268,6 +269,7 @@ def scale_and_lose_a_host(run: Deployment, phase: Phases, commands, expected, wo
     survivor = next(w for w, n in now.items() if w.startswith("d") and n == run.node_ids["h2"])
     done = threading.Event()
     outcomes: list[tuple[str, object]] = []
+    streaming: set[int] = set()
 
     async def client_loop(i: int) -> None:
         async with AsyncClient(run.address, auth_token=run.token, timeout=300) as c:
@@ -275,19 +277,32 @@ def scale_and_lose_a_host(run: Deployment, phase: Phases, commands, expected, wo
                 k = i % len(PROMPTS)
                 try:
                     stream = c.stream(PROMPTS[k], **LONG)
-                    tokens = [t async for d in stream for t in d.token_ids]
+                    tokens = []
+                    async for delta in stream:
+                        tokens += delta.token_ids
+                        streaming.add(i)  # this client has seen tokens
+                    streaming.discard(i)
                     assert tokens == stream.result.token_ids == expected["long"][k]
                     outcomes.append(("result", k))
                 except ServerError as e:
+                    streaming.discard(i)
                     outcomes.append(("error", e))
                     await asyncio.sleep(e.retry_after or 0.5)
 
     async def load_and_kill() -> float:
         clients = [asyncio.create_task(client_loop(i)) for i in range(8)]
-        await asyncio.sleep(4.0)  # every stream under way
+        deadline = time.monotonic() + 60
+        while True:  # mid-stream: clients have seen tokens, and the victim holds requests
+            held = (await asyncio.to_thread(stats, run)).workers
+            on_victim = next(w.running_requests + w.queued_requests for w in held if w.worker_id == victim)
+            if (len(streaming) >= 4 and on_victim > 0) or time.monotonic() > deadline:
+                break
+            await asyncio.sleep(0.1)
+        assert on_victim > 0, f"no request on {victim}: the fault would test nothing"
         killed = time.monotonic()
         run.hosts.hosts[3].kill()
-        phase(f"h3 killed (its PID 1: every process on it) with 8 clients streaming; {victim} was on it")
+        phase(f"h3 killed (its PID 1: every process on it) with {len(streaming)} of 8 clients mid-stream and "
+              f"{on_victim} requests on {victim} there")
         noticed = None
         while noticed is None:
             workers = {w.worker_id: w for w in (await asyncio.to_thread(stats, run)).workers}
@@ -318,19 +333,7 @@ def scale_and_lose_a_host(run: Deployment, phase: Phases, commands, expected, wo
     # a node without heartbeats runs worker_start_ray_commands), and `pdcluster scale` puts a worker on it.
     dead = run.hosts.hosts[3]
     netns_hosts.remove_host(run.hosts, 3)
-    replacement = netns_hosts.add_another(run.hosts, work, ip=dead.ip)
-    provision_python(Hosts([replacement], run.hosts.bridge, run.hosts.gateway, run.hosts.key), VENV)
-    import yaml
-
-    filled = yaml.safe_load(run.config.read_text())
-    for remote, local in filled["file_mounts"].items():  # as `ray up` syncs them
-        assert run.hosts.ssh(replacement, f"mkdir -p {remote}").returncode == 0
-        sync = subprocess.run(["rsync", "-a", "-e", shlex.join(["ssh", *netns_hosts.ssh_options(run.hosts.key)]),
-                               f"{local}/", f"root@{replacement.ip}:{remote}/"], capture_output=True, text=True)
-        assert sync.returncode == 0, sync.stderr
-    for command in filled["setup_commands"]:
-        done = run.hosts.ssh(replacement, f"bash -lic {shlex.quote(command)}", timeout=300)
-        assert done.returncode == 0, f"{command}: {done.stdout}{done.stderr}"
+    replacement = netns_hosts.add_another(run.hosts, work, ip=dead.ip, prepare=lambda host: set_up(run, host))
     phase(f"replacement host {replacement.name} up at h3's address {replacement.ip}, set up like the others")
     added = scale(run, "--decode", "+1")["workers"]
     assert added == ["d3"]
@@ -340,7 +343,6 @@ def scale_and_lose_a_host(run: Deployment, phase: Phases, commands, expected, wo
     workers = {w.worker_id: w for w in stats(run).workers}
     assert workers["d3"].node_id == new_h3 and workers["d3"].alive and workers[survivor].alive
     phase(f"pdcluster scale --decode +1: d3 on the replacement {replacement.name} (node {new_h3[:12]})")
-    from router.client import Client
 
     with Client(run.address, auth_token=run.token, timeout=120) as c:
         got = [c.generate(p, **GREEDY).token_ids for p in PROMPTS * 2]
@@ -348,6 +350,18 @@ def scale_and_lose_a_host(run: Deployment, phase: Phases, commands, expected, wo
     assert re.search(r"KV transport p0 -> d3: host", run.serve_output())
     phase("requests served with d3 (p0 -> d3: host)")
     run.node_ids[replacement.name] = new_h3
+
+
+def set_up(run: Deployment, host: Host) -> None:
+    """A new host as `ray up` left the first ones: the image's Python, then what file_mounts and setup_commands put
+    there (done before its sshd answers: the head's autoscaler must not find it half set up)."""
+    provision_python([host], VENV)
+    filled = yaml.safe_load(run.config.read_text())
+    for remote, local in filled["file_mounts"].items():
+        shutil.copytree(local, host.home / remote.removeprefix("~/"))
+    for command in filled["setup_commands"]:
+        done = host.run(command, login=True, timeout=300)
+        assert done.returncode == 0, f"{command}: {done.stdout}{done.stderr}"
 
 
 def wait_clean(run: Deployment, timeout: float = 60):
