@@ -47,8 +47,9 @@ def docs_commands() -> dict[str, str]:
     recipe = recipe[:recipe.index("\n## ", 1)]
     lines = [re.sub(r"\s+#.*$", "", line).strip() for line in recipe.splitlines() if line.startswith("ray ")]
     lines = [re.sub(r"\s+", " ", line) for line in lines]
-    find = {"up": "ray up deploy/onprem.yaml -y", "token": "secrets.token_urlsafe", "serve": "pdcluster serve", "stop_serve": "tmux send-keys C-c",
-            "stop_workers": "ray get-worker-ips", "down": "ray down", "token_down": "ray rsync-down"}
+    find = {"up": "ray up deploy/onprem.yaml -y", "token": "secrets.token_urlsafe", "token_down": "ray rsync-down",
+            "serve": "pdcluster serve", "stop_serve": "tmux send-keys C-c", "stop_workers": "ray get-worker-ips",
+            "down": "ray down"}
     found = {name: [line for line in lines if needle in line] for name, needle in find.items()}
     missing = [find[name] for name, hits in found.items() if not hits]
     assert not missing, f"docs/deploy.md's tested recipe has no `ray` line with {missing}"
@@ -234,7 +235,11 @@ def up_and_serve(run: Deployment, phase: Phases, commands: dict[str, str], expec
     assert nodes_of["p0"] == run.node_ids["h1"]
     assert {nodes_of["d0"], nodes_of["d1"]} == {run.node_ids["h2"], run.node_ids["h3"]}
     host_of = {v: k for k, v in run.node_ids.items()}
-    phase("placement: " + ", ".join(f"{w} on {host_of[n]}" for w, n in sorted(nodes_of.items())))
+    # And seen from the hosts themselves: each worker's process runs on its host, none on the head.
+    actors = {h.name: sum("WorkerActor" in p for p in h.processes()) for h in run.hosts.hosts}
+    assert actors == {"h0": 0, "h1": 1, "h2": 1, "h3": 1}, actors
+    phase("placement: " + ", ".join(f"{w} on {host_of[n]}" for w, n in sorted(nodes_of.items()))
+          + f" (worker processes per host: {actors})")
     log = run.serve_output()
     transports = sorted(set(re.findall(r"KV transport (p\d+ -> d\d+): (\w+)", log)))
     assert transports and all(t == "host" for _, t in transports), log[-3000:]  # CPU workers on two nodes
