@@ -395,3 +395,12 @@ def tear_down(run: Deployment, phase: Phases, commands: dict[str, str]) -> None:
     # `ray down` alone stopped Ray on the head only: the workers' raylets and agents ran on.
     assert not left, f"processes left after the documented teardown: {left}"
     phase(f"torn down as documented in {time.monotonic() - start:.1f} s: no Ray or pdcluster process on any host")
+
+
+def test_where_hosts_cannot_be_made_the_reason_is_given(monkeypatch):
+    """Not root, or a tool missing: `missing()` names it (the ray up test skips with it instead of failing)."""
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    assert netns_hosts.missing() == "needs root (network namespaces, bridges, mounts)"
+    monkeypatch.setattr(os, "geteuid", lambda: 0)
+    monkeypatch.setattr(shutil, "which", lambda tool: None if tool == "tmux" else f"/usr/bin/{tool}")
+    assert netns_hosts.missing().startswith("missing tmux (Debian: apt-get install")
