@@ -76,6 +76,20 @@ class ServeConfig:
         return {name: value}
 
 
+def is_loopback(host: str) -> bool:
+    return host == "localhost" or host.startswith("127.") or host in ("::1", "[::1]")
+
+
+def nodes_out_of_reach(worker_host: str, here: str, nodes: list[dict], needs: list[dict[str, float]]) -> list[str]:
+    """Addresses of the live Ray nodes (`ray.nodes()`) other than `here` that could take a worker (one of
+    `needs` fits their resources) but could not reach a router whose worker endpoint is on `worker_host`."""
+    if not is_loopback(worker_host):
+        return []
+    fits = [n for n in nodes if n.get("Alive") and n.get("NodeManagerAddress") != here and any(
+        all(n.get("Resources", {}).get(name, 0) >= amount for name, amount in need.items()) for need in needs)]
+    return sorted({n["NodeManagerAddress"] for n in fits})
+
+
 def own_gpus_first(assigned: list[str], node_visible: str | None, node_gpus: int) -> str:
     """CUDA_VISIBLE_DEVICES for a worker that sees its node's GPUs: its own first, so that cuda:0 .. cuda:N-1
     are still the GPUs Ray gave it (the engine's ranks use cuda:rank), then the node's others."""
@@ -212,10 +226,25 @@ class Cluster:
             self.engine_config = self.engine_config.on_device("cuda" if has_gpus else "cpu")
             self._check_transport()
 
+    def _check_worker_host(self) -> None:
+        """Workers on other nodes dial the router's worker endpoint: a loopback one is out of their reach, and
+        they would never join (clients would get `unavailable` forever). Refused before any worker starts."""
+        import ray
+
+        host, here = self.router_config.worker_host, ray.util.get_node_ip_address()
+        needs = [self.serve_config.resources(role) for role in {r for _, r, _ in self.worker_plan()}]
+        away = nodes_out_of_reach(host, here, ray.nodes(), needs)
+        if away:
+            raise ConfigError(f"worker_host: {host} is out of reach of workers on the other nodes of this Ray "
+                              f"cluster ({', '.join(away)}): pass --worker-host 0.0.0.0 (or this node's "
+                              f"address, {here})")
+
     def start_workers(self) -> None:
         import ray
 
         s = self.serve_config
+        if not self._own_ray:
+            self._check_worker_host()
         # A worker that dies is started again and `run` retried: it says hello and the router takes it back.
         self._actor_cls = ray.remote(max_concurrency=2, max_restarts=s.worker_restarts,
                                      max_task_retries=s.worker_restarts)(WorkerActor)

@@ -84,3 +84,26 @@ def test_a_worker_shown_its_node_sees_its_own_gpus_first_unless_cuda_started(mon
     monkeypatch.setattr(torch.cuda, "is_initialized", lambda: False)
     see_node_gpus(["2"])
     assert os.environ["CUDA_VISIBLE_DEVICES"] == "2,0,1,3"
+
+
+def node(address: str, alive: bool = True, **resources: float) -> dict:
+    return {"NodeManagerAddress": address, "Alive": alive, "Resources": {"CPU": 2.0, **resources}}
+
+
+def test_a_loopback_worker_endpoint_is_refused_when_workers_could_land_on_another_node():
+    """`serve --bind tcp://0.0.0.0:5555` without `--worker-host` on a multi-host cluster: the workers on the
+    other hosts could never reach the router (tests/test_ray_up.py runs it for real)."""
+    from router.launcher import nodes_out_of_reach
+
+    nodes = [node("10.0.0.10", pd_router=1), node("10.0.0.11", pd_prefill=2), node("10.0.0.12", pd_decode=2),
+             node("10.0.0.13", alive=False, pd_decode=2)]
+    needs = [{"pd_prefill": 1.0}, {"pd_decode": 1.0}]
+    assert nodes_out_of_reach("127.0.0.1", "10.0.0.10", nodes, needs) == ["10.0.0.11", "10.0.0.12"]
+    assert nodes_out_of_reach("localhost", "10.0.0.10", nodes, [{"pd_decode": 1.0}]) == ["10.0.0.12"]
+    assert nodes_out_of_reach("127.0.0.1", "10.0.0.10", nodes, [{}]) == ["10.0.0.11", "10.0.0.12"]
+    for host in ("0.0.0.0", "10.0.0.10"):  # reachable: bound on every interface, or on the node's address
+        assert nodes_out_of_reach(host, "10.0.0.10", nodes, needs) == []
+    # One machine (ray.cluster_utils, tests/test_multinode.py): every node has this node's address.
+    assert nodes_out_of_reach("127.0.0.1", "10.0.0.10", [node("10.0.0.10", pd_decode=1)] * 2, needs) == []
+    # Nodes that could take none of the workers do not matter.
+    assert nodes_out_of_reach("127.0.0.1", "10.0.0.10", [node("10.0.0.11", pd_other=1)], needs) == []
