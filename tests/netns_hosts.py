@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 SSHD = "/usr/sbin/sshd"
+REPO = Path(__file__).resolve().parent.parent  # the checkout the hosts install pdcluster from
 LOGIN_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 TOOLS = ("ip", "unshare", "nsenter", "ssh", "ssh-keygen", "rsync", "tmux")
 
@@ -182,8 +183,14 @@ def start_host(host: Host, key_pub: str, host_key: Path, hold: bool = False) -> 
     keep = [p for p in {sys.base_prefix, sys.prefix} if Path(p).is_relative_to("/root")]
     binds = "".join(f"mkdir -p {host.home}{p[len('/root'):]}; mount --bind -o ro {p} {host.home}{p[len('/root'):]}; "
                     for p in sorted(keep))
-    boot = (f"set -e; hostname {host.name}; mount --make-rprivate /; {binds}"
-            f"mount --rbind {host.home} /root; mount --bind {host.root / 'tmp'} /tmp; "
+    # The checkout and its venv may live under /tmp (CI clones there): seen through the private /tmp all the same,
+    # by way of a mount outside it made before /tmp is covered.
+    under_tmp = sorted(p for p in {sys.base_prefix, sys.prefix, str(REPO)} if Path(p).is_relative_to("/tmp"))
+    stage = f"/run/pdcluster-netns-{host.name}"
+    keep_tmp = "".join(f"mkdir -p {stage}/{i}; mount --bind {p} {stage}/{i}; " for i, p in enumerate(under_tmp))
+    back_in_tmp = "".join(f"mkdir -p {p}; mount --bind {stage}/{i} {p}; " for i, p in enumerate(under_tmp))
+    boot = (f"set -e; hostname {host.name}; mount --make-rprivate /; {binds}{keep_tmp}"
+            f"mount --rbind {host.home} /root; mount --bind {host.root / 'tmp'} /tmp; {back_in_tmp}"
             f"mount -t tmpfs -o size=2g tmpfs /dev/shm; mkdir -p /run/sshd; "
             + ("while [ ! -e /root/.sshd/go ]; do sleep 0.2; done; " if hold else "")
             + f"exec {SSHD} -D -e -f /root/.sshd/sshd_config")
