@@ -83,10 +83,13 @@ def test_generate_gives_up_on_errors_a_retry_cannot_cure():
     assert info.value.code == P.BAD_REQUEST and [m.TYPE for m in sent] == ["submit"] and not c.calls
 
 
-def test_a_timeout_aborts_the_request():
+def test_a_timeout_aborts_the_request(monkeypatch):
+    clock = [100.0]
+    monkeypatch.setattr("router.client.core.time.monotonic", lambda: clock[0])
     c, sent = core(timeout=0.5)
     flow = c.generate("hi", False, None, "r1", None, {})
     next(flow)
+    clock[0] = 100.5
     with pytest.raises(ClientTimeout, match="r1 timed out after 0.5 s"):
         flow.send(None)  # the driver's answer when the deadline passed
     assert [m.TYPE for m in sent] == ["submit", "abort"] and not c.calls
@@ -164,3 +167,18 @@ def test_wait_ready_waits_its_own_timeout_for_a_router_still_starting(monkeypatc
     assert wait.deadline == 101.0  # one stats request's own second, not the connect deadline's end
     clock[0] = 101.5
     assert isinstance(flow.send(None), (Wait, Sleep))  # no answer yet: it asks again
+
+
+def test_a_router_that_answers_while_a_call_waits_leaves_the_call_its_own_deadline(monkeypatch):
+    """The first wait of a call is cut at the connect deadline; if the router answered meanwhile (the ping came back
+    while a long `scale` runs), the call waits on for its own deadline instead of timing out."""
+    clock = [100.0]
+    monkeypatch.setattr("router.client.core.time.monotonic", lambda: clock[0])
+    c, sent = core(connect_timeout=10.0)
+    flow = c.scale("decode", 1, 600.0)
+    first = next(flow)
+    assert first.deadline == 110.0
+    c.receive(P.encode(P.Pong(nonce=sent[0].nonce)))  # the router is there, the scale goes on
+    clock[0] = 110.5
+    again = flow.send(None)
+    assert isinstance(again, Wait) and again.deadline == 700.0

@@ -208,6 +208,18 @@ class ClientCore:
             deadline = self._connect_deadline if deadline is None else min(deadline, self._connect_deadline)
         return Wait(box, deadline)
 
+    def next_item(self, box: Box, deadline: float | None, reach: bool = True) -> Flow[Any]:
+        """The next item in `box`, or None once `deadline` passes. With `reach`, raises ClientTimeout when no router
+        has answered within the connect timeout; one that answered meanwhile leaves the call its own deadline."""
+        while True:
+            item = yield self.wait(box, deadline, reach)
+            if item is not None:
+                return item
+            if reach and (error := self.unreachable()) is not None:
+                raise error
+            if deadline is not None and time.monotonic() >= deadline:
+                return None
+
     def unreachable(self) -> ClientTimeout | None:
         """The error for a wait that ended because no router has answered within the connect timeout."""
         if self.heard or self._connect_deadline is None or time.monotonic() < self._connect_deadline:
@@ -290,9 +302,9 @@ class ClientCore:
     def next_message(self, call: Call) -> Flow[Delta | Result]:
         """The next Delta or the Result. Any exception (a timeout, an interrupt) ends the call."""
         try:
-            item = yield self.wait(call.box, call.deadline)
+            item = yield from self.next_item(call.box, call.deadline)
             if item is None:
-                raise self.unreachable() or ClientTimeout(f"request {call.request_id} timed out after {call.timeout:g} s")
+                raise ClientTimeout(f"request {call.request_id} timed out after {call.timeout:g} s")
             if isinstance(item, (Result, Error)):
                 call.forget()
             msg = as_reply(item)
@@ -344,10 +356,9 @@ class ClientCore:
         self.waiters[token] = (kind, box)
         try:
             self.send(make(token))
-            item = yield self.wait(box, deadline_after(timeout), reach)
+            item = yield from self.next_item(box, deadline_after(timeout), reach)
             if item is None:
-                raise (reach and self.unreachable()) or ClientTimeout(
-                    f"no {kind.TYPE} from {self.address} within {timeout:g} s")
+                raise ClientTimeout(f"no {kind.TYPE} from {self.address} within {timeout:g} s")
         finally:
             self.waiters.pop(token, None)
         return as_reply(item)
