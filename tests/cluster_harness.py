@@ -15,6 +15,19 @@ from router.client import Client
 ROOT = Path(__file__).resolve().parent.parent
 
 
+def offline_token_ids(model_dir: Path, prompts: list, kinds: dict[str, dict]) -> dict[str, list[list[int]]]:
+    """What offline generation gives for `prompts` under each kind of sampling: what a cluster must serve."""
+    from common.engine.llm import LLM
+    from common.sampling_params import SamplingParams
+
+    llm = LLM(str(model_dir), device="cpu", kv_cache_memory=64 << 20)
+    try:
+        return {kind: [o.token_ids for o in llm.generate(prompts, SamplingParams(**params), use_tqdm=False)]
+                for kind, params in kinds.items()}
+    finally:
+        llm.close()
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -9,11 +9,9 @@ import threading
 
 import pytest
 
-from common.engine.llm import LLM
-from common.sampling_params import SamplingParams
 from router.client import AsyncClient
 from scripts.cli import main as cli_main
-from tests.cluster_harness import RunningCluster
+from tests.cluster_harness import RunningCluster, offline_token_ids
 
 PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time,", "1, 2, 3, 4, 5,"]
 GREEDY = dict(max_tokens=12, temperature=0.0, ignore_eos=True)
@@ -34,12 +32,7 @@ def ray_nodes():
 
 @pytest.fixture(scope="module")
 def expected(tiny_qwen3_dir):
-    llm = LLM(str(tiny_qwen3_dir), device="cpu", kv_cache_memory=64 << 20)
-    try:
-        return {kind: [o.token_ids for o in llm.generate(PROMPTS, SamplingParams(**params), use_tqdm=False)]
-                for kind, params in (("short", GREEDY), ("long", LONG))}
-    finally:
-        llm.close()
+    return offline_token_ids(tiny_qwen3_dir, PROMPTS, {"short": GREEDY, "long": LONG})
 
 
 @pytest.fixture(scope="module")

@@ -28,6 +28,7 @@ import yaml
 
 from router.client import AsyncClient, Client, ServerError
 from tests import netns_hosts
+from tests.cluster_harness import offline_token_ids
 from tests.netns_hosts import Host, Hosts, leftovers, make_hosts, provision_python
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -152,15 +153,7 @@ def can_make_hosts() -> None:
 
 @pytest.fixture(scope="module")
 def expected(tiny_qwen3_dir):
-    from common.engine.llm import LLM
-    from common.sampling_params import SamplingParams
-
-    llm = LLM(str(tiny_qwen3_dir), device="cpu", kv_cache_memory=64 << 20)
-    try:
-        return {kind: [o.token_ids for o in llm.generate(PROMPTS, SamplingParams(**params), use_tqdm=False)]
-                for kind, params in (("short", GREEDY), ("long", LONG))}
-    finally:
-        llm.close()
+    return offline_token_ids(tiny_qwen3_dir, PROMPTS, {"short": GREEDY, "long": LONG})
 
 
 def test_ray_up_serve_scale_lose_a_host_and_tear_down(can_make_hosts, tiny_qwen3_dir, expected, tmp_path, capsys):
