@@ -1,0 +1,277 @@
+"""A discrete-event simulation of the router and its workers: arrivals -> the router's queue -> placement ->
+prefill workers (batched and chunked under a token budget) -> KV handoff -> decode workers (continuous batching)
+-> completion; or colocated replicas that prefill (chunked) and decode.
+
+The same policy code the cluster runs, imported:
+- placement: router/placement.py's `Placement` over a real `WorkerRegistry` (prefix-aware or by load, its prefix
+  index, the decode choice by free blocks), each worker's counts set from its simulated engine as a heartbeat
+  would set them (`_sync`: exact and instant; the real router's are a heartbeat late);
+- where a prompt is prefilled: router/disagg_policy.py's `DisaggPolicy` (`always`, `never`, `auto`), fed
+  heartbeat totals every `HEARTBEAT_S` and each remote request's first token, as the router feeds it;
+- the queue: router/admission.py's `WaitQueue`;
+- each worker's batching: the engine's `Scheduler` and `BlockManager` (scripts/planner/engine.py).
+
+Not reused: router/dispatch.py's `Dispatcher` is async and sends messages, so `_dispatch_one` below is its
+choice without the sending (keep them in step). Not modelled yet: admission's refusals (the queue is unbounded),
+the per-worker request cap, message latencies between router and workers, the reserve round trip, preemption's
+recompute cost beyond the scheduler's own, tensor parallelism other than through the profile's `tp`.
+"""
+from __future__ import annotations
+
+import heapq
+import itertools
+from dataclasses import dataclass, field
+
+from common import protocol as P
+from common.protocol.kv import KVLayout
+from router.admission import WaitQueue
+from router.disagg_policy import DisaggPolicy, Estimate
+from router.placement import Placement
+from router.prefix_index import PromptKeys
+from router.registry import WorkerInfo, WorkerRegistry
+from scripts.planner.engine import SimEngine
+from scripts.planner.profile import Profile
+
+HEARTBEAT_S = 0.5  # how often workers' engine totals reach the disaggregation policy (`auto`)
+
+
+@dataclass(frozen=True)
+class Layout:
+    """A cluster to simulate: `prefill` + `decode` workers (disaggregated) or `colocated` replicas."""
+
+    prefill: int = 0
+    decode: int = 0
+    colocated: int = 0
+    policy: str = "always"  # disaggregated: --disagg-policy
+    placement: str = "prefix"  # --placement
+    local_prefill_chunk: int = 512
+
+    @property
+    def mode(self) -> str:
+        return "colocated" if self.colocated else "disagg"
+
+    @property
+    def engines(self) -> int:
+        return self.prefill + self.decode + self.colocated
+
+    def __str__(self) -> str:
+        if self.colocated:
+            return f"colocated x{self.colocated}"
+        return f"{self.prefill}P:{self.decode}D" + ("" if self.policy == "always" else f" ({self.policy})")
+
+
+@dataclass(eq=False)
+class SimRequest:
+    rid: str
+    attempt_ids: list[int]  # the prompt (the name WaitQueue counts)
+    output_len: int
+    arrival: float
+    keys: PromptKeys | None = None
+    estimate: Estimate | None = None
+    dispatched: float = 0.0
+    first: float | None = None  # when its first token reached the router
+    done: float | None = None
+    prefill_seq: object = None
+    decode_seq: object = None
+
+    @property
+    def ttft(self) -> float:
+        return self.first - self.arrival
+
+    @property
+    def tpot(self) -> float:
+        return (self.done - self.first) / (self.output_len - 1) if self.output_len > 1 else 0.0
+
+
+@dataclass
+class Workload:
+    """What arrives: (arrival seconds, prompt token ids, output tokens), sorted by arrival."""
+
+    arrivals: list[float]
+    prompts: list[list[int]]
+    output_lens: list[int]
+    keys: list[PromptKeys] = field(default_factory=list)  # computed once, shared by every layout
+
+
+class Simulation:
+    def __init__(self, profile: Profile, layout: Layout, workload: Workload, fast_forward: bool = True):
+        self.profile, self.layout, self.workload = profile, layout, workload
+        self.registry = WorkerRegistry(max_requests=1 << 30)
+        self.placement = Placement(self.registry, policy=layout.placement)
+        self.disagg = DisaggPolicy(layout.policy, layout.local_prefill_chunk)
+        self.queue = WaitQueue()
+        self.engines: dict[str, SimEngine] = {}
+        self.infos: dict[str, WorkerInfo] = {}
+        layout_rec = KVLayout(block_size=profile.block_size, num_layers=1, num_kv_heads=1, head_dim=1,
+                              dtype="bfloat16")
+        roles = ([("prefill", "p")] * layout.prefill + [("decode", "d")] * layout.decode
+                 + [("colocated", "c")] * layout.colocated)
+        for i, (role, letter) in enumerate(roles):
+            name = f"{letter}{i}"
+            chunk = layout.local_prefill_chunk if role == "decode" else None
+            self.engines[name] = SimEngine(name, role, profile, chunk, fast_forward)
+            hello = P.WorkerHello(worker_id=name, role=role, model_fingerprint=profile.model or "sim",
+                                  num_blocks=profile.num_kv_blocks, layout=layout_rec, max_model_len=1 << 30,
+                                  vocab_size=1 << 30)
+            self.infos[name] = self.registry.register(hello, name.encode())
+        self.events: list[tuple[float, int, str, object, int]] = []
+        self.counter = itertools.count()
+        self.requests: list[SimRequest] = []
+        self.by_rid: dict[str, SimRequest] = {}
+        self.now = 0.0
+        self.finished = 0
+        self._last_loads: dict[str, P.WorkerLoad] = {}
+        self._tokens_run: dict[str, int] = dict.fromkeys(self.engines, 0)
+
+    # ---- the event loop -----------------------------------------------------------------------------
+    def push(self, t: float, kind: str, obj: object, gen: int = 0) -> None:
+        heapq.heappush(self.events, (t, next(self.counter), kind, obj, gen))
+
+    def run(self) -> list[SimRequest]:
+        w = self.workload
+        if not w.keys:
+            w.keys = [PromptKeys.of(p, self.profile.block_size) for p in w.prompts]
+        for i, t in enumerate(w.arrivals):
+            req = SimRequest(str(i), w.prompts[i], w.output_lens[i], t, keys=w.keys[i])
+            self.requests.append(req)
+            self.by_rid[req.rid] = req
+            self.push(t, "arrive", req)
+        if self.layout.policy == "auto" and self.layout.mode == "disagg":
+            self.push(HEARTBEAT_S, "heartbeat", None)
+        while self.events and self.finished < len(self.requests):
+            self.now, _, kind, obj, gen = heapq.heappop(self.events)
+            if kind == "arrive":
+                self.queue.push(obj)
+                self._dispatch()
+            elif kind == "step":
+                if gen == obj.generation:
+                    self.finished += self._step_done(obj)
+            elif kind == "land":
+                self._land(obj)
+            elif kind == "heartbeat":
+                self._heartbeat()
+                self.push(self.now + HEARTBEAT_S, "heartbeat", None)
+        return self.requests
+
+    def _kick(self, engine: SimEngine) -> None:
+        """Work arrived at `engine`: start a step if it is idle, or cut a fast run short."""
+        if engine.busy_until is None:
+            end = engine.start(self.now)
+            if end is not None:
+                self.push(end, "step", engine, engine.generation)
+        else:
+            end = engine.cut(self.now)
+            if end is not None:
+                self.push(end, "step", engine, engine.generation)
+        self._sync(engine)
+
+    def _step_done(self, engine: SimEngine) -> int:
+        seqs, first_end = engine.finish()
+        finished = 0
+        prefill_tokens = 0
+        for seq in seqs:
+            req = self.by_rid[seq.request_id]
+            if seq.prefill_only:
+                prefill_tokens += seq.num_prompt_tokens - seq.num_cached_tokens
+                handoff = self.profile.handoff_seconds(seq.num_prompt_tokens)
+                self.push(self.now + handoff, "land", req)
+                continue
+            if req.first is None:
+                req.first = first_end
+                if req.estimate is not None:
+                    self.disagg.observe_first_token(req.estimate, req.first - req.dispatched)
+            if seq.is_finished:
+                req.done = self.now
+                finished += 1
+        self._tokens_run[engine.name] += prefill_tokens
+        self._kick(engine)
+        if self.queue:
+            self._dispatch()
+        return finished
+
+    def _land(self, req: SimRequest) -> None:
+        prefill = self.engines[req.prefill_seq.worker]
+        prefill.release(req.prefill_seq.seq)
+        self._sync(prefill)
+        decode = self.engines[req.decode_seq.worker]
+        if decode.land(req.decode_seq.seq):
+            req.first = req.done = self.now
+            self.finished += 1
+        self._kick(decode)
+        if self.queue:
+            self._dispatch()
+
+    def _heartbeat(self) -> None:
+        for name, engine in self.engines.items():
+            load = P.WorkerLoad(queued_requests=0, queued_tokens=0, running_requests=0, kv_blocks_total=1,
+                                kv_blocks_free=1, busy_steps=engine.steps, busy_seconds=engine.busy_seconds,
+                                prefill_tokens_run=self._tokens_run[name])
+            old = self._last_loads.get(name)
+            if old is not None:
+                self.disagg.observe_load(engine.role, old, load)
+            self._last_loads[name] = load
+
+    # ---- the router ---------------------------------------------------------------------------------
+    def _sync(self, engine: SimEngine) -> None:
+        """What the router counts the worker to hold, as an up-to-date heartbeat would say."""
+        info = self.infos[engine.name]
+        sched = engine.scheduler
+        info.prefill_tokens = sum(s.num_uncomputed() for s in itertools.chain(sched.waiting, sched.running)
+                                  if s.num_uncomputed() > 1)
+        info.blocks_promised = self.profile.num_kv_blocks - engine.free_blocks
+
+    def _dispatch(self) -> None:
+        while self.queue:
+            if not self._dispatch_one(self.queue.peek()):
+                return
+            self.queue.pop()
+
+    def _dispatch_one(self, req: SimRequest) -> bool:
+        """router/dispatch.py's choice for the oldest queued request; False when no worker can take it."""
+        place, ids = self.placement, req.attempt_ids
+        req.dispatched = self.now
+        if self.layout.mode == "colocated":
+            worker = place.colocated(len(ids), req.keys)
+            if worker is None:
+                return False
+            place.placed(worker, req.keys)
+            self._run_on(worker.worker_id, req, prefill_only=False)
+            return True
+        blocks = place.blocks_needed(ids)
+        may_be_local = self.disagg.policy != "always"
+        decode = place.decode(blocks, len(ids), req.keys) if may_be_local else place.decode(blocks)
+        prefill = place.prefill(len(ids), req.keys)
+        if decode is None or (prefill is None and not may_be_local):
+            return False
+        req.estimate = self.disagg.choose(place.cost(prefill, len(ids), req.keys) if prefill else -1,
+                                          place.cost(decode, len(ids), req.keys))
+        place.placed(decode, req.keys)
+        if req.estimate.local:
+            self._run_on(decode.worker_id, req, prefill_only=False)
+            return True
+        engine = self.engines[decode.worker_id]
+        seq = engine.reserve(req.rid, ids, req.output_len)
+        if seq is None:
+            return False
+        self._sync(engine)
+        req.decode_seq = _Placed(decode.worker_id, seq)
+        place.placed(prefill, req.keys)
+        self._run_on(prefill.worker_id, req, prefill_only=True)
+        return True
+
+    def _run_on(self, name: str, req: SimRequest, prefill_only: bool) -> None:
+        engine = self.engines[name]
+        seq = engine.add_prompt(req.rid, req.attempt_ids, req.output_len, prefill_only)
+        if prefill_only:
+            req.prefill_seq = _Placed(name, seq)
+        self._kick(engine)
+
+
+@dataclass
+class _Placed:
+    worker: str
+    seq: object
+
+
+def simulate(profile: Profile, layout: Layout, workload: Workload, fast_forward: bool = True) -> list[SimRequest]:
+    return Simulation(profile, layout, workload, fast_forward).run()
