@@ -57,9 +57,9 @@ class FastRun:
 
 class SimEngine:
     def __init__(self, name: str, role: str, profile: Profile, max_prefill_tokens: int | None = None,
-                 fast_forward: bool = True):
+                 fast_forward: bool = True, prefix_caching: bool = True):
         self.name, self.role, self.profile = name, role, profile
-        self.block_manager = BlockManager(profile.num_kv_blocks, profile.block_size)
+        self.block_manager = BlockManager(profile.num_kv_blocks, profile.block_size, prefix_caching)
         self.scheduler = Scheduler(self.block_manager, profile.max_num_seqs, profile.max_num_batched_tokens,
                                    max_model_len=10**9, eos_token_ids=[])
         if max_prefill_tokens is not None:

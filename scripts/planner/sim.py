@@ -90,6 +90,9 @@ class Workload:
     arrivals: list[float]
     prompts: list[list[int]]
     output_lens: list[int]
+    # Whether prompts share prefixes: without, the engines' prefix caches could never hit, and the simulation
+    # skips their hashing (the same results, sooner).
+    shared_prefixes: bool = True
     keys: list[PromptKeys] = field(default_factory=list)  # computed once, shared by every layout
 
 
@@ -109,7 +112,7 @@ class Simulation:
         for i, (role, letter) in enumerate(roles):
             name = f"{letter}{i}"
             chunk = layout.local_prefill_chunk if role == "decode" else None
-            self.engines[name] = SimEngine(name, role, profile, chunk, fast_forward)
+            self.engines[name] = SimEngine(name, role, profile, chunk, fast_forward, workload.shared_prefixes)
             hello = P.WorkerHello(worker_id=name, role=role, model_fingerprint=profile.model or "sim",
                                   num_blocks=profile.num_kv_blocks, layout=layout_rec, max_model_len=1 << 30,
                                   vocab_size=1 << 30)
@@ -216,8 +219,9 @@ class Simulation:
         """What the router counts the worker to hold, as an up-to-date heartbeat would say."""
         info = self.infos[engine.name]
         sched = engine.scheduler
-        info.prefill_tokens = sum(s.num_uncomputed() for s in itertools.chain(sched.waiting, sched.running)
-                                  if s.num_uncomputed() > 1)
+        if engine.role != "decode" or self.layout.policy != "always":  # else it never prefills
+            info.prefill_tokens = sum(s.num_uncomputed() for s in itertools.chain(sched.waiting, sched.running)
+                                      if s.num_uncomputed() > 1)
         info.blocks_promised = self.profile.num_kv_blocks - engine.free_blocks
 
     def _dispatch(self) -> None:

@@ -1,0 +1,49 @@
+"""`pdcluster plan`: predicts TTFT, TPOT and goodput of every prefill:decode split of N GPUs (and colocated
+replicas) from a cost profile, by simulation on the CPU, and recommends one (scripts/planner/, docs/planner.md)."""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+from pathlib import Path
+
+from scripts.cli.args import add_dataclass_args, dataclass_from_args
+from scripts.planner import plan as planner
+from scripts.planner.plots import draw
+from scripts.planner.report import ATTAINMENT, recommend, table
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("plan", help="predict the best prefill:decode split of N GPUs for a workload (simulated)",
+                       description=__doc__ + "\n\n" + planner.__doc__,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_dataclass_args(p, planner.PlanConfig, exclude=planner.BENCH_ONLY)
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> None:
+    cfg = dataclass_from_args(planner.PlanConfig, args, exclude=planner.BENCH_ONLY)
+    plan = planner.run_plan(cfg)
+    prof = plan.profile
+    print(f"profile: {prof.model} on {prof.machine} (tp {prof.tp})" + (f" -- {prof.note}" if prof.note else ""))
+    slo = cfg.slo()
+    print(f"{cfg.gpus} GPUs; SLO: TTFT <= {slo.ttft:g} s, TPOT <= {slo.tpot:g} s; a layout sustains a rate when "
+          f"{100 * ATTAINMENT:g}% of its requests meet both")
+    if plan.skipped_splits:
+        print(f"(more than {planner.MAX_SPLITS} splits: a coarse grid, then refined around the best; "
+              f"--all-splits simulates every one)")
+    print(table(plan.results))
+    best, why = recommend(plan.results, slo)
+    print(f"recommendation: {best}: {why}", flush=True)
+    if cfg.out:
+        out = Path(cfg.out)
+        out.mkdir(parents=True, exist_ok=True)
+        record = {"profile": cfg.profile, "machine": prof.machine, "model": prof.model, "gpus": cfg.gpus,
+                  "slo": dataclasses.asdict(slo), "recommendation": {"layout": best, "why": why},
+                  "results": {name: [dataclasses.asdict(p) for p in points]
+                              for name, points in plan.results.items()}}
+        (out / "plan.json").write_text(json.dumps(record, indent=2) + "\n")
+        plots = draw(plan.results, f"{prof.model} on {prof.machine}, {cfg.gpus} GPUs (predicted)", out)
+        note = ", ".join(str(p) for p in plots) if plots else "no plots (matplotlib is not installed)"
+        print(f"wrote {out / 'plan.json'}; {note}", file=sys.stderr)

@@ -1,0 +1,135 @@
+"""`pdcluster plan`: for N GPUs, every prefill:decode split (and colocated replicas) simulated at each rate on the
+bench's workloads (scripts/benchmark.py's `build_requests` and `arrivals`, from the same flags), and the best one.
+
+Splits: with up to `MAX_SPLITS` of them, all; beyond, a coarse grid of that many, then halving steps around the
+best until neighbours are one GPU apart (the score over splits has one peak in the cases tried; a bumpy one could
+hide a better split between grid points, which the output says).
+"""
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+
+from scripts.bench_config import BenchConfig, _opt
+from scripts.benchmark import LoadPoint, arrivals, build_requests
+from scripts.planner.profile import Profile, load_profile
+from scripts.planner.report import SLO, Point, score, summarize
+from scripts.planner.sim import Layout, Workload, simulate
+
+MAX_SPLITS = 16
+DEFAULT_VOCAB = 151936  # prompt token ids are random; only prefix sharing depends on them
+# BenchConfig's flags that say nothing about a simulated cluster's load
+BENCH_ONLY = ("model", "address", "modes", "concurrency", "warmup_requests", "unloaded_requests", "slo_scale",
+              "tpot_ratio_target", "request_timeout", "ready_timeout", "device", "prefill_workers",
+              "decode_workers", "workers", "gpus_per_worker", "colocated_gpus_per_worker", "serve_args",
+              "prefix_cache_tokens")
+
+
+@dataclass
+class PlanConfig(BenchConfig):
+    """The bench's workload flags (BenchConfig's fields less BENCH_ONLY) and the planner's own."""
+
+    out: str | None = _opt(None, "folder for plan.json and the plots (default: print only)")
+    profile: str = _opt("", "cost profile JSON (`pdcluster profile`; examples in scripts/planner/profiles/)")
+    gpus: int = _opt(8, "GPUs to split between prefill and decode (each split xP:yD, x + y = GPUS, and GPUS "
+                        "colocated replicas)")
+    disagg_policies: str = _opt("always", "comma list of --disagg-policy values to simulate for each split "
+                                          "(always, never, auto)")
+    placement: str = _opt("prefix", "the router's placement: prefix or load")
+    local_prefill_chunk: int = _opt(512, "decode workers' prefill chunk (prompts they prefill themselves)")
+    all_splits: bool = _opt(False, f"simulate every split even beyond {MAX_SPLITS}")
+
+    def __post_init__(self) -> None:
+        if not self.profile:
+            raise ValueError("plan: --profile FILE is required")
+        if self.gpus < 2:
+            raise ValueError(f"--gpus: must be >= 2 (a prefill and a decode GPU), got {self.gpus}")
+        if self.workload == "trace" and not self.trace:
+            raise ValueError("plan: --trace FILE goes with --workload trace")
+        if self.trace:
+            self.workload = "trace"
+        for name in ("input_len", "output_len", "long_input_len", "long_output_len"):
+            self.lengths(name)
+        self.rate_list()
+        for policy in self.policy_list():
+            if policy not in ("always", "never", "auto"):
+                raise ValueError(f"--disagg-policies: expected always, never or auto, got {policy!r}")
+        for name in ("slo_ttft", "slo_tpot", "num_requests", "local_prefill_chunk", "vocab_size"):
+            value = getattr(self, name)
+            if value is not None and not value > 0:
+                raise ValueError(f"--{name.replace('_', '-')}: must be > 0, got {value}")
+
+    def policy_list(self) -> list[str]:
+        return [p.strip() for p in self.disagg_policies.split(",") if p.strip()]
+
+    def slo(self) -> SLO:
+        return SLO(self.slo_ttft or 1.0, self.slo_tpot or 0.05)
+
+
+@dataclass
+class Plan:
+    profile: Profile
+    config: PlanConfig
+    results: dict[str, list[Point]] = field(default_factory=dict)
+    skipped_splits: bool = False  # not every split was simulated
+
+
+def workloads(cfg: PlanConfig) -> list[tuple[float, Workload]]:
+    """(rate, what arrives) per load point, as `pdcluster bench` would send it."""
+    from scripts.bench_workloads import read_trace
+
+    trace = read_trace(cfg.trace) if cfg.trace else None
+    n = cfg.num_requests or (len(trace) if trace else 1000)
+    rng = random.Random(cfg.seed)
+    requests = build_requests(cfg, rng, n, cfg.vocab_size or DEFAULT_VOCAB, trace)
+    shared = cfg.workload == "shared-prefix"
+    out = []
+    for i, rate in enumerate(cfg.rate_list()):
+        times = arrivals(cfg, LoadPoint("rate", rate), i, requests)
+        out.append((rate, Workload(times, [r.prompt_ids for r in requests], [r.output_len for r in requests],
+                                   shared)))
+    return out
+
+
+def evaluate(profile: Profile, layout: Layout, loads: list[tuple[float, Workload]], slo: SLO) -> list[Point]:
+    return [summarize(str(layout), rate, simulate(profile, layout, w), slo) for rate, w in loads]
+
+
+def run_plan(cfg: PlanConfig, profile: Profile | None = None) -> Plan:
+    profile = profile or load_profile(cfg.profile)
+    loads, slo, n = workloads(cfg), cfg.slo(), cfg.gpus // profile.tp
+    if n < 2:
+        raise ValueError(f"--gpus {cfg.gpus} makes fewer than 2 engines of tp {profile.tp}")
+    plan = Plan(profile, cfg)
+    common = dict(placement=cfg.placement, local_prefill_chunk=cfg.local_prefill_chunk)
+    for policy in cfg.policy_list():
+        seen: dict[int, tuple] = {}
+
+        def run(x: int) -> tuple:
+            if x not in seen:
+                layout = Layout(prefill=x, decode=n - x, policy=policy, **common)
+                plan.results[str(layout)] = evaluate(profile, layout, loads, slo)
+                seen[x] = score(plan.results[str(layout)], slo)
+            return seen[x]
+
+        splits = range(1, n)
+        if len(splits) <= MAX_SPLITS or cfg.all_splits:
+            for x in splits:
+                run(x)
+        else:
+            plan.skipped_splits = True
+            step = -(-(n - 1) // MAX_SPLITS)
+            best = max(range(1, n, step), key=run)
+            while step > 1:
+                step //= 2
+                best = max((x for x in (best - step, best, best + step) if 1 <= x < n), key=run)
+    colocated = Layout(colocated=n, **common)
+    plan.results[str(colocated)] = evaluate(profile, colocated, loads, slo)
+    plan.results = dict(sorted(plan.results.items(), key=lambda item: _order(item[0])))
+    return plan
+
+
+def _order(name: str) -> tuple:
+    if name.startswith("colocated"):
+        return (1, 0, name)
+    return (0, int(name.split("P")[0]), name)
