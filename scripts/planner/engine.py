@@ -162,13 +162,17 @@ class SimEngine:
         return 0
 
     def cut(self, now: float) -> float | None:
-        """Something arrived during a fast run: it ends with the step in flight now. Returns the new end, or None
-        when nothing changes (no fast run, or its last step is in flight)."""
+        """Something arrived, or wants blocks, during a fast run: it ends with the step in flight now, whose blocks
+        are taken at once. Returns the new end, or None when the end stays (no fast run, or its last step is in
+        flight)."""
         run = self.fast
         if run is None:
             return None
-        k = max(run.steps_begun_by(now), 1)
-        if k >= run.steps:
+        k = min(max(run.steps_begun_by(now), 1), run.steps)
+        for seq in self.batch.seqs:  # the blocks of the steps begun, taken now: what comes next cannot take them
+            ok = self.block_manager.allocate(seq, seq.num_computed_tokens + k)
+            assert ok, "fast run without the blocks it counted on"
+        if k == run.steps:
             return None
         run.steps = k
         self.generation += 1

@@ -254,6 +254,7 @@ class Simulation:
             self._run_on(decode.worker_id, req, prefill_only=False)
             return True
         engine = self.engines[decode.worker_id]
+        self._kick(engine)  # a fast run there takes its blocks before the reservation does
         seq = engine.reserve(req.rid, ids, req.output_len)
         if seq is None:
             return False
