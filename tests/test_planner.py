@@ -146,7 +146,7 @@ def test_every_request_finishes_in_every_mode_and_policy():
 # ---- the recommendation -------------------------------------------------------------------------
 def plan_for(profile: Profile, **flags) -> dict:
     cfg = PlanConfig(profile="given", gpus=4, seed=0, **flags)
-    return run_plan(cfg, profile).results
+    return run_plan(cfg, [profile]).results
 
 
 def test_a_decode_heavy_workload_gets_more_decode_gpus():
@@ -163,6 +163,22 @@ def test_a_prefill_heavy_workload_gets_more_prefill_gpus():
                        slo_ttft=1.0, slo_tpot=0.05)
     splits = {name: points for name, points in results.items() if not name.startswith("colocated")}
     assert recommend(splits, SLO(1.0, 0.05))[0] == "3P:1D"
+
+
+def test_profiles_at_two_tp_sizes_are_compared_on_the_same_gpus():
+    tp1, tp2 = make_profile(), make_profile(tp=2)
+    cfg = PlanConfig(profile="given", gpus=4, rates="5", num_requests=50, input_len="100", output_len="10")
+    results = run_plan(cfg, [tp1, tp2]).results
+    assert list(results) == ["1P:3D", "2P:2D", "3P:1D", "colocated x4", "tp2 1P:1D", "tp2 colocated x2"]
+
+
+def test_a_trace_without_rates_is_simulated_as_recorded(tmp_path):
+    trace = tmp_path / "trace.jsonl"
+    trace.write_text("".join(json.dumps({"arrival": 10 + i * 0.5, "input_len": 50 + i, "output_len": 5}) + "\n"
+                             for i in range(21)))
+    results = plan_for(make_profile(), trace=str(trace))
+    points = results["2P:2D"]
+    assert len(points) == 1 and points[0].rate == pytest.approx(2.0) and points[0].requests == 21
 
 
 # ---- the command --------------------------------------------------------------------------------

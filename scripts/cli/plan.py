@@ -25,8 +25,9 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> None:
     cfg = dataclass_from_args(planner.PlanConfig, args, exclude=planner.BENCH_ONLY)
     plan = planner.run_plan(cfg)
-    prof = plan.profile
-    print(f"profile: {prof.model} on {prof.machine} (tp {prof.tp})" + (f" -- {prof.note}" if prof.note else ""))
+    for prof in plan.profiles:
+        print(f"profile: {prof.model} on {prof.machine} (tp {prof.tp})" + (f" -- {prof.note}" if prof.note else ""))
+    prof = plan.profiles[0]
     slo = cfg.slo()
     print(f"{cfg.gpus} GPUs; SLO: TTFT <= {slo.ttft:g} s, TPOT <= {slo.tpot:g} s; a layout sustains a rate when "
           f"{100 * ATTAINMENT:g}% of its requests meet both")
@@ -39,7 +40,8 @@ def run(args: argparse.Namespace) -> None:
     if cfg.out:
         out = Path(cfg.out)
         out.mkdir(parents=True, exist_ok=True)
-        record = {"profile": cfg.profile, "machine": prof.machine, "model": prof.model, "gpus": cfg.gpus,
+        record = {"profiles": cfg.profile_list(), "machines": [p.machine for p in plan.profiles],
+                  "model": prof.model, "tp": [p.tp for p in plan.profiles], "gpus": cfg.gpus,
                   "slo": dataclasses.asdict(slo), "recommendation": {"layout": best, "why": why},
                   "results": {name: [dataclasses.asdict(p) for p in points]
                               for name, points in plan.results.items()}}

@@ -10,14 +10,16 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass, field
 
-from scripts.bench_config import BenchConfig, _opt
+from scripts.bench_config import DEFAULT_RATES, BenchConfig, _opt
+from scripts.bench_workloads import read_trace, trace_rate
 from scripts.benchmark import LoadPoint, arrivals, build_requests
 from scripts.planner.profile import Profile, load_profile
 from scripts.planner.report import SLO, Point, score, summarize
 from scripts.planner.sim import Layout, Workload, simulate
 
 MAX_SPLITS = 16
-DEFAULT_VOCAB = 151936  # prompt token ids are random; only prefix sharing depends on them
+DEFAULT_VOCAB = 151936
+DEFAULT_REQUESTS = 1000
 # BenchConfig's flags that say nothing about a simulated cluster's load
 BENCH_ONLY = ("model", "address", "modes", "concurrency", "warmup_requests", "unloaded_requests", "slo_scale",
               "tpot_ratio_target", "request_timeout", "ready_timeout", "device", "prefill_workers",
@@ -30,7 +32,17 @@ class PlanConfig(BenchConfig):
     """The bench's workload flags (BenchConfig's fields less BENCH_ONLY) and the planner's own."""
 
     out: str | None = _opt(None, "folder for plan.json and the plots (default: print only)")
-    profile: str = _opt("", "cost profile JSON (`pdcluster profile`; examples in scripts/planner/profiles/)")
+    # The bench's fields whose help or default differ here (same names, same parsing)
+    rates: str | None = _opt(None, "comma list of arrival rates to simulate, requests/s, for the whole cluster "
+                                   f"(default: {DEFAULT_RATES}; a trace without it: as recorded)")
+    num_requests: int | None = _opt(None, f"requests per rate (default: {DEFAULT_REQUESTS}; a trace's: all its "
+                                          "lines)")
+    slo_ttft: float | None = _opt(None, "SLO on time to first token, seconds (default: 1.0)")
+    slo_tpot: float | None = _opt(None, "SLO on time per output token after the first, seconds (default: 0.05)")
+    vocab_size: int | None = _opt(None, f"prompt token ids are below this (default: {DEFAULT_VOCAB}); only "
+                                        "prefix sharing depends on them")
+    profile: str = _opt("", "cost profile JSON (`pdcluster profile`; examples in scripts/planner/profiles/); a "
+                            "comma list of profiles of one model at several TP sizes compares them too")
     gpus: int = _opt(8, "GPUs to split between prefill and decode (each split xP:yD, x + y = GPUS, and GPUS "
                         "colocated replicas)")
     disagg_policies: str = _opt("always", "comma list of --disagg-policy values to simulate for each split "
@@ -59,6 +71,9 @@ class PlanConfig(BenchConfig):
             if value is not None and not value > 0:
                 raise ValueError(f"--{name.replace('_', '-')}: must be > 0, got {value}")
 
+    def profile_list(self) -> list[str]:
+        return [p.strip() for p in self.profile.split(",") if p.strip()]
+
     def policy_list(self) -> list[str]:
         return [p.strip() for p in self.disagg_policies.split(",") if p.strip()]
 
@@ -68,26 +83,28 @@ class PlanConfig(BenchConfig):
 
 @dataclass
 class Plan:
-    profile: Profile
+    profiles: list[Profile]
     config: PlanConfig
-    results: dict[str, list[Point]] = field(default_factory=dict)
+    results: dict[str, list[Point]] = field(default_factory=dict)  # by layout, in the order printed
     skipped_splits: bool = False  # not every split was simulated
 
 
 def workloads(cfg: PlanConfig) -> list[tuple[float, Workload]]:
     """(rate, what arrives) per load point, as `pdcluster bench` would send it."""
-    from scripts.bench_workloads import read_trace
-
     trace = read_trace(cfg.trace) if cfg.trace else None
-    n = cfg.num_requests or (len(trace) if trace else 1000)
+    n = cfg.num_requests or (len(trace) if trace else DEFAULT_REQUESTS)
     rng = random.Random(cfg.seed)
     requests = build_requests(cfg, rng, n, cfg.vocab_size or DEFAULT_VOCAB, trace)
     shared = cfg.workload == "shared-prefix"
+    if trace is not None and not cfg.rates:
+        points = [LoadPoint("trace", trace_rate([r.arrival for r in requests]))]
+    else:
+        points = [LoadPoint("rate", rate) for rate in cfg.rate_list()]
     out = []
-    for i, rate in enumerate(cfg.rate_list()):
-        times = arrivals(cfg, LoadPoint("rate", rate), i, requests)
-        out.append((rate, Workload(times, [r.prompt_ids for r in requests], [r.output_len for r in requests],
-                                   shared)))
+    for i, point in enumerate(points):
+        times = arrivals(cfg, point, i, requests)
+        out.append((point.value, Workload(times, [r.prompt_ids for r in requests],
+                                          [r.output_len for r in requests], shared)))
     return out
 
 
@@ -95,13 +112,24 @@ def evaluate(profile: Profile, layout: Layout, loads: list[tuple[float, Workload
     return [summarize(str(layout), rate, simulate(profile, layout, w), slo) for rate, w in loads]
 
 
-def run_plan(cfg: PlanConfig, profile: Profile | None = None) -> Plan:
-    profile = profile or load_profile(cfg.profile)
-    loads, slo, n = workloads(cfg), cfg.slo(), cfg.gpus // profile.tp
+def run_plan(cfg: PlanConfig, profiles: list[Profile] | None = None) -> Plan:
+    profiles = profiles or [load_profile(path) for path in cfg.profile_list()]
+    if len({p.model for p in profiles}) > 1:
+        raise ValueError(f"--profile: profiles of different models ({', '.join(p.model for p in profiles)})")
+    loads, slo = workloads(cfg), cfg.slo()
+    plan = Plan(profiles, cfg)
+    for profile in profiles:
+        _plan_tp(plan, profile, loads, slo)
+    plan.results = dict(sorted(plan.results.items(), key=lambda item: _order(item[0])))
+    return plan
+
+
+def _plan_tp(plan: Plan, profile: Profile, loads: list[tuple[float, Workload]], slo: SLO) -> None:
+    """The splits (and colocated) of the GPUs into engines of the profile's TP size."""
+    cfg, n = plan.config, plan.config.gpus // profile.tp
     if n < 2:
         raise ValueError(f"--gpus {cfg.gpus} makes fewer than 2 engines of tp {profile.tp}")
-    plan = Plan(profile, cfg)
-    common = dict(placement=cfg.placement, local_prefill_chunk=cfg.local_prefill_chunk)
+    common = dict(placement=cfg.placement, local_prefill_chunk=cfg.local_prefill_chunk, tp=profile.tp)
     for policy in cfg.policy_list():
         seen: dict[int, tuple] = {}
 
@@ -125,11 +153,11 @@ def run_plan(cfg: PlanConfig, profile: Profile | None = None) -> Plan:
                 best = max((x for x in (best - step, best, best + step) if 1 <= x < n), key=run)
     colocated = Layout(colocated=n, **common)
     plan.results[str(colocated)] = evaluate(profile, colocated, loads, slo)
-    plan.results = dict(sorted(plan.results.items(), key=lambda item: _order(item[0])))
-    return plan
 
 
 def _order(name: str) -> tuple:
-    if name.startswith("colocated"):
-        return (1, 0, name)
-    return (0, int(name.split("P")[0]), name)
+    """tp, then the splits by prefill engines, then colocated."""
+    tp, _, rest = name.rpartition("tp")[2].partition(" ") if name.startswith("tp") else ("1", "", name)
+    if rest.startswith("colocated"):
+        return (int(tp), 1, 0, rest)
+    return (int(tp), 0, int(rest.split("P")[0]), rest)

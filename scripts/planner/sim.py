@@ -45,6 +45,7 @@ class Layout:
     policy: str = "always"  # disaggregated: --disagg-policy
     placement: str = "prefix"  # --placement
     local_prefill_chunk: int = 512
+    tp: int = 1  # GPUs per engine (the profile's: only the label shows it)
 
     @property
     def mode(self) -> str:
@@ -55,9 +56,10 @@ class Layout:
         return self.prefill + self.decode + self.colocated
 
     def __str__(self) -> str:
+        tp = f"tp{self.tp} " if self.tp > 1 else ""
         if self.colocated:
-            return f"colocated x{self.colocated}"
-        return f"{self.prefill}P:{self.decode}D" + ("" if self.policy == "always" else f" ({self.policy})")
+            return f"{tp}colocated x{self.colocated}"
+        return f"{tp}{self.prefill}P:{self.decode}D" + ("" if self.policy == "always" else f" ({self.policy})")
 
 
 @dataclass(eq=False)
