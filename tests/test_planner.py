@@ -15,7 +15,7 @@ import msgspec
 import pytest
 
 from scripts.bench_workloads import poisson_arrivals
-from scripts.planner.engine import SimEngine
+from scripts.planner.engine import BlockPool, SimEngine
 from scripts.planner.plan import PlanConfig, run_plan
 from scripts.planner.profile import (DecodeCost, HandoffCost, PrefillCost, Profile, ProfileError, load_profile,
                                      save_profile)
@@ -132,6 +132,18 @@ def test_fast_forward_changes_no_prediction():
     stepped = simulate(profile, Layout(prefill=1, decode=1), load, fast_forward=False)
     for a, b in zip(bulk, stepped):
         assert (a.first, a.done) == pytest.approx((b.first, b.done), rel=1e-9)
+
+
+@pytest.mark.parametrize("shared", [False, True])
+def test_reused_block_managers_change_no_prediction(shared):
+    profile = make_profile()
+    base = workload(100, 30.0, 300, 40, seed=4)
+    load = Workload(base.arrivals, [[7] * 64 + p for p in base.prompts], base.output_lens, shared_prefixes=shared)
+    spares = BlockPool()
+    runs = [simulate(profile, Layout(prefill=2, decode=2), load, spares=spares) for _ in range(3)]
+    assert sum(map(len, spares.spare.values())) == 4
+    for a, b in zip(runs[0], runs[2]):
+        assert (a.first, a.done) == (b.first, b.done)
 
 
 def test_every_request_finishes_in_every_mode_and_policy():

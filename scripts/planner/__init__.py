@@ -1,1 +1,2 @@
-"""The planner: predicts a cluster's TTFT, TPOT and goodput per prefill:decode split from a cost profile (docs/planner.md)."""
+"""The planner: a cluster's TTFT, TPOT and goodput per prefill:decode split, predicted from a cost profile
+(docs/planner.md)."""

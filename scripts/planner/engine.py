@@ -26,6 +26,25 @@ TOKEN = 1  # every sampled token: no end of sequence, each request runs to its o
 MIN_FAST_STEPS = 4  # fewer identical steps than this run one by one
 
 
+class BlockPool:
+    """Block managers whose engines are done, every block free and the cache cleared, for the next simulation:
+    making one of a GPU's size takes longer than simulating many requests. Block ids carry no meaning, so a
+    cleared one serves as a new one."""
+
+    def __init__(self) -> None:
+        self.spare: dict[tuple[int, int, bool], list[BlockManager]] = {}
+
+    def take(self, num_blocks: int, block_size: int, prefix_caching: bool) -> BlockManager:
+        spare = self.spare.get((num_blocks, block_size, prefix_caching))
+        return spare.pop() if spare else BlockManager(num_blocks, block_size, prefix_caching)
+
+    def give(self, bm: BlockManager) -> None:
+        if bm.num_free_blocks != bm.num_blocks:
+            return  # something still holds blocks (an unfinished simulation): not reusable
+        bm.clear_cache()
+        self.spare.setdefault((bm.num_blocks, bm.block_size, bm.enable_prefix_caching), []).append(bm)
+
+
 @dataclass
 class FastRun:
     """k identical decode steps from `start`: step i lasts first + i * growth (contexts grow one token a step)."""
@@ -57,9 +76,9 @@ class FastRun:
 
 class SimEngine:
     def __init__(self, name: str, role: str, profile: Profile, max_prefill_tokens: int | None = None,
-                 fast_forward: bool = True, prefix_caching: bool = True):
+                 fast_forward: bool = True, prefix_caching: bool = True, spares: BlockPool | None = None):
         self.name, self.role, self.profile = name, role, profile
-        self.block_manager = BlockManager(profile.num_kv_blocks, profile.block_size, prefix_caching)
+        self.block_manager = (spares or BlockPool()).take(profile.num_kv_blocks, profile.block_size, prefix_caching)
         self.scheduler = Scheduler(self.block_manager, profile.max_num_seqs, profile.max_num_batched_tokens,
                                    max_model_len=10**9, eos_token_ids=[])
         if max_prefill_tokens is not None:

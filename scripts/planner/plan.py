@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from scripts.bench_config import DEFAULT_RATES, BenchConfig, _opt
 from scripts.bench_workloads import read_trace, trace_rate
 from scripts.benchmark import LoadPoint, arrivals, build_requests
+from scripts.planner.engine import BlockPool
 from scripts.planner.profile import Profile, load_profile
 from scripts.planner.report import SLO, Point, score, summarize
 from scripts.planner.sim import Layout, Workload, simulate
@@ -87,6 +88,7 @@ class Plan:
     config: PlanConfig
     results: dict[str, list[Point]] = field(default_factory=dict)  # by layout, in the order printed
     skipped_splits: bool = False  # not every split was simulated
+    spares: BlockPool = field(default_factory=BlockPool)  # block managers reused from one simulation to the next
 
 
 def workloads(cfg: PlanConfig) -> list[tuple[float, Workload]]:
@@ -108,8 +110,9 @@ def workloads(cfg: PlanConfig) -> list[tuple[float, Workload]]:
     return out
 
 
-def evaluate(profile: Profile, layout: Layout, loads: list[tuple[float, Workload]], slo: SLO) -> list[Point]:
-    return [summarize(str(layout), rate, simulate(profile, layout, w), slo) for rate, w in loads]
+def evaluate(profile: Profile, layout: Layout, loads: list[tuple[float, Workload]], slo: SLO,
+             spares: BlockPool | None = None) -> list[Point]:
+    return [summarize(str(layout), rate, simulate(profile, layout, w, spares=spares), slo) for rate, w in loads]
 
 
 def run_plan(cfg: PlanConfig, profiles: list[Profile] | None = None) -> Plan:
@@ -121,6 +124,7 @@ def run_plan(cfg: PlanConfig, profiles: list[Profile] | None = None) -> Plan:
     for profile in profiles:
         _plan_tp(plan, profile, loads, slo)
     plan.results = dict(sorted(plan.results.items(), key=lambda item: _order(item[0])))
+    plan.spares = BlockPool()  # their memory goes
     return plan
 
 
@@ -136,7 +140,7 @@ def _plan_tp(plan: Plan, profile: Profile, loads: list[tuple[float, Workload]], 
         def run(x: int) -> tuple:
             if x not in seen:
                 layout = Layout(prefill=x, decode=n - x, policy=policy, **common)
-                plan.results[str(layout)] = evaluate(profile, layout, loads, slo)
+                plan.results[str(layout)] = evaluate(profile, layout, loads, slo, plan.spares)
                 seen[x] = score(plan.results[str(layout)], slo)
             return seen[x]
 
@@ -152,7 +156,7 @@ def _plan_tp(plan: Plan, profile: Profile, loads: list[tuple[float, Workload]], 
                 step //= 2
                 best = max((x for x in (best - step, best, best + step) if 1 <= x < n), key=run)
     colocated = Layout(colocated=n, **common)
-    plan.results[str(colocated)] = evaluate(profile, colocated, loads, slo)
+    plan.results[str(colocated)] = evaluate(profile, colocated, loads, slo, plan.spares)
 
 
 def _order(name: str) -> tuple:

@@ -29,7 +29,7 @@ from router.disagg_policy import DisaggPolicy, Estimate
 from router.placement import Placement
 from router.prefix_index import PromptKeys
 from router.registry import WorkerInfo, WorkerRegistry
-from scripts.planner.engine import SimEngine
+from scripts.planner.engine import BlockPool, SimEngine
 from scripts.planner.profile import Profile
 
 HEARTBEAT_S = 0.5  # how often workers' engine totals reach the disaggregation policy (`auto`)
@@ -99,7 +99,8 @@ class Workload:
 
 
 class Simulation:
-    def __init__(self, profile: Profile, layout: Layout, workload: Workload, fast_forward: bool = True):
+    def __init__(self, profile: Profile, layout: Layout, workload: Workload, fast_forward: bool = True,
+                 spares: BlockPool | None = None):
         self.profile, self.layout, self.workload = profile, layout, workload
         self.registry = WorkerRegistry(max_requests=1 << 30)
         self.placement = Placement(self.registry, policy=layout.placement)
@@ -114,7 +115,7 @@ class Simulation:
         for i, (role, letter) in enumerate(roles):
             name = f"{letter}{i}"
             chunk = layout.local_prefill_chunk if role == "decode" else None
-            self.engines[name] = SimEngine(name, role, profile, chunk, fast_forward, workload.shared_prefixes)
+            self.engines[name] = SimEngine(name, role, profile, chunk, fast_forward, workload.shared_prefixes, spares)
             hello = P.WorkerHello(worker_id=name, role=role, model_fingerprint=profile.model or "sim",
                                   num_blocks=profile.num_kv_blocks, layout=layout_rec, max_model_len=1 << 30,
                                   vocab_size=1 << 30)
@@ -280,5 +281,12 @@ class _Placed:
     seq: object
 
 
-def simulate(profile: Profile, layout: Layout, workload: Workload, fast_forward: bool = True) -> list[SimRequest]:
-    return Simulation(profile, layout, workload, fast_forward).run()
+def simulate(profile: Profile, layout: Layout, workload: Workload, fast_forward: bool = True,
+             spares: BlockPool | None = None) -> list[SimRequest]:
+    """Every request's times; given `spares`, the engines' block managers are taken from it and given back."""
+    sim = Simulation(profile, layout, workload, fast_forward, spares)
+    requests = sim.run()
+    if spares is not None:
+        for engine in sim.engines.values():
+            spares.give(engine.block_manager)
+    return requests
