@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from common import protocol as P
 from common.engine.block_manager import BlockManager
 from common.engine.scheduler import ScheduledBatch, Scheduler
 from common.engine.sequence import Sequence, SequenceStatus
@@ -92,19 +93,27 @@ class SimEngine:
         self.step_time = self.step_end = 0.0
         self.busy_seconds = 0.0
         self.steps = 0
+        self.prefill_tokens_run = 0
 
     # ---- what the router sees -------------------------------------------------------------------------
-    @property
-    def queued_tokens(self) -> int:
-        return sum(s.num_uncomputed() for s in self.scheduler.waiting)
-
     @property
     def free_blocks(self) -> int:
         return self.block_manager.num_free_blocks
 
-    @property
-    def running(self) -> int:
-        return len(self.scheduler.running) + len(self.scheduler.waiting)
+    def load(self) -> P.WorkerLoad:
+        """The heartbeat's load record, as common/engine/llm_engine.py's `LLMEngine.load` makes it (keep in step;
+        that module loads torch)."""
+        sched = self.scheduler
+        return P.WorkerLoad(
+            queued_requests=len(sched.waiting),
+            queued_tokens=sum(s.num_uncomputed() for s in sched.waiting)
+            + sum(s.num_uncomputed() for s in sched.running if s.num_uncomputed() > 1),
+            running_requests=len(sched.running),
+            kv_blocks_total=self.block_manager.num_blocks,
+            kv_blocks_free=self.block_manager.num_free_blocks,
+            busy_steps=self.steps,
+            busy_seconds=self.busy_seconds,
+            prefill_tokens_run=self.prefill_tokens_run)
 
     # ---- requests in --------------------------------------------------------------------------------
     def add_prompt(self, rid: str, prompt: list[int], output_len: int, prefill_only: bool) -> Sequence:
@@ -210,6 +219,7 @@ class SimEngine:
             return list(batch.seqs), run.start + run.first
         self.busy_seconds += self.step_time
         self.steps += 1
+        self.prefill_tokens_run += sum(batch.num_new_tokens[batch.num_decodes:])
         return self.scheduler.resolve(batch, self.olds, [TOKEN] * len(batch.seqs)), self.step_end
 
     def _apply_fast(self, batch: ScheduledBatch, k: int) -> None:

@@ -4,8 +4,8 @@ prefill workers (batched and chunked under a token budget) -> KV handoff -> deco
 
 The same policy code the cluster runs, imported:
 - placement: router/placement.py's `Placement` over a real `WorkerRegistry` (prefix-aware or by load, its prefix
-  index, the decode choice by free blocks), each worker's counts set from its simulated engine as a heartbeat
-  would set them (`_sync`: exact and instant; the real router's are a heartbeat late);
+  index, the decode choice by free blocks), each worker's load a heartbeat from its simulated engine after every
+  change (`_sync`: exact and instant; the real router's are a heartbeat late, and it counts in between);
 - where a prompt is prefilled: router/disagg_policy.py's `DisaggPolicy` (`always`, `never`, `auto`), fed
   heartbeat totals every `HEARTBEAT_S` and each remote request's first token, as the router feeds it;
 - the queue: router/admission.py's `WaitQueue`;
@@ -127,7 +127,6 @@ class Simulation:
         self.now = 0.0
         self.finished = 0
         self._last_loads: dict[str, P.WorkerLoad] = {}
-        self._tokens_run: dict[str, int] = dict.fromkeys(self.engines, 0)
 
     # ---- the event loop -----------------------------------------------------------------------------
     def push(self, t: float, kind: str, obj: object, gen: int = 0) -> None:
@@ -174,11 +173,9 @@ class Simulation:
     def _step_done(self, engine: SimEngine) -> int:
         seqs, first_end = engine.finish()
         finished = 0
-        prefill_tokens = 0
         for seq in seqs:
             req = self.by_rid[seq.request_id]
             if seq.prefill_only:
-                prefill_tokens += seq.num_prompt_tokens - seq.num_cached_tokens
                 handoff = self.profile.handoff_seconds(seq.num_prompt_tokens)
                 self.push(self.now + handoff, "land", req)
                 continue
@@ -189,7 +186,6 @@ class Simulation:
             if seq.is_finished:
                 req.done = self.now
                 finished += 1
-        self._tokens_run[engine.name] += prefill_tokens
         self._kick(engine)
         if self.queue:
             self._dispatch()
@@ -198,7 +194,7 @@ class Simulation:
     def _land(self, req: SimRequest) -> None:
         prefill = self.engines[req.prefill_seq.worker]
         prefill.release(req.prefill_seq.seq)
-        self._sync(prefill)
+        self._kick(prefill)  # it may have waited for these blocks
         decode = self.engines[req.decode_seq.worker]
         if decode.land(req.decode_seq.seq):
             req.first = req.done = self.now
@@ -209,9 +205,7 @@ class Simulation:
 
     def _heartbeat(self) -> None:
         for name, engine in self.engines.items():
-            load = P.WorkerLoad(queued_requests=0, queued_tokens=0, running_requests=0, kv_blocks_total=1,
-                                kv_blocks_free=1, busy_steps=engine.steps, busy_seconds=engine.busy_seconds,
-                                prefill_tokens_run=self._tokens_run[name])
+            load = engine.load()
             old = self._last_loads.get(name)
             if old is not None:
                 self.disagg.observe_load(engine.role, old, load)
@@ -219,13 +213,12 @@ class Simulation:
 
     # ---- the router ---------------------------------------------------------------------------------
     def _sync(self, engine: SimEngine) -> None:
-        """What the router counts the worker to hold, as an up-to-date heartbeat would say."""
-        info = self.infos[engine.name]
-        sched = engine.scheduler
-        if engine.role != "decode" or self.layout.policy != "always":  # else it never prefills
-            info.prefill_tokens = sum(s.num_uncomputed() for s in itertools.chain(sched.waiting, sched.running)
-                                      if s.num_uncomputed() > 1)
-        info.blocks_promised = self.profile.num_kv_blocks - engine.free_blocks
+        """What the router knows of the worker: an up-to-date heartbeat's load (so nothing to count between)."""
+        if engine.role == "decode" and self.layout.policy == "always":  # never prefills: only its blocks matter
+            info = self.infos[engine.name]
+            info.blocks_promised = info.load.kv_blocks_free - engine.free_blocks
+            return
+        self.registry.heartbeat(self.infos[engine.name], P.Heartbeat(worker_id=engine.name, load=engine.load()))
 
     def _dispatch(self) -> None:
         while self.queue:
