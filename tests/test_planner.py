@@ -155,6 +155,22 @@ def test_every_request_finishes_in_every_mode_and_policy():
         assert all(r.done is not None and r.done >= r.first >= r.arrival for r in requests), layout
 
 
+def test_a_prefill_worker_waiting_for_blocks_held_for_handoffs_goes_on_when_they_land():
+    """Its cache holds one prompt at a time: each next prompt waits until the last one's KV has landed."""
+    profile = make_profile(num_kv_blocks=48)
+    load = Workload([0.0] * 6, [[i] * 600 for i in range(6)], [10] * 6, shared_prefixes=False)
+    requests = simulate(profile, Layout(prefill=1, decode=3), load)
+    firsts = sorted(r.first for r in requests)
+    handoff = profile.handoff_seconds(600)
+    assert all(b - a > handoff for a, b in zip(firsts, firsts[1:]))
+
+
+def test_a_request_no_engine_can_hold_is_refused():
+    profile = make_profile(num_kv_blocks=8)
+    with pytest.raises(ValueError, match="more KV blocks"):
+        simulate(profile, Layout(colocated=2), workload(3, 1.0, 200, 10))
+
+
 # ---- the recommendation -------------------------------------------------------------------------
 def plan_for(profile: Profile, **flags) -> dict:
     cfg = PlanConfig(profile="given", gpus=4, seed=0, **flags)

@@ -134,6 +134,10 @@ class Simulation:
 
     def run(self) -> list[SimRequest]:
         w = self.workload
+        largest = max(map(len, w.prompts), default=0) + max(w.output_lens, default=0)
+        if -(-largest // self.profile.block_size) > self.profile.num_kv_blocks:
+            raise ValueError(f"a request of {largest} tokens needs more KV blocks than an engine has "
+                             f"({self.profile.num_kv_blocks} of {self.profile.block_size} tokens)")
         if not w.keys:
             w.keys = [PromptKeys.of(p, self.profile.block_size) for p in w.prompts]
         for i, t in enumerate(w.arrivals):
@@ -156,6 +160,9 @@ class Simulation:
             elif kind == "heartbeat":
                 self._heartbeat()
                 self.push(self.now + HEARTBEAT_S, "heartbeat", None)
+        if self.finished < len(self.requests):
+            raise RuntimeError(f"simulation of {self.layout} stalled at {self.now:.3f} s with "
+                               f"{len(self.requests) - self.finished} requests unfinished")
         return self.requests
 
     def _kick(self, engine: SimEngine) -> None:
