@@ -173,7 +173,7 @@ def test_a_request_no_engine_can_hold_is_refused():
 
 # ---- the recommendation -------------------------------------------------------------------------
 def plan_for(profile: Profile, **flags) -> dict:
-    cfg = PlanConfig(profile="given", gpus=4, seed=0, **flags)
+    cfg = PlanConfig(profile="given", gpus=4, seed=0, disagg_policies="always", **flags)
     return run_plan(cfg, [profile]).results
 
 
@@ -195,7 +195,8 @@ def test_a_prefill_heavy_workload_gets_more_prefill_gpus():
 
 def test_profiles_at_two_tp_sizes_are_compared_on_the_same_gpus():
     tp1, tp2 = make_profile(), make_profile(tp=2)
-    cfg = PlanConfig(profile="given", gpus=4, rates="5", num_requests=50, input_len="100", output_len="10")
+    cfg = PlanConfig(profile="given", gpus=4, rates="5", num_requests=50, input_len="100", output_len="10",
+                     disagg_policies="always")
     results = run_plan(cfg, [tp1, tp2]).results
     assert list(results) == ["1P:3D", "2P:2D", "3P:1D", "colocated x4", "tp2 1P:1D", "tp2 colocated x2"]
 
@@ -219,7 +220,7 @@ def plan_command(*args: str, timeout: float = 120) -> subprocess.CompletedProces
 def test_plan_prints_every_split_and_a_recommendation(tmp_path):
     proc = plan_command("--gpus", "4", "--rates", "10,30", "--num-requests", "200", "--out", str(tmp_path))
     assert proc.returncode == 0, proc.stderr[-3000:]
-    for layout in ("1P:3D", "2P:2D", "3P:1D", "colocated x4"):
+    for layout in ("1P:3D", "2P:2D", "3P:1D", "1P:3D (auto)", "3P:1D (auto)", "colocated x4"):
         assert layout in proc.stdout
     assert "recommendation: " in proc.stdout and "EXAMPLE" in proc.stdout
     record = json.loads((tmp_path / "plan.json").read_text())
@@ -230,7 +231,7 @@ def test_plan_prints_every_split_and_a_recommendation(tmp_path):
 def test_plan_on_128_gpus_finishes_in_well_under_a_minute():
     start = time.monotonic()
     proc = plan_command("--gpus", "128", "--rates", "400", "--num-requests", "300", "--output-len", "64",
-                        timeout=300)
+                        "--disagg-policies", "always", timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "recommendation: " in proc.stdout and "coarse grid" in proc.stdout
     assert time.monotonic() - start < 60

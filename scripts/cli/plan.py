@@ -46,6 +46,6 @@ def run(args: argparse.Namespace) -> None:
                   "results": {name: [dataclasses.asdict(p) for p in points]
                               for name, points in plan.results.items()}}
         (out / "plan.json").write_text(json.dumps(record, indent=2) + "\n")
-        plots = draw(plan.results, f"{prof.model} on {prof.machine}, {cfg.gpus} GPUs (predicted)", out)
+        plots = draw(plan.results, slo, f"{prof.model} on {prof.machine}, {cfg.gpus} GPUs (predicted)", out)
         note = ", ".join(str(p) for p in plots) if plots else "no plots (matplotlib is not installed)"
         print(f"wrote {out / 'plan.json'}; {note}", file=sys.stderr)

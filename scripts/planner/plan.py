@@ -46,8 +46,8 @@ class PlanConfig(BenchConfig):
                             "comma list of profiles of one model at several TP sizes compares them too")
     gpus: int = _opt(8, "GPUs to split between prefill and decode (each split xP:yD, x + y = GPUS, and GPUS "
                         "colocated replicas)")
-    disagg_policies: str = _opt("always", "comma list of --disagg-policy values to simulate for each split "
-                                          "(always, never, auto)")
+    disagg_policies: str = _opt("always,auto", "comma list of --disagg-policy values to simulate for each "
+                                               "split (always, never, auto: the router's per-request choice)")
     placement: str = _opt("prefix", "the router's placement: prefix or load")
     local_prefill_chunk: int = _opt(512, "decode workers' prefill chunk (prompts they prefill themselves)")
     all_splits: bool = _opt(False, f"simulate every split even beyond {MAX_SPLITS}")

@@ -5,12 +5,12 @@ from __future__ import annotations
 from pathlib import Path
 
 from scripts.bench_plots import missing
-from scripts.planner.report import Point
+from scripts.planner.report import SLO, Point
 
 PLOTS = ("plan_latency.png", "plan_goodput.png")
 
 
-def draw(results: dict[str, list[Point]], title: str, out: Path) -> list[Path]:
+def draw(results: dict[str, list[Point]], slo: SLO, title: str, out: Path) -> list[Path]:
     if missing():
         return []
     import matplotlib
@@ -23,7 +23,8 @@ def draw(results: dict[str, list[Point]], title: str, out: Path) -> list[Path]:
         rates = [p.rate for p in points]
         ttft.plot(rates, [p.ttft_p90 for p in points], marker="o", label=name)
         tpot.plot(rates, [p.tpot_p90 for p in points], marker="o", label=name)
-    for ax, what in ((ttft, "TTFT p90 (s)"), (tpot, "TPOT p90 (s)")):
+    for ax, what, limit in ((ttft, "TTFT p90 (s)", slo.ttft), (tpot, "TPOT p90 (s)", slo.tpot)):
+        ax.axhline(limit, color="grey", linestyle="--", linewidth=1, label="SLO")
         ax.set_xlabel("request rate (req/s)")
         ax.set_ylabel(what)
         ax.grid(alpha=0.3)
