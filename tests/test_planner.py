@@ -14,13 +14,13 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from scripts.bench_workloads import poisson_arrivals
+from scripts.bench_workloads import LengthRange, poisson_arrivals, shared_prefix_mix
 from scripts.planner.engine import BlockPool, SimEngine
 from scripts.planner.plan import PlanConfig, run_plan
 from scripts.planner.profile import (DecodeCost, HandoffCost, PrefillCost, Profile, ProfileError, load_profile,
                                      save_profile)
 from scripts.planner.report import SLO, recommend
-from scripts.planner.sim import Layout, Workload, simulate
+from scripts.planner.sim import Layout, Simulation, Workload, simulate
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "scripts" / "planner" / "profiles" / "example-h200-qwen3-8b.json"
@@ -144,6 +144,23 @@ def test_reused_block_managers_change_no_prediction(shared):
     assert sum(map(len, spares.spare.values())) == 4
     for a, b in zip(runs[0], runs[2]):
         assert (a.first, a.done) == (b.first, b.done)
+
+
+def test_prefix_aware_placement_finds_the_cached_prefixes_placement_by_load_misses():
+    """The router's own placement, on system prompts that fit in the replicas' caches together but not in one:
+    the engines' block managers find more of each prompt cached, and prompts wait less."""
+    profile = make_profile(num_kv_blocks=1024)  # 16k tokens a replica: 4 of the 12 prefixes
+    rng = random.Random(5)
+    requests = shared_prefix_mix(rng, 400, 50_000, 4000, 12, LengthRange(64, 64), LengthRange(8, 8))
+    load = Workload(poisson_arrivals(rng, 400, 8.0), [r.prompt_ids for r in requests], [8] * 400)
+    mean_ttft = {}
+    for placement in ("prefix", "load"):
+        sim = Simulation(profile, Layout(colocated=4, placement=placement), load)
+        done = sim.run()
+        hits = sum(e.block_manager.cache_hit_tokens for e in sim.engines.values())
+        mean_ttft[placement] = (sum(r.ttft for r in done) / len(done), hits)
+    assert mean_ttft["prefix"][1] > 2 * mean_ttft["load"][1]
+    assert mean_ttft["prefix"][0] < mean_ttft["load"][0] / 2
 
 
 def test_every_request_finishes_in_every_mode_and_policy():
