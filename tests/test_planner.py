@@ -19,7 +19,7 @@ from scripts.planner.engine import BlockPool, SimEngine
 from scripts.planner.plan import PlanConfig, run_plan
 from scripts.planner.profile import (DecodeCost, HandoffCost, PrefillCost, Profile, ProfileError, load_profile,
                                      save_profile)
-from scripts.planner.report import SLO, recommend
+from scripts.planner.report import SLO, recommend, score
 from scripts.planner.sim import Layout, Simulation, Workload, simulate
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -194,20 +194,29 @@ def plan_for(profile: Profile, **flags) -> dict:
     return run_plan(cfg, [profile]).results
 
 
+def sustained(results: dict, slo: SLO) -> dict[str, float]:
+    return {name: score(points, slo)[0] for name, points in results.items()}
+
+
 def test_a_decode_heavy_workload_gets_more_decode_gpus():
-    profile = make_profile(max_num_seqs=16)
-    results = plan_for(profile, input_len="32", output_len="400", rates="40,80,120", num_requests=400,
-                       slo_ttft=1.0, slo_tpot=0.02)
+    """Short prompts, long answers, few sequences per decode engine: each decode GPU adds capacity."""
+    slo = SLO(1.0, 0.02)
+    results = plan_for(make_profile(max_num_seqs=16), input_len="32", output_len="400", rates="4,8,12",
+                       num_requests=200, slo_ttft=slo.ttft, slo_tpot=slo.tpot)
+    rates = sustained(results, slo)
+    assert rates["1P:3D"] > rates["2P:2D"] > rates["3P:1D"]
     splits = {name: points for name, points in results.items() if not name.startswith("colocated")}
-    assert recommend(splits, SLO(1.0, 0.02))[0] == "1P:3D"
+    assert recommend(splits, slo)[0] == "1P:3D"
 
 
 def test_a_prefill_heavy_workload_gets_more_prefill_gpus():
-    profile = make_profile()
-    results = plan_for(profile, input_len="3000", output_len="4", rates="4,8,12", num_requests=300,
-                       slo_ttft=1.0, slo_tpot=0.05)
-    splits = {name: points for name, points in results.items() if not name.startswith("colocated")}
-    assert recommend(splits, SLO(1.0, 0.05))[0] == "3P:1D"
+    """Long prompts, a few tokens each: each prefill GPU adds capacity, and colocated decodes stall behind them."""
+    slo = SLO(1.0, 0.05)
+    results = plan_for(make_profile(), input_len="3000", output_len="4", rates="2,4,6", num_requests=200,
+                       slo_ttft=slo.ttft, slo_tpot=slo.tpot)
+    rates = sustained(results, slo)
+    assert rates["3P:1D"] > rates["2P:2D"] > rates["1P:3D"]
+    assert recommend(results, slo)[0] == "3P:1D"
 
 
 def test_profiles_at_two_tp_sizes_are_compared_on_the_same_gpus():
