@@ -163,6 +163,25 @@ def test_prefix_aware_placement_finds_the_cached_prefixes_placement_by_load_miss
     assert seen["prefix"][0] < seen["load"][0] / 2
 
 
+def test_a_burst_beyond_the_per_worker_cap_waits_at_the_router_and_the_counts_return_to_zero():
+    """The router's Request transitions count what each worker holds; WorkerRegistry.with_room caps it."""
+    profile = make_profile(num_kv_blocks=100_000)
+    load = workload(1500, float("inf"), 50, 20)  # all at once, more than a worker's 1024
+    sim = Simulation(profile, Layout(prefill=1, decode=1), load)
+    most = 0
+    dispatch = sim._dispatch
+
+    def watched() -> None:
+        nonlocal most
+        dispatch()
+        most = max(most, *(len(w.assigned) for w in sim.infos.values()))
+
+    sim._dispatch = watched
+    requests = sim.run()
+    assert most == 1024 and all(r.done is not None for r in requests)
+    assert all(not w.assigned and w.prefill_tokens == 0 for w in sim.infos.values())
+
+
 def test_every_request_finishes_in_every_mode_and_policy():
     profile = make_profile(num_kv_blocks=512)  # tight: admission waits for blocks, decodes may preempt
     load = workload(200, 50.0, 400, 80, seed=3)

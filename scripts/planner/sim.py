@@ -8,12 +8,14 @@ The same policy code the cluster runs, imported:
   change (`_sync`: exact and instant; the real router's are a heartbeat late, and it counts in between);
 - where a prompt is prefilled: router/disagg_policy.py's `DisaggPolicy` (`always`, `never`, `auto`), fed
   heartbeat totals every `HEARTBEAT_S` and each remote request's first token, as the router feeds it;
-- the queue: router/admission.py's `WaitQueue`;
+- the queue: router/admission.py's `WaitQueue`; each request's router-side state: router/request.py's `Request`
+  (its transitions count what each worker holds: `assigned`, so `WorkerRegistry.with_room` caps each worker at
+  the router's default `max_worker_requests`, and `prefill_tokens`);
 - each worker's batching: the engine's `Scheduler` and `BlockManager` (scripts/planner/engine.py).
 
 Not reused: router/dispatch.py's `Dispatcher` is async and sends messages, so `_dispatch_one` below is its
 choice without the sending (keep them in step). Not modelled yet: admission's refusals (the queue is unbounded),
-the per-worker request cap, message latencies between router and workers, the reserve round trip, preemption's
+message latencies between router and workers, the reserve round trip, preemption's
 recompute cost beyond the scheduler's own, tensor parallelism other than through the profile's `tp`.
 """
 from __future__ import annotations
@@ -24,11 +26,14 @@ from dataclasses import dataclass, field
 
 from common import protocol as P
 from common.protocol.kv import KVLayout
+from common.sampling_params import SamplingParams
 from router.admission import WaitQueue
 from router.disagg_policy import DisaggPolicy, Estimate
 from router.placement import Placement
 from router.prefix_index import PromptKeys
+from router.config import RouterConfig
 from router.registry import WorkerInfo, WorkerRegistry
+from router.request import Request
 from scripts.planner.engine import BlockPool, SimEngine
 from scripts.planner.profile import Profile
 
@@ -69,6 +74,7 @@ class SimRequest:
     output_len: int
     arrival: float
     keys: PromptKeys | None = None
+    router: Request | None = None  # the router's state machine of it (what the workers are counted to hold)
     estimate: Estimate | None = None
     dispatched: float = 0.0
     first: float | None = None  # when its first token reached the router
@@ -102,7 +108,7 @@ class Simulation:
     def __init__(self, profile: Profile, layout: Layout, workload: Workload, fast_forward: bool = True,
                  spares: BlockPool | None = None):
         self.profile, self.layout, self.workload = profile, layout, workload
-        self.registry = WorkerRegistry(max_requests=1 << 30)
+        self.registry = WorkerRegistry(RouterConfig.__dataclass_fields__["max_worker_requests"].default)
         self.placement = Placement(self.registry, policy=layout.placement)
         self.disagg = DisaggPolicy(layout.policy, layout.local_prefill_chunk)
         self.queue = WaitQueue()
@@ -142,6 +148,9 @@ class Simulation:
             w.keys = [PromptKeys.of(p, self.profile.block_size) for p in w.prompts]
         for i, t in enumerate(w.arrivals):
             req = SimRequest(str(i), w.prompts[i], w.output_lens[i], t, keys=w.keys[i])
+            req.router = Request(rid=req.rid, client=b"", client_rid=req.rid, prompt_ids=req.attempt_ids,
+                                 sampling=SamplingParams(max_tokens=req.output_len, ignore_eos=True), stream=False,
+                                 detok=None)
             self.requests.append(req)
             self.by_rid[req.rid] = req
             self.push(t, "arrive", req)
@@ -188,10 +197,12 @@ class Simulation:
                 continue
             if req.first is None:
                 req.first = first_end
+                req.router.first_token()
                 if req.estimate is not None:
                     self.disagg.observe_first_token(req.estimate, req.first - req.dispatched)
             if seq.is_finished:
                 req.done = self.now
+                req.router.end()
                 finished += 1
         self._kick(engine)
         if self.queue:
@@ -205,6 +216,8 @@ class Simulation:
         decode = self.engines[req.decode_seq.worker]
         if decode.land(req.decode_seq.seq):
             req.first = req.done = self.now
+            req.router.first_token()
+            req.router.end()
             self.finished += 1
         self._kick(decode)
         if self.queue:
@@ -241,6 +254,7 @@ class Simulation:
             worker = place.colocated(len(ids), req.keys)
             if worker is None:
                 return False
+            req.router.run_on(worker, place.cached_tokens(worker, req.keys))
             place.placed(worker, req.keys)
             self._run_on(worker.worker_id, req, prefill_only=False)
             return True
@@ -252,8 +266,9 @@ class Simulation:
             return False
         req.estimate = self.disagg.choose(place.cost(prefill, len(ids), req.keys) if prefill else -1,
                                           place.cost(decode, len(ids), req.keys))
-        place.placed(decode, req.keys)
         if req.estimate.local:
+            req.router.run_on(decode, place.cached_tokens(decode, req.keys), blocks)
+            place.placed(decode, req.keys)
             self._run_on(decode.worker_id, req, prefill_only=False)
             return True
         engine = self.engines[decode.worker_id]
@@ -261,6 +276,9 @@ class Simulation:
         seq = engine.reserve(req.rid, ids, req.output_len)
         if seq is None:
             return False
+        place.placed(decode, req.keys)
+        req.router.pair(prefill, decode, blocks, place.cached_tokens(prefill, req.keys))
+        req.router.reserved(prefill)  # the reservation is instant here: the prompt goes to the prefill worker
         self._sync(engine)
         req.decode_seq = _Placed(decode.worker_id, seq)
         place.placed(prefill, req.keys)
