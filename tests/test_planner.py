@@ -19,7 +19,7 @@ from scripts.planner.engine import BlockPool, SimEngine
 from scripts.planner.plan import PlanConfig, run_plan
 from scripts.planner.profile import (DecodeCost, HandoffCost, PrefillCost, Profile, ProfileError, load_profile,
                                      save_profile)
-from scripts.planner.report import SLO, recommend, score
+from scripts.planner.report import SLO, recommend, score, summarize
 from scripts.planner.sim import Layout, Simulation, Workload, simulate
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -180,6 +180,17 @@ def test_a_burst_beyond_the_per_worker_cap_waits_at_the_router_and_the_counts_re
     requests = sim.run()
     assert most == 1024 and all(r.done is not None for r in requests)
     assert all(not w.assigned and w.prefill_tokens == 0 for w in sim.infos.values())
+
+
+def test_a_burst_beyond_the_routers_queue_is_refused_as_the_router_refuses_it():
+    """Admission's bounds: a worker holds 1024 requests, the queue 4096 more; the rest are `overloaded`, and count
+    as missing the SLO."""
+    profile = make_profile(num_kv_blocks=100_000, max_num_seqs=256)
+    requests = simulate(profile, Layout(colocated=1), workload(6000, float("inf"), 16, 2))
+    refused = [r for r in requests if r.refused]
+    assert len(refused) == 6000 - 1024 - 4096 and {r.refused for r in refused} == {"overloaded"}
+    point = summarize("colocated x1", 1.0, requests, SLO(1e9, 1e9))
+    assert point.refused == len(refused) and point.attainment == pytest.approx(1 - len(refused) / 6000)
 
 
 def test_every_request_finishes_in_every_mode_and_policy():

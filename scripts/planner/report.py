@@ -16,7 +16,7 @@ class SLO:
     tpot: float
 
     def met(self, req: SimRequest) -> bool:
-        return req.ttft <= self.ttft and req.tpot <= self.tpot
+        return not req.refused and req.ttft <= self.ttft and req.tpot <= self.tpot
 
 
 @dataclass(frozen=True)
@@ -30,8 +30,9 @@ class Point:
     ttft_p90: float
     tpot_p50: float
     tpot_p90: float
-    attainment: float  # share of requests meeting both SLOs
+    attainment: float  # share of requests meeting both SLOs (a refused one meets neither)
     goodput: float  # requests/s meeting both SLOs, over the time from the first arrival to the last completion
+    refused: int = 0  # requests the router refused (its queue was full); the percentiles are of the others
 
     @property
     def sustained(self) -> bool:
@@ -45,12 +46,16 @@ def percentile(values: list[float], q: float) -> float:
 
 
 def summarize(layout: str, rate: float, requests: list[SimRequest], slo: SLO) -> Point:
-    ttfts = [r.ttft for r in requests]
-    tpots = [r.tpot for r in requests]
-    met = sum(slo.met(r) for r in requests)
-    span = max(r.done for r in requests) - min(r.arrival for r in requests)
+    served = [r for r in requests if not r.refused]
+    if not served:
+        return Point(layout, rate, len(requests), *[math.inf] * 4, 0.0, 0.0, len(requests))
+    ttfts = [r.ttft for r in served]
+    tpots = [r.tpot for r in served]
+    met = sum(slo.met(r) for r in served)
+    span = max(r.done for r in served) - min(r.arrival for r in requests)
     return Point(layout, rate, len(requests), percentile(ttfts, 50), percentile(ttfts, 90), percentile(tpots, 50),
-                 percentile(tpots, 90), met / len(requests), met / span if span > 0 else math.inf)
+                 percentile(tpots, 90), met / len(requests), met / span if span > 0 else math.inf,
+                 len(requests) - len(served))
 
 
 def score(points: list[Point], slo: SLO) -> tuple[float, float, float]:
@@ -78,12 +83,12 @@ def _reading(s: tuple[float, float, float]) -> str:
 
 def table(results: dict[str, list[Point]]) -> str:
     head = (f"{'layout':<22} {'rate':>7} {'TTFT p50':>9} {'TTFT p90':>9} {'TPOT p50':>9} {'TPOT p90':>9} "
-            f"{'in SLO':>7} {'goodput':>8}")
+            f"{'in SLO':>7} {'goodput':>8} {'refused':>7}")
     lines = [head, "-" * len(head)]
     for name, points in results.items():
         for p in points:
             lines.append(f"{name:<22} {p.rate:>7g} {_ms(p.ttft_p50)} {_ms(p.ttft_p90)} {_ms(p.tpot_p50)} "
-                         f"{_ms(p.tpot_p90)} {100 * p.attainment:>6.1f}% {p.goodput:>8.3g}")
+                         f"{_ms(p.tpot_p90)} {100 * p.attainment:>6.1f}% {p.goodput:>8.3g} {p.refused:>7}")
     return "\n".join(lines)
 
 

@@ -8,14 +8,14 @@ The same policy code the cluster runs, imported:
   change (`_sync`: exact and instant; the real router's are a heartbeat late, and it counts in between);
 - where a prompt is prefilled: router/disagg_policy.py's `DisaggPolicy` (`always`, `never`, `auto`), fed
   heartbeat totals every `HEARTBEAT_S` and each remote request's first token, as the router feeds it;
-- the queue: router/admission.py's `WaitQueue`; each request's router-side state: router/request.py's `Request`
+- admission and the queue: router/admission.py's `Admission` (its checks and its bounded `WaitQueue`, at the
+  router's default bounds: beyond them a request is refused, `overloaded`); each request's router-side state: router/request.py's `Request`
   (its transitions count what each worker holds: `assigned`, so `WorkerRegistry.with_room` caps each worker at
   the router's default `max_worker_requests`, and `prefill_tokens`);
 - each worker's batching: the engine's `Scheduler` and `BlockManager` (scripts/planner/engine.py).
 
 Not reused: router/dispatch.py's `Dispatcher` is async and sends messages, so `_dispatch_one` below is its
-choice without the sending (keep them in step). Not modelled yet: admission's refusals (the queue is unbounded),
-message latencies between router and workers, the reserve round trip, preemption's
+choice without the sending (keep them in step). Not modelled yet: message latencies between router and workers, the reserve round trip, preemption's
 recompute cost beyond the scheduler's own, tensor parallelism other than through the profile's `tp`.
 """
 from __future__ import annotations
@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from common import protocol as P
 from common.protocol.kv import KVLayout
 from common.sampling_params import SamplingParams
-from router.admission import WaitQueue
+from router.admission import Admission, Refused
 from router.disagg_policy import DisaggPolicy, Estimate
 from router.placement import Placement
 from router.prefix_index import PromptKeys
@@ -81,6 +81,7 @@ class SimRequest:
     done: float | None = None
     prefill_seq: object = None
     decode_seq: object = None
+    refused: str = ""  # the router's answer to a request it did not take (`overloaded`)
 
     @property
     def ttft(self) -> float:
@@ -108,10 +109,12 @@ class Simulation:
     def __init__(self, profile: Profile, layout: Layout, workload: Workload, fast_forward: bool = True,
                  spares: BlockPool | None = None):
         self.profile, self.layout, self.workload = profile, layout, workload
-        self.registry = WorkerRegistry(RouterConfig.__dataclass_fields__["max_worker_requests"].default)
+        config = RouterConfig(model="simulated", mode=layout.mode)
+        self.registry = WorkerRegistry(config.max_worker_requests)
         self.placement = Placement(self.registry, policy=layout.placement)
         self.disagg = DisaggPolicy(layout.policy, layout.local_prefill_chunk)
-        self.queue = WaitQueue()
+        self.admission = Admission(config, self.registry, self.placement, tokenizer=None)
+        self.queue = self.admission.queue
         self.engines: dict[str, SimEngine] = {}
         self.infos: dict[str, WorkerInfo] = {}
         layout_rec = KVLayout(block_size=profile.block_size, num_layers=1, num_kv_heads=1, head_dim=1,
@@ -159,8 +162,7 @@ class Simulation:
         while self.events and self.finished < len(self.requests):
             self.now, _, kind, obj, gen = heapq.heappop(self.events)
             if kind == "arrive":
-                self.queue.push(obj)
-                self._dispatch()
+                self._arrive(obj)
             elif kind == "step":
                 if gen == obj.generation:
                     self.finished += self._step_done(obj)
@@ -173,6 +175,17 @@ class Simulation:
             raise RuntimeError(f"simulation of {self.layout} stalled at {self.now:.3f} s with "
                                f"{len(self.requests) - self.finished} requests unfinished")
         return self.requests
+
+    def _arrive(self, req: SimRequest) -> None:
+        """router/admission.py takes it into its queue, or refuses it (a full queue: `overloaded`)."""
+        try:
+            self.admission.admit(P.Submit(request_id=req.rid, token_ids=req.attempt_ids))
+        except Refused as e:
+            req.refused = e.code
+            self.finished += 1
+            return
+        self.queue.push(req)
+        self._dispatch()
 
     def _kick(self, engine: SimEngine) -> None:
         """Work arrived at `engine`: start a step if it is idle, or cut a fast run short."""
