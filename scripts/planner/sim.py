@@ -9,14 +9,16 @@ The same policy code the cluster runs, imported:
 - where a prompt is prefilled: router/disagg_policy.py's `DisaggPolicy` (`always`, `never`, `auto`), fed
   heartbeat totals every `HEARTBEAT_S` and each remote request's first token, as the router feeds it;
 - admission and the queue: router/admission.py's `Admission` (its checks and its bounded `WaitQueue`, at the
-  router's default bounds: beyond them a request is refused, `overloaded`); each request's router-side state: router/request.py's `Request`
-  (its transitions count what each worker holds: `assigned`, so `WorkerRegistry.with_room` caps each worker at
-  the router's default `max_worker_requests`, and `prefill_tokens`);
+  router's default bounds: beyond them a request is refused, `overloaded`);
+- each request's router-side state: router/request.py's `Request`, whose transitions count what each worker holds
+  (`assigned`, so `WorkerRegistry.with_room` caps each worker at the router's default `max_worker_requests`;
+  `prefill_tokens`);
 - each worker's batching: the engine's `Scheduler` and `BlockManager` (scripts/planner/engine.py).
 
 Not reused: router/dispatch.py's `Dispatcher` is async and sends messages, so `_dispatch_one` below is its
-choice without the sending (keep them in step). Not modelled yet: message latencies between router and workers, the reserve round trip, preemption's
-recompute cost beyond the scheduler's own, tensor parallelism other than through the profile's `tp`.
+choice without the sending (keep them in step). Not modelled yet: message latencies between router and workers,
+the reserve round trip, preemption's recompute cost beyond the scheduler's own, tensor parallelism other than
+through the profile's `tp`.
 """
 from __future__ import annotations
 
