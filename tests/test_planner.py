@@ -250,7 +250,7 @@ def test_a_prefill_heavy_workload_gets_more_prefill_gpus():
 
 
 def test_profiles_at_two_tp_sizes_are_compared_on_the_same_gpus():
-    tp1, tp2 = make_profile(), make_profile(tp=2)
+    tp1, tp2 = make_profile(), make_profile(tp=2, block_size=32, num_kv_blocks=4096)
     cfg = PlanConfig(profile="given", gpus=4, rates="5", num_requests=50, input_len="100", output_len="10",
                      disagg_policies="always")
     results = run_plan(cfg, [tp1, tp2]).results

@@ -30,10 +30,10 @@ from common import protocol as P
 from common.protocol.kv import KVLayout
 from common.sampling_params import SamplingParams
 from router.admission import Admission, Refused
+from router.config import RouterConfig
 from router.disagg_policy import DisaggPolicy, Estimate
 from router.placement import Placement
 from router.prefix_index import PromptKeys
-from router.config import RouterConfig
 from router.registry import WorkerInfo, WorkerRegistry
 from router.request import Request
 from scripts.planner.engine import BlockPool, SimEngine
@@ -104,7 +104,8 @@ class Workload:
     # Whether prompts share prefixes: without, the engines' prefix caches could never hit, and the simulation
     # skips their hashing (the same results, sooner).
     shared_prefixes: bool = True
-    keys: list[PromptKeys] = field(default_factory=list)  # computed once, shared by every layout
+    # Each prompt's prefix-cache keys by block size: computed once, shared by every layout
+    keys: dict[int, list[PromptKeys]] = field(default_factory=dict)
 
 
 class Simulation:
@@ -149,10 +150,11 @@ class Simulation:
         if -(-largest // self.profile.block_size) > self.profile.num_kv_blocks:
             raise ValueError(f"a request of {largest} tokens needs more KV blocks than an engine has "
                              f"({self.profile.num_kv_blocks} of {self.profile.block_size} tokens)")
-        if not w.keys:
-            w.keys = [PromptKeys.of(p, self.profile.block_size) for p in w.prompts]
+        bs = self.profile.block_size
+        if bs not in w.keys:
+            w.keys[bs] = [PromptKeys.of(p, bs) for p in w.prompts]
         for i, t in enumerate(w.arrivals):
-            req = SimRequest(str(i), w.prompts[i], w.output_lens[i], t, keys=w.keys[i])
+            req = SimRequest(str(i), w.prompts[i], w.output_lens[i], t, keys=w.keys[bs][i])
             req.router = Request(rid=req.rid, client=b"", client_rid=req.rid, prompt_ids=req.attempt_ids,
                                  sampling=SamplingParams(max_tokens=req.output_len, ignore_eos=True), stream=False,
                                  detok=None)
