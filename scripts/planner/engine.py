@@ -8,8 +8,10 @@ saves host time the profile's `host_launch_s` stands for).
 
 Fast-forward: a decode-only batch with nothing waiting repeats identically until a sequence finishes or one
 arrives, so its steps run in bulk (`FastRun`): token counts and blocks advance for all of them at once, the time
-is the sum of their step times, and an arrival cuts the run at the step then in flight. The result is what
-stepping one by one gives (tests/test_planner.py checks that a fixed batch's step times add up).
+is the sum of their step times, and an arrival (or a reservation wanting blocks) cuts the run at the step then
+in flight. The result is what stepping one by one gives (tests/test_planner.py checks that a fixed batch's step
+times add up, and that a cluster's predictions do not change); only the router's view between a run's steps is
+coarser (the engine's load as at the run's start).
 """
 from __future__ import annotations
 
