@@ -16,10 +16,11 @@ import pytest
 
 from scripts.bench_workloads import LengthRange, poisson_arrivals, shared_prefix_mix
 from scripts.planner.engine import BlockPool, SimEngine
-from scripts.planner.plan import PlanConfig, run_plan
+from scripts.planner.config import SLO, PlanConfig
+from scripts.planner.plan import run_plan
 from scripts.planner.profile import (DecodeCost, HandoffCost, PrefillCost, Profile, ProfileError, load_profile,
                                      save_profile)
-from scripts.planner.report import SLO, recommend, score, summarize
+from scripts.planner.report import recommend, score, summarize
 from scripts.planner.sim import Layout, Simulation, Workload, simulate
 
 ROOT = Path(__file__).resolve().parents[1]

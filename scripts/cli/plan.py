@@ -9,22 +9,31 @@ import sys
 from pathlib import Path
 
 from scripts.cli.args import add_dataclass_args, dataclass_from_args
-from scripts.planner import plan as planner
-from scripts.planner.plots import draw
-from scripts.planner.report import ATTAINMENT, recommend, table
+from scripts.planner.config import BENCH_ONLY, MAX_SPLITS, PlanConfig
+
+
+PLAN_DOC = f"""Every split xP:yD of the GPUs (x + y = GPUS; with --profile at TP t, of GPUS / t engines) and as many
+colocated replicas, each with each of --disagg-policies, simulated at every rate on the bench's workloads (the
+same flags, requests and arrival times as `pdcluster bench`). Beyond {MAX_SPLITS} splits, a coarse grid and then
+halving steps around the best (--all-splits: every one). The recommendation: the layout sustaining the highest
+rate (90% of requests within both SLOs), then the most within them at the highest rate, then the most headroom."""
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("plan", help="predict the best prefill:decode split of N GPUs for a workload (simulated)",
-                       description=__doc__ + "\n\n" + planner.__doc__,
+                       description=__doc__ + "\n\n" + PLAN_DOC,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_dataclass_args(p, planner.PlanConfig, exclude=planner.BENCH_ONLY)
+    add_dataclass_args(p, PlanConfig, exclude=BENCH_ONLY)
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> None:
-    cfg = dataclass_from_args(planner.PlanConfig, args, exclude=planner.BENCH_ONLY)
-    plan = planner.run_plan(cfg)
+    from scripts.planner.plan import run_plan  # the simulator loads only when a plan runs
+    from scripts.planner.plots import draw
+    from scripts.planner.report import ATTAINMENT, recommend, table
+
+    cfg = dataclass_from_args(PlanConfig, args, exclude=BENCH_ONLY)
+    plan = run_plan(cfg)
     for prof in plan.profiles:
         print(f"profile: {prof.model} on {prof.machine} (tp {prof.tp})" + (f" -- {prof.note}" if prof.note else ""))
     prof = plan.profiles[0]
@@ -32,7 +41,7 @@ def run(args: argparse.Namespace) -> None:
     print(f"{cfg.gpus} GPUs; SLO: TTFT <= {slo.ttft:g} s, TPOT <= {slo.tpot:g} s; a layout sustains a rate when "
           f"{100 * ATTAINMENT:g}% of its requests meet both")
     if plan.skipped_splits:
-        print(f"(more than {planner.MAX_SPLITS} splits: a coarse grid, then refined around the best; "
+        print(f"(more than {MAX_SPLITS} splits: a coarse grid, then refined around the best; "
               f"--all-splits simulates every one)")
     print(table(plan.results))
     best, why = recommend(plan.results, slo)

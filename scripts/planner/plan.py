@@ -1,86 +1,23 @@
-"""`pdcluster plan`: for N GPUs, every prefill:decode split (and colocated replicas) simulated at each rate on the
-bench's workloads (scripts/benchmark.py's `build_requests` and `arrivals`, from the same flags), and the best one.
+"""A plan: for N GPUs, every prefill:decode split (and colocated replicas) simulated at each rate on the bench's
+workloads (scripts/benchmark.py's `build_requests` and `arrivals`, from the same flags), scored for the
+recommendation (scripts/planner/report.py).
 
-Splits: with up to `MAX_SPLITS` of them, all; beyond, a coarse grid of that many, then halving steps around the
-best until neighbours are one GPU apart (the score over splits has one peak in the cases tried; a bumpy one could
-hide a better split between grid points, which the output says).
+Splits (per TP size and policy): with up to `MAX_SPLITS` of them, all; beyond, a coarse grid of that many, then
+halving steps around the best until neighbours are one engine apart (the score over splits has one peak in the
+cases tried; a bumpy one could hide a better split between grid points, which the output says).
 """
 from __future__ import annotations
 
 import random
 from dataclasses import dataclass, field
 
-from scripts.bench_config import DEFAULT_RATES, BenchConfig, _opt
 from scripts.bench_workloads import read_trace, trace_rate
 from scripts.benchmark import LoadPoint, arrivals, build_requests
+from scripts.planner.config import DEFAULT_REQUESTS, DEFAULT_VOCAB, MAX_SPLITS, SLO, PlanConfig
 from scripts.planner.engine import BlockPool
 from scripts.planner.profile import Profile, load_profile
-from scripts.planner.report import SLO, Point, score, summarize
+from scripts.planner.report import Point, score, summarize
 from scripts.planner.sim import Layout, Workload, simulate
-
-MAX_SPLITS = 16
-DEFAULT_VOCAB = 151936
-DEFAULT_REQUESTS = 1000
-# BenchConfig's flags that say nothing about a simulated cluster's load
-BENCH_ONLY = ("model", "address", "modes", "concurrency", "warmup_requests", "unloaded_requests", "slo_scale",
-              "tpot_ratio_target", "request_timeout", "ready_timeout", "device", "prefill_workers",
-              "decode_workers", "workers", "gpus_per_worker", "colocated_gpus_per_worker", "serve_args",
-              "prefix_cache_tokens")
-
-
-@dataclass
-class PlanConfig(BenchConfig):
-    """The bench's workload flags (BenchConfig's fields less BENCH_ONLY) and the planner's own."""
-
-    out: str | None = _opt(None, "folder for plan.json and the plots (default: print only)")
-    # The bench's fields whose help or default differ here (same names, same parsing)
-    rates: str | None = _opt(None, "comma list of arrival rates to simulate, requests/s, for the whole cluster "
-                                   f"(default: {DEFAULT_RATES}; a trace without it: as recorded)")
-    num_requests: int | None = _opt(None, f"requests per rate (default: {DEFAULT_REQUESTS}; a trace's: all its "
-                                          "lines)")
-    slo_ttft: float | None = _opt(None, "SLO on time to first token, seconds (default: 1.0)")
-    slo_tpot: float | None = _opt(None, "SLO on time per output token after the first, seconds (default: 0.05)")
-    vocab_size: int | None = _opt(None, f"prompt token ids are below this (default: {DEFAULT_VOCAB}); only "
-                                        "prefix sharing depends on them")
-    profile: str = _opt("", "cost profile JSON (`pdcluster profile`; examples in scripts/planner/profiles/); a "
-                            "comma list of profiles of one model at several TP sizes compares them too")
-    gpus: int = _opt(8, "GPUs to split between prefill and decode (each split xP:yD, x + y = GPUS, and GPUS "
-                        "colocated replicas)")
-    disagg_policies: str = _opt("always,auto", "comma list of --disagg-policy values to simulate for each "
-                                               "split (always, never, auto: the router's per-request choice)")
-    placement: str = _opt("prefix", "the router's placement: prefix or load")
-    local_prefill_chunk: int = _opt(512, "decode workers' prefill chunk (prompts they prefill themselves)")
-    all_splits: bool = _opt(False, f"simulate every split even beyond {MAX_SPLITS}")
-
-    def __post_init__(self) -> None:
-        if not self.profile:
-            raise ValueError("plan: --profile FILE is required")
-        if self.gpus < 2:
-            raise ValueError(f"--gpus: must be >= 2 (a prefill and a decode GPU), got {self.gpus}")
-        if self.workload == "trace" and not self.trace:
-            raise ValueError("plan: --trace FILE goes with --workload trace")
-        if self.trace:
-            self.workload = "trace"
-        for name in ("input_len", "output_len", "long_input_len", "long_output_len"):
-            self.lengths(name)
-        self.rate_list()
-        for policy in self.policy_list():
-            if policy not in ("always", "never", "auto"):
-                raise ValueError(f"--disagg-policies: expected always, never or auto, got {policy!r}")
-        for name in ("slo_ttft", "slo_tpot", "num_requests", "local_prefill_chunk", "vocab_size"):
-            value = getattr(self, name)
-            if value is not None and not value > 0:
-                raise ValueError(f"--{name.replace('_', '-')}: must be > 0, got {value}")
-
-    def profile_list(self) -> list[str]:
-        return [p.strip() for p in self.profile.split(",") if p.strip()]
-
-    def policy_list(self) -> list[str]:
-        return [p.strip() for p in self.disagg_policies.split(",") if p.strip()]
-
-    def slo(self) -> SLO:
-        return SLO(self.slo_ttft or 1.0, self.slo_tpot or 0.05)
-
 
 @dataclass
 class Plan:

@@ -5,7 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from scripts.bench_plots import missing
-from scripts.planner.report import SLO, Point
+from scripts.planner.config import SLO
+from scripts.planner.report import Point
 
 PLOTS = ("plan_latency.png", "plan_goodput.png")
 

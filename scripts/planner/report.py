@@ -5,18 +5,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from scripts.planner.config import SLO
 from scripts.planner.sim import SimRequest
 
 ATTAINMENT = 0.9  # a layout sustains a rate when this share of its requests meet both SLOs
-
-
-@dataclass(frozen=True)
-class SLO:
-    ttft: float
-    tpot: float
-
-    def met(self, req: SimRequest) -> bool:
-        return not req.refused and req.ttft <= self.ttft and req.tpot <= self.tpot
 
 
 @dataclass(frozen=True)
