@@ -267,6 +267,20 @@ def test_a_trace_without_rates_is_simulated_as_recorded(tmp_path):
     assert len(points) == 1 and points[0].rate == pytest.approx(2.0) and points[0].requests == 21
 
 
+@pytest.mark.parametrize("flags, message", [
+    (dict(profile=""), "--profile"),
+    (dict(gpus=1), "--gpus"),
+    (dict(disagg_policies="always,sometimes"), "--disagg-policies"),
+    (dict(placement="random"), "--placement"),
+    (dict(workload="trace"), "--trace"),
+    (dict(rates="4,fast"), "--rates"),
+    (dict(output_len="0"), "--output-len"),
+])
+def test_plan_settings_are_checked_naming_the_flag(flags, message):
+    with pytest.raises(ValueError, match=message):
+        PlanConfig(**{"profile": "p.json", **flags})
+
+
 # ---- the command --------------------------------------------------------------------------------
 def plan_command(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "scripts.cli", "plan", "--profile", str(EXAMPLE), *args],

@@ -13,7 +13,7 @@ from scripts.planner.config import BENCH_ONLY, MAX_SPLITS, PlanConfig
 
 
 PLAN_DOC = f"""Every split xP:yD of the GPUs (x + y = GPUS; with --profile at TP t, of GPUS / t engines) and as many
-colocated replicas, each with each of --disagg-policies, simulated at every rate on the bench's workloads (the
+colocated replicas, each split with each of --disagg-policies, simulated at every rate on the bench's workloads (the
 same flags, requests and arrival times as `pdcluster bench`). Beyond {MAX_SPLITS} splits, a coarse grid and then
 halving steps around the best (--all-splits: every one). The recommendation: the layout sustaining the highest
 rate (90% of requests within both SLOs), then the most within them at the highest rate, then the most headroom."""
