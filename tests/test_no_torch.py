@@ -81,6 +81,10 @@ LIGHT = {
     "the command line": "import scripts.cli; scripts.cli.build_parser()",
     "the benchmark driver": "import scripts.benchmark, scripts.bench_report, scripts.bench_metrics",
     "the transport choice": "import kvtransfer.choice, kvtransfer.handoff",
+    "the planner (scripts.planner) and its command": "import scripts.planner.sim, scripts.planner.plan, "
+                                                     "scripts.planner.plots, scripts.cli.plan",
+    "the command line's plan flags, without the simulator": "import scripts.cli.plan; import sys; "
+                                                            "assert 'scripts.planner.sim' not in sys.modules",
 }
 
 

@@ -14,10 +14,10 @@ import sys
 from common.config import ConfigError
 from common.sampling_params import InvalidRequest
 
-from scripts.cli import bench, client, generate, prepare_model, scale, serve
+from scripts.cli import bench, client, generate, plan, prepare_model, scale, serve
 from scripts.cli.args import UsageError
 
-SUBCOMMANDS = (generate, serve, prepare_model, client, scale, bench)
+SUBCOMMANDS = (generate, serve, prepare_model, client, scale, bench, plan)
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 
 

@@ -1,0 +1,60 @@
+"""`pdcluster plan`: predicts TTFT, TPOT and goodput of every prefill:decode split of N GPUs (and colocated
+replicas) from a cost profile, by simulation on the CPU, and recommends one (scripts/planner/, docs/planner.md)."""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+from pathlib import Path
+
+from scripts.cli.args import add_dataclass_args, dataclass_from_args
+from scripts.planner.config import BENCH_ONLY, MAX_SPLITS, PlanConfig
+
+
+PLAN_DOC = f"""Every split xP:yD of the GPUs (x + y = GPUS; with --profile at TP t, of GPUS / t engines) and as many
+colocated replicas, each split with each of --disagg-policies, simulated at every rate on the bench's workloads (the
+same flags, requests and arrival times as `pdcluster bench`). Beyond {MAX_SPLITS} splits, a coarse grid and then
+halving steps around the best (--all-splits: every one). The recommendation: the layout sustaining the highest
+rate (90% of requests within both SLOs), then the most within them at the highest rate, then the most headroom."""
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("plan", help="predict the best prefill:decode split of N GPUs for a workload (simulated)",
+                       description=__doc__ + "\n\n" + PLAN_DOC,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_dataclass_args(p, PlanConfig, exclude=BENCH_ONLY)
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> None:
+    from scripts.planner.plan import run_plan  # the simulator loads only when a plan runs
+    from scripts.planner.plots import draw
+    from scripts.planner.report import ATTAINMENT, recommend, table
+
+    cfg = dataclass_from_args(PlanConfig, args, exclude=BENCH_ONLY)
+    plan = run_plan(cfg)
+    for prof in plan.profiles:
+        print(f"profile: {prof.model} on {prof.machine} (tp {prof.tp})" + (f" -- {prof.note}" if prof.note else ""))
+    prof = plan.profiles[0]
+    slo = cfg.slo()
+    print(f"{cfg.gpus} GPUs; SLO: TTFT <= {slo.ttft:g} s, TPOT <= {slo.tpot:g} s; a layout sustains a rate when "
+          f"{100 * ATTAINMENT:g}% of its requests meet both")
+    if plan.skipped_splits:
+        print(f"(more than {MAX_SPLITS} splits: a coarse grid, then refined around the best; "
+              f"--all-splits simulates every one)")
+    print(table(plan.results))
+    best, why = recommend(plan.results, slo)
+    print(f"recommendation: {best}: {why}", flush=True)
+    if cfg.out:
+        out = Path(cfg.out)
+        out.mkdir(parents=True, exist_ok=True)
+        record = {"profiles": cfg.profile_list(), "machines": [p.machine for p in plan.profiles],
+                  "model": prof.model, "tp": [p.tp for p in plan.profiles], "gpus": cfg.gpus,
+                  "slo": dataclasses.asdict(slo), "recommendation": {"layout": best, "why": why},
+                  "results": {name: [dataclasses.asdict(p) for p in points]
+                              for name, points in plan.results.items()}}
+        (out / "plan.json").write_text(json.dumps(record, indent=2) + "\n")
+        plots = draw(plan.results, slo, f"{prof.model} on {prof.machine}, {cfg.gpus} GPUs (predicted)", out)
+        note = ", ".join(str(p) for p in plots) if plots else "no plots (matplotlib is not installed)"
+        print(f"wrote {out / 'plan.json'}; {note}", file=sys.stderr)

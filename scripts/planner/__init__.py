@@ -1,0 +1,2 @@
+"""The planner: a cluster's TTFT, TPOT and goodput per prefill:decode split, predicted from a cost profile
+(docs/planner.md)."""

@@ -1,0 +1,88 @@
+"""`pdcluster plan`'s settings: the bench's workload flags (BenchConfig's fields, less those that only a real
+cluster has) and the planner's own, checked when made; and the SLO the layouts are judged by. Light: the command
+line imports it to make its flags, and the simulator only when a plan runs."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from scripts.bench_config import DEFAULT_RATES, PLACEMENT_VARIANTS, POLICY_VARIANTS, WORKLOADS, BenchConfig, _opt
+from scripts.bench_workloads import ARRIVALS
+
+MAX_SPLITS = 16
+DEFAULT_VOCAB = 151936
+DEFAULT_REQUESTS = 1000
+# BenchConfig's flags that say nothing about a simulated cluster's load
+BENCH_ONLY = ("model", "address", "modes", "concurrency", "warmup_requests", "unloaded_requests", "slo_scale",
+              "tpot_ratio_target", "request_timeout", "ready_timeout", "device", "prefill_workers",
+              "decode_workers", "workers", "gpus_per_worker", "colocated_gpus_per_worker", "serve_args",
+              "prefix_cache_tokens")
+
+
+@dataclass
+class PlanConfig(BenchConfig):
+    """The bench's workload flags (BenchConfig's fields less BENCH_ONLY) and the planner's own."""
+
+    out: str | None = _opt(None, "folder for plan.json and the plots (default: print only)")
+    # The bench's fields whose help or default differ here (same names, same parsing)
+    rates: str | None = _opt(None, "comma list of arrival rates to simulate, requests/s, for the whole cluster "
+                                   f"(default: {DEFAULT_RATES}; a trace without it: as recorded)")
+    num_requests: int | None = _opt(None, f"requests per rate (default: {DEFAULT_REQUESTS}; a trace's: all its "
+                                          "lines)")
+    slo_ttft: float | None = _opt(None, "SLO on time to first token, seconds (default: 1.0)")
+    slo_tpot: float | None = _opt(None, "SLO on time per output token after the first, seconds (default: 0.05)")
+    vocab_size: int | None = _opt(None, f"prompt token ids are below this (default: {DEFAULT_VOCAB}); only "
+                                        "prefix sharing depends on them")
+    profile: str = _opt("", "cost profile JSON (`pdcluster profile`; examples in scripts/planner/profiles/); a "
+                            "comma list of profiles of one model at several TP sizes compares them too")
+    gpus: int = _opt(8, "GPUs to split between prefill and decode (each split xP:yD, x + y = GPUS, and GPUS "
+                        "colocated replicas)")
+    disagg_policies: str = _opt("always,auto", "comma list of --disagg-policy values to simulate for each "
+                                               "split (always, never, auto: the router's per-request choice)")
+    placement: str = _opt("prefix", "the router's placement: prefix or load")
+    local_prefill_chunk: int = _opt(512, "decode workers' prefill chunk (prompts they prefill themselves)")
+    all_splits: bool = _opt(False, f"simulate every split even beyond {MAX_SPLITS}")
+
+    def __post_init__(self) -> None:
+        if not self.profile:
+            raise ValueError("plan: --profile FILE is required")
+        if self.gpus < 2:
+            raise ValueError(f"--gpus: must be >= 2 (a prefill and a decode GPU), got {self.gpus}")
+        if self.workload not in WORKLOADS:
+            raise ValueError(f"--workload: expected one of {', '.join(WORKLOADS)}, got {self.workload!r}")
+        if self.arrivals not in ARRIVALS:
+            raise ValueError(f"--arrivals: expected one of {', '.join(ARRIVALS)}, got {self.arrivals!r}")
+        if self.placement not in PLACEMENT_VARIANTS:
+            raise ValueError(f"--placement: expected one of {', '.join(PLACEMENT_VARIANTS)}, got {self.placement!r}")
+        if self.workload == "trace" and not self.trace:
+            raise ValueError("plan: --trace FILE goes with --workload trace")
+        if self.trace:
+            self.workload = "trace"
+        for name in ("input_len", "output_len", "long_input_len", "long_output_len"):
+            self.lengths(name)
+        self.rate_list()
+        for policy in self.policy_list():
+            if policy not in POLICY_VARIANTS:
+                raise ValueError(f"--disagg-policies: expected always, never or auto, got {policy!r}")
+        for name in ("slo_ttft", "slo_tpot", "num_requests", "local_prefill_chunk", "vocab_size", "burstiness"):
+            value = getattr(self, name)
+            if value is not None and not value > 0:
+                raise ValueError(f"--{name.replace('_', '-')}: must be > 0, got {value}")
+
+    def profile_list(self) -> list[str]:
+        return [p.strip() for p in self.profile.split(",") if p.strip()]
+
+    def policy_list(self) -> list[str]:
+        return [p.strip() for p in self.disagg_policies.split(",") if p.strip()]
+
+    def slo(self) -> SLO:
+        return SLO(self.slo_ttft or 1.0, self.slo_tpot or 0.05)
+
+
+@dataclass(frozen=True)
+class SLO:
+    ttft: float  # seconds to the first token
+    tpot: float  # seconds per output token after the first
+
+    def met(self, req) -> bool:
+        """Whether a simulated request (scripts/planner/sim.py's SimRequest) met both."""
+        return not req.refused and req.ttft <= self.ttft and req.tpot <= self.tpot

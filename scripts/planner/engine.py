@@ -1,0 +1,235 @@
+"""One simulated engine (a prefill, decode or colocated worker): the engine's own scheduler and block manager
+(common/engine/scheduler.py, block_manager.py: pure Python, driven here as the worker drives them), with each
+step's duration taken from the profile instead of a GPU.
+
+A step is schedule -> advance, then at its end resolve with a sampled token for every row that completes one.
+Steps do not overlap (the real engine schedules the next step before the last one's tokens are known; that
+saves host time the profile's `host_launch_s` stands for).
+
+Fast-forward: a decode-only batch with nothing waiting repeats identically until a sequence finishes or one
+arrives, so its steps run in bulk (`FastRun`): token counts and blocks advance for all of them at once, the time
+is the sum of their step times, and an arrival (or a reservation wanting blocks) cuts the run at the step then
+in flight. The result is what stepping one by one gives (tests/test_planner.py checks that a fixed batch's step
+times add up, and that a cluster's predictions do not change); only the router's view between a run's steps is
+coarser (the engine's load as at the run's start).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from common import protocol as P
+from common.engine.block_manager import BlockManager
+from common.engine.scheduler import ScheduledBatch, Scheduler
+from common.engine.sequence import Sequence, SequenceStatus
+from common.sampling_params import SamplingParams
+from scripts.planner.profile import Profile
+
+TOKEN = 1  # every sampled token: no end of sequence, each request runs to its output length
+MIN_FAST_STEPS = 4  # fewer identical steps than this run one by one
+
+
+class BlockPool:
+    """Block managers whose engines are done, every block free and the cache cleared, for the next simulation:
+    making one of a GPU's size takes longer than simulating many requests. Block ids carry no meaning, so a
+    cleared one serves as a new one."""
+
+    def __init__(self) -> None:
+        self.spare: dict[tuple[int, int, bool], list[BlockManager]] = {}
+
+    def take(self, num_blocks: int, block_size: int, prefix_caching: bool) -> BlockManager:
+        spare = self.spare.get((num_blocks, block_size, prefix_caching))
+        return spare.pop() if spare else BlockManager(num_blocks, block_size, prefix_caching)
+
+    def give(self, bm: BlockManager) -> None:
+        if bm.num_free_blocks != bm.num_blocks:
+            return  # something still holds blocks (an unfinished simulation): not reusable
+        bm.clear_cache()
+        self.spare.setdefault((bm.num_blocks, bm.block_size, bm.enable_prefix_caching), []).append(bm)
+
+
+@dataclass
+class FastRun:
+    """k identical decode steps from `start`: step i lasts first + i * growth (contexts grow one token a step)."""
+
+    start: float
+    steps: int
+    first: float
+    growth: float
+
+    def elapsed(self, k: int) -> float:
+        return k * self.first + self.growth * k * (k - 1) / 2
+
+    def steps_begun_by(self, t: float) -> int:
+        """Steps that have begun by time t (the last of them may be in flight)."""
+        dt = t - self.start
+        if dt < 0:
+            return 0
+        if self.growth > 0:
+            a, b = self.growth / 2, self.first - self.growth / 2
+            k = int((-b + math.sqrt(b * b + 4 * a * dt)) / (2 * a))
+        else:
+            k = int(dt / self.first) if self.first > 0 else self.steps
+        while k > 0 and self.elapsed(k) > dt:
+            k -= 1
+        while k < self.steps and self.elapsed(k) <= dt:
+            k += 1
+        return min(k, self.steps)
+
+
+class SimEngine:
+    def __init__(self, name: str, role: str, profile: Profile, max_prefill_tokens: int | None = None,
+                 fast_forward: bool = True, prefix_caching: bool = True, spares: BlockPool | None = None):
+        self.name, self.role, self.profile = name, role, profile
+        self.block_manager = (spares or BlockPool()).take(profile.num_kv_blocks, profile.block_size, prefix_caching)
+        self.scheduler = Scheduler(self.block_manager, profile.max_num_seqs, profile.max_num_batched_tokens,
+                                   max_model_len=10**9, eos_token_ids=[])
+        if max_prefill_tokens is not None:
+            self.scheduler.max_prefill_tokens = max_prefill_tokens
+        self.fast_forward = fast_forward
+        self.batch: ScheduledBatch | None = None
+        self.olds: list[int] = []
+        self.fast: FastRun | None = None
+        self.busy_until: float | None = None  # end of the step (or fast run) in flight
+        self.generation = 0  # bumped when a fast run is cut: its old end event is stale
+        self.step_time = self.step_end = 0.0
+        self.busy_seconds = 0.0
+        self.steps = 0
+        self.prefill_tokens_run = 0
+
+    # ---- what the router sees -------------------------------------------------------------------------
+    @property
+    def free_blocks(self) -> int:
+        return self.block_manager.num_free_blocks
+
+    def load(self) -> P.WorkerLoad:
+        """The heartbeat's load record, as common/engine/llm_engine.py's `LLMEngine.load` makes it (keep in step;
+        that module loads torch)."""
+        sched = self.scheduler
+        return P.WorkerLoad(
+            queued_requests=len(sched.waiting),
+            queued_tokens=sum(s.num_uncomputed() for s in sched.waiting)
+            + sum(s.num_uncomputed() for s in sched.running if s.num_uncomputed() > 1),
+            running_requests=len(sched.running),
+            kv_blocks_total=self.block_manager.num_blocks,
+            kv_blocks_free=self.block_manager.num_free_blocks,
+            busy_steps=self.steps,
+            busy_seconds=self.busy_seconds,
+            prefill_tokens_run=self.prefill_tokens_run)
+
+    # ---- requests in --------------------------------------------------------------------------------
+    def add_prompt(self, rid: str, prompt: list[int], output_len: int, prefill_only: bool) -> Sequence:
+        seq = Sequence(rid, prompt, SamplingParams(max_tokens=output_len, ignore_eos=True),
+                       prefill_only=prefill_only)
+        self.scheduler.add(seq)
+        return seq
+
+    def reserve(self, rid: str, prompt: list[int], output_len: int) -> Sequence | None:
+        """Decode side of a handoff: blocks for the prompt, outside the scheduler (LLMEngine.reserve)."""
+        seq = Sequence(rid, prompt, SamplingParams(max_tokens=output_len, ignore_eos=True))
+        if not self.block_manager.allocate(seq, seq.num_tokens, use_cache=False):
+            return None
+        seq.status = SequenceStatus.RESERVED
+        return seq
+
+    def land(self, seq: Sequence) -> bool:
+        """The KV is in: the sequence holds its prompt's KV and its first token, and joins continuous batching
+        (LLMEngine.admit_prefilled). Returns whether that first token was its last."""
+        seq.status = SequenceStatus.WAITING
+        seq.num_computed_tokens = seq.num_prompt_tokens
+        self.block_manager.commit(seq, 0)
+        seq.token_ids.append(TOKEN)
+        self.scheduler.add(seq)
+        if reason := self.scheduler.finish_reason(seq, TOKEN, seq.num_tokens):
+            self.scheduler.finish(seq, reason)
+            return True
+        return False
+
+    def release(self, seq: Sequence) -> None:
+        """A prefill worker's held blocks, once the decode worker has the KV."""
+        self.block_manager.free_blocks(seq)
+
+    # ---- steps --------------------------------------------------------------------------------------
+    def step_seconds(self, batch: ScheduledBatch) -> float:
+        p = self.profile
+        d = batch.num_decodes
+        seconds = p.host_launch_s + p.decode.seconds(d, sum(s.num_computed_tokens for s in batch.seqs[:d]))
+        tokens = batch.num_new_tokens[d:]
+        if tokens:
+            context = sum(n * s.num_computed_tokens for s, n in zip(batch.seqs[d:], tokens))
+            pc = p.prefill
+            seconds += pc.base_s + pc.per_token_s * sum(tokens) + pc.per_token_context_s * context
+        return seconds
+
+    def start(self, now: float) -> float | None:
+        """Starts the next step (or fast run), if there is work; returns when it ends."""
+        batch = self.scheduler.schedule()
+        if batch is None:
+            return None
+        if self.fast_forward and batch.decode_only and not self.scheduler.waiting:
+            k = min(s.sampling.max_tokens - s.num_completion_tokens for s in batch.seqs) - 1
+            k = min(k, self._steps_with_blocks(batch, k))
+            if k >= MIN_FAST_STEPS:
+                first = self.step_seconds(batch)
+                growth = self.profile.decode.per_seq_context_s * len(batch.seqs)
+                self.batch, self.fast = batch, FastRun(now, k, first, growth)
+                self.busy_until = now + self.fast.elapsed(k)
+                return self.busy_until
+        self.step_time = self.step_seconds(batch)
+        self.batch, self.olds = batch, self.scheduler.advance(batch)
+        self.busy_until = self.step_end = now + self.step_time
+        return self.busy_until
+
+    def _steps_with_blocks(self, batch: ScheduledBatch, k: int) -> int:
+        """At most k, as many steps as the free blocks allow every sequence of the batch (the scheduler
+        allocated this step's already)."""
+        bs, free = self.profile.block_size, self.block_manager.num_free_blocks
+        while k > 0:
+            need = sum(-(-(s.num_computed_tokens + k) // bs) - len(s.block_table) for s in batch.seqs)
+            if need <= free:
+                return k
+            k //= 2
+        return 0
+
+    def cut(self, now: float) -> float | None:
+        """Something arrived, or wants blocks, during a fast run: it ends with the step in flight now, whose blocks
+        are taken at once. Returns the new end, or None when the end stays (no fast run, or its last step is in
+        flight)."""
+        run = self.fast
+        if run is None:
+            return None
+        k = min(max(run.steps_begun_by(now), 1), run.steps)
+        for seq in self.batch.seqs:  # the blocks of the steps begun, taken now: what comes next cannot take them
+            ok = self.block_manager.allocate(seq, seq.num_computed_tokens + k)
+            assert ok, "fast run without the blocks it counted on"
+        if k == run.steps:
+            return None
+        run.steps = k
+        self.generation += 1
+        self.busy_until = run.start + run.elapsed(k)
+        return self.busy_until
+
+    def finish(self) -> tuple[list[Sequence], float]:
+        """The step (or fast run) in flight ended: the sequences that got tokens (none of a fast run's finish),
+        and when the first of its steps ended (a sequence's first token, if it got one)."""
+        batch, run = self.batch, self.fast
+        self.batch, self.fast, self.busy_until = None, None, None
+        if run is not None:
+            self._apply_fast(batch, run.steps)
+            self.busy_seconds += run.elapsed(run.steps)
+            self.steps += run.steps
+            return list(batch.seqs), run.start + run.first
+        self.busy_seconds += self.step_time
+        self.steps += 1
+        self.prefill_tokens_run += sum(batch.num_new_tokens[batch.num_decodes:])
+        return self.scheduler.resolve(batch, self.olds, [TOKEN] * len(batch.seqs)), self.step_end
+
+    def _apply_fast(self, batch: ScheduledBatch, k: int) -> None:
+        """k decode steps on every sequence of the batch: what k rounds of schedule/advance/resolve do to them."""
+        for seq in batch.seqs:
+            old = seq.num_computed_tokens
+            ok = self.block_manager.allocate(seq, old + k)
+            assert ok, "fast run without the blocks it counted on"
+            seq.num_computed_tokens += k
+            seq.token_ids.extend([TOKEN] * k)
+            self.block_manager.commit(seq, old)

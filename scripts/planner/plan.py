@@ -1,0 +1,104 @@
+"""A plan: for N GPUs, every prefill:decode split (and colocated replicas) simulated at each rate on the bench's
+workloads (scripts/benchmark.py's `build_requests` and `arrivals`, from the same flags), scored for the
+recommendation (scripts/planner/report.py).
+
+Splits (per TP size and policy): with up to `MAX_SPLITS` of them, all; beyond, a coarse grid of that many, then
+halving steps around the best until neighbours are one engine apart (the score over splits has one peak in the
+cases tried; a bumpy one could hide a better split between grid points, which the output says).
+"""
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+
+from scripts.bench_workloads import read_trace, trace_rate
+from scripts.benchmark import LoadPoint, arrivals, build_requests
+from scripts.planner.config import DEFAULT_REQUESTS, DEFAULT_VOCAB, MAX_SPLITS, SLO, PlanConfig
+from scripts.planner.engine import BlockPool
+from scripts.planner.profile import Profile, load_profile
+from scripts.planner.report import Point, score, summarize
+from scripts.planner.sim import Layout, Workload, simulate
+
+@dataclass
+class Plan:
+    profiles: list[Profile]
+    config: PlanConfig
+    results: dict[str, list[Point]] = field(default_factory=dict)  # by layout, in the order printed
+    skipped_splits: bool = False  # not every split was simulated
+    spares: BlockPool = field(default_factory=BlockPool)  # block managers reused from one simulation to the next
+
+
+def workloads(cfg: PlanConfig) -> list[tuple[float, Workload]]:
+    """(rate, what arrives) per load point, as `pdcluster bench` would send it."""
+    trace = read_trace(cfg.trace) if cfg.trace else None
+    n = cfg.num_requests or (len(trace) if trace else DEFAULT_REQUESTS)
+    rng = random.Random(cfg.seed)
+    requests = build_requests(cfg, rng, n, cfg.vocab_size or DEFAULT_VOCAB, trace)
+    shared = cfg.workload == "shared-prefix"
+    if trace is not None and not cfg.rates:
+        points = [LoadPoint("trace", trace_rate([r.arrival for r in requests]))]
+    else:
+        points = [LoadPoint("rate", rate) for rate in cfg.rate_list()]
+    out = []
+    for i, point in enumerate(points):
+        times = arrivals(cfg, point, i, requests)
+        out.append((point.value, Workload(times, [r.prompt_ids for r in requests],
+                                          [r.output_len for r in requests], shared)))
+    return out
+
+
+def evaluate(profile: Profile, layout: Layout, loads: list[tuple[float, Workload]], slo: SLO,
+             spares: BlockPool | None = None) -> list[Point]:
+    return [summarize(str(layout), rate, simulate(profile, layout, w, spares=spares), slo) for rate, w in loads]
+
+
+def run_plan(cfg: PlanConfig, profiles: list[Profile] | None = None) -> Plan:
+    profiles = profiles or [load_profile(path) for path in cfg.profile_list()]
+    if len({p.model for p in profiles}) > 1:
+        raise ValueError(f"--profile: profiles of different models ({', '.join(p.model for p in profiles)})")
+    loads, slo = workloads(cfg), cfg.slo()
+    plan = Plan(profiles, cfg)
+    for profile in profiles:
+        _plan_tp(plan, profile, loads, slo)
+    plan.results = dict(sorted(plan.results.items(), key=lambda item: _order(item[0])))
+    plan.spares = BlockPool()  # their memory goes
+    return plan
+
+
+def _plan_tp(plan: Plan, profile: Profile, loads: list[tuple[float, Workload]], slo: SLO) -> None:
+    """The splits (and colocated) of the GPUs into engines of the profile's TP size."""
+    cfg, n = plan.config, plan.config.gpus // profile.tp
+    if n < 2:
+        raise ValueError(f"--gpus {cfg.gpus} makes fewer than 2 engines of tp {profile.tp}")
+    common = dict(placement=cfg.placement, local_prefill_chunk=cfg.local_prefill_chunk, tp=profile.tp)
+    for policy in cfg.policy_list():
+        seen: dict[int, tuple] = {}
+
+        def run(x: int) -> tuple:
+            if x not in seen:
+                layout = Layout(prefill=x, decode=n - x, policy=policy, **common)
+                plan.results[str(layout)] = evaluate(profile, layout, loads, slo, plan.spares)
+                seen[x] = score(plan.results[str(layout)], slo)
+            return seen[x]
+
+        splits = range(1, n)
+        if len(splits) <= MAX_SPLITS or cfg.all_splits:
+            for x in splits:
+                run(x)
+        else:
+            plan.skipped_splits = True
+            step = -(-(n - 1) // MAX_SPLITS)
+            best = max(range(1, n, step), key=run)
+            while step > 1:
+                step //= 2
+                best = max((x for x in (best - step, best, best + step) if 1 <= x < n), key=run)
+    colocated = Layout(colocated=n, **common)
+    plan.results[str(colocated)] = evaluate(profile, colocated, loads, slo, plan.spares)
+
+
+def _order(name: str) -> tuple:
+    """tp, then the splits by prefill engines, then colocated."""
+    tp, _, rest = name.rpartition("tp")[2].partition(" ") if name.startswith("tp") else ("1", "", name)
+    if rest.startswith("colocated"):
+        return (int(tp), 1, 0, rest)
+    return (int(tp), 0, int(rest.split("P")[0]), rest)

@@ -1,0 +1,121 @@
+"""A machine's cost profile for the planner: fitted cost models of one model on one GPU kind (tensor-free).
+
+    prefill step seconds = base + per_token * tokens + per_token_context * tokens * context
+    decode step seconds  = base + per_seq * batch + per_seq_context * batch * mean_context
+    handoff seconds      = base + bytes / bytes_per_s                      (one model per KV transport)
+    host launch seconds  = the host's work per engine step, added to every step
+
+`tokens` are the prompt tokens a step computes, `context` the tokens before them (a cached prefix, or earlier
+chunks), so the attention term grows with both. A profile names the machine and the model it was measured on;
+`pdcluster profile` (a later slice) writes one on a GPU, and scripts/planner/profiles/ holds examples.
+"""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import msgspec
+
+
+class ProfileError(ValueError):
+    """A profile file that cannot be used; the message names the file and the field."""
+
+
+class _Cost(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    def check(self, where: str) -> None:
+        for name in self.__struct_fields__:
+            value = getattr(self, name)
+            if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
+                raise ProfileError(f"{where}.{name}: must be a finite number >= 0, got {value!r}")
+
+
+class PrefillCost(_Cost):
+    base_s: float
+    per_token_s: float
+    per_token_context_s: float = 0.0
+
+    def seconds(self, tokens: int, context: int = 0) -> float:
+        if tokens <= 0:
+            return 0.0
+        return self.base_s + self.per_token_s * tokens + self.per_token_context_s * tokens * context
+
+
+class DecodeCost(_Cost):
+    base_s: float
+    per_seq_s: float
+    per_seq_context_s: float = 0.0
+
+    def seconds(self, batch: int, total_context: int) -> float:
+        """A step of `batch` sequences whose contexts add up to `total_context` (batch * mean context)."""
+        if batch <= 0:
+            return 0.0
+        return self.base_s + self.per_seq_s * batch + self.per_seq_context_s * total_context
+
+
+class HandoffCost(_Cost):
+    base_s: float
+    bytes_per_s: float
+
+    def seconds(self, num_bytes: int) -> float:
+        return self.base_s + num_bytes / self.bytes_per_s
+
+    def check(self, where: str) -> None:
+        super().check(where)
+        if self.bytes_per_s <= 0:
+            raise ProfileError(f"{where}.bytes_per_s: must be > 0")
+
+
+class Profile(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    machine: str  # e.g. "1x NVIDIA H200"
+    model: str  # e.g. "Qwen3-8B"
+    tp: int = 1  # GPUs per engine
+    note: str = ""  # where the figures come from ("example, not a measurement" for the shipped example)
+    block_size: int  # tokens per KV block
+    num_kv_blocks: int  # KV blocks one engine holds
+    kv_bytes_per_token: int  # across all layers, K and V
+    max_num_batched_tokens: int = 8192  # an engine step's token budget
+    max_num_seqs: int = 256  # most sequences one engine runs at a time
+    host_launch_s: float = 0.0
+    prefill: PrefillCost
+    decode: DecodeCost
+    handoff: dict[str, HandoffCost]  # by KV transport name
+
+    def check(self) -> None:
+        for name in ("tp", "block_size", "num_kv_blocks", "kv_bytes_per_token", "max_num_batched_tokens",
+                     "max_num_seqs"):
+            if getattr(self, name) < 1:
+                raise ProfileError(f"{name}: must be >= 1, got {getattr(self, name)}")
+        if not (math.isfinite(self.host_launch_s) and self.host_launch_s >= 0):
+            raise ProfileError(f"host_launch_s: must be a finite number >= 0, got {self.host_launch_s!r}")
+        if not self.handoff:
+            raise ProfileError("handoff: needs at least one transport")
+        self.prefill.check("prefill")
+        self.decode.check("decode")
+        for name, cost in self.handoff.items():
+            cost.check(f"handoff.{name}")
+
+    @property
+    def transport(self) -> str:
+        """The fastest transport for a typical handoff (what the router's `auto` would pick on this machine)."""
+        return min(self.handoff, key=lambda t: self.handoff[t].seconds(1024 * self.kv_bytes_per_token))
+
+    def handoff_seconds(self, tokens: int, transport: str | None = None) -> float:
+        return self.handoff[transport or self.transport].seconds(tokens * self.kv_bytes_per_token)
+
+
+def load_profile(path: str | Path) -> Profile:
+    try:
+        data = Path(path).read_bytes()
+    except OSError as e:
+        raise ProfileError(f"profile {str(path)!r}: cannot read: {e.strerror}") from None
+    try:
+        profile = msgspec.json.decode(data, type=Profile)
+        profile.check()
+    except (msgspec.ValidationError, msgspec.DecodeError, ProfileError) as e:
+        raise ProfileError(f"profile {str(path)!r}: {e}") from None
+    return profile
+
+
+def save_profile(profile: Profile, path: str | Path) -> None:
+    profile.check()
+    Path(path).write_bytes(msgspec.json.format(msgspec.json.encode(profile), indent=2) + b"\n")

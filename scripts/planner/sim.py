@@ -1,0 +1,327 @@
+"""A discrete-event simulation of the router and its workers: arrivals -> the router's queue -> placement ->
+prefill workers (batched and chunked under a token budget) -> KV handoff -> decode workers (continuous batching)
+-> completion; or colocated replicas that prefill (chunked) and decode.
+
+The same policy code the cluster runs, imported:
+- placement: router/placement.py's `Placement` over a real `WorkerRegistry` (prefix-aware or by load, its prefix
+  index, the decode choice by free blocks), each worker's load a heartbeat from its simulated engine after every
+  change (`_sync`: exact and instant; the real router's are a heartbeat late, and it counts in between);
+- where a prompt is prefilled: router/disagg_policy.py's `DisaggPolicy` (`always`, `never`, `auto`), fed
+  heartbeat totals every `HEARTBEAT_S` and each remote request's first token, as the router feeds it;
+- admission and the queue: router/admission.py's `Admission` (its checks and its bounded `WaitQueue`, at the
+  router's default bounds: beyond them a request is refused, `overloaded`);
+- each request's router-side state: router/request.py's `Request`, whose transitions count what each worker holds
+  (`assigned`, so `WorkerRegistry.with_room` caps each worker at the router's default `max_worker_requests`;
+  `prefill_tokens`);
+- each worker's batching: the engine's `Scheduler` and `BlockManager` (scripts/planner/engine.py).
+
+Not reused: router/dispatch.py's `Dispatcher` is async and sends messages, so `_dispatch_one` below is its
+choice without the sending (keep them in step). Not modelled yet: message latencies between router and workers,
+the reserve round trip, preemption's recompute cost beyond the scheduler's own, tensor parallelism other than
+through the profile's `tp`.
+"""
+from __future__ import annotations
+
+import heapq
+import itertools
+from dataclasses import dataclass, field
+
+from common import protocol as P
+from common.protocol.kv import KVLayout
+from common.sampling_params import SamplingParams
+from router.admission import Admission, Refused
+from router.config import RouterConfig
+from router.disagg_policy import DisaggPolicy, Estimate
+from router.placement import Placement
+from router.prefix_index import PromptKeys
+from router.registry import WorkerInfo, WorkerRegistry
+from router.request import Request
+from scripts.planner.engine import BlockPool, SimEngine
+from scripts.planner.profile import Profile
+
+HEARTBEAT_S = 0.5  # how often workers' engine totals reach the disaggregation policy (`auto`)
+
+
+@dataclass(frozen=True)
+class Layout:
+    """A cluster to simulate: `prefill` + `decode` workers (disaggregated) or `colocated` replicas."""
+
+    prefill: int = 0
+    decode: int = 0
+    colocated: int = 0
+    policy: str = "always"  # disaggregated: --disagg-policy
+    placement: str = "prefix"  # --placement
+    local_prefill_chunk: int = 512
+    tp: int = 1  # GPUs per engine (the profile's: only the label shows it)
+
+    @property
+    def mode(self) -> str:
+        return "colocated" if self.colocated else "disagg"
+
+    @property
+    def engines(self) -> int:
+        return self.prefill + self.decode + self.colocated
+
+    def __str__(self) -> str:
+        tp = f"tp{self.tp} " if self.tp > 1 else ""
+        if self.colocated:
+            return f"{tp}colocated x{self.colocated}"
+        return f"{tp}{self.prefill}P:{self.decode}D" + ("" if self.policy == "always" else f" ({self.policy})")
+
+
+@dataclass(eq=False)
+class SimRequest:
+    rid: str
+    attempt_ids: list[int]  # the prompt (the name WaitQueue counts)
+    output_len: int
+    arrival: float
+    keys: PromptKeys | None = None
+    router: Request | None = None  # the router's state machine of it (what the workers are counted to hold)
+    estimate: Estimate | None = None
+    dispatched: float = 0.0
+    first: float | None = None  # when its first token reached the router
+    done: float | None = None
+    prefill_seq: object = None
+    decode_seq: object = None
+    refused: str = ""  # the router's answer to a request it did not take (`overloaded`)
+
+    @property
+    def ttft(self) -> float:
+        return self.first - self.arrival
+
+    @property
+    def tpot(self) -> float:
+        return (self.done - self.first) / (self.output_len - 1) if self.output_len > 1 else 0.0
+
+
+@dataclass
+class Workload:
+    """What arrives: (arrival seconds, prompt token ids, output tokens), sorted by arrival."""
+
+    arrivals: list[float]
+    prompts: list[list[int]]
+    output_lens: list[int]
+    # Whether prompts share prefixes: without, the engines' prefix caches could never hit, and the simulation
+    # skips their hashing (the same results, sooner).
+    shared_prefixes: bool = True
+    # Each prompt's prefix-cache keys by block size: computed once, shared by every layout
+    keys: dict[int, list[PromptKeys]] = field(default_factory=dict)
+
+
+class Simulation:
+    def __init__(self, profile: Profile, layout: Layout, workload: Workload, fast_forward: bool = True,
+                 spares: BlockPool | None = None):
+        self.profile, self.layout, self.workload = profile, layout, workload
+        config = RouterConfig(model="simulated", mode=layout.mode)
+        self.registry = WorkerRegistry(config.max_worker_requests)
+        self.placement = Placement(self.registry, policy=layout.placement)
+        self.disagg = DisaggPolicy(layout.policy, layout.local_prefill_chunk)
+        self.admission = Admission(config, self.registry, self.placement, tokenizer=None)
+        self.queue = self.admission.queue
+        self.engines: dict[str, SimEngine] = {}
+        self.infos: dict[str, WorkerInfo] = {}
+        layout_rec = KVLayout(block_size=profile.block_size, num_layers=1, num_kv_heads=1, head_dim=1,
+                              dtype="bfloat16")
+        roles = ([("prefill", "p")] * layout.prefill + [("decode", "d")] * layout.decode
+                 + [("colocated", "c")] * layout.colocated)
+        for i, (role, letter) in enumerate(roles):
+            name = f"{letter}{i}"
+            chunk = layout.local_prefill_chunk if role == "decode" else None
+            self.engines[name] = SimEngine(name, role, profile, chunk, fast_forward, workload.shared_prefixes, spares)
+            hello = P.WorkerHello(worker_id=name, role=role, model_fingerprint=profile.model or "sim",
+                                  num_blocks=profile.num_kv_blocks, layout=layout_rec, max_model_len=1 << 30,
+                                  vocab_size=1 << 30)
+            self.infos[name] = self.registry.register(hello, name.encode())
+        self.events: list[tuple[float, int, str, object, int]] = []
+        self.counter = itertools.count()
+        self.requests: list[SimRequest] = []
+        self.by_rid: dict[str, SimRequest] = {}
+        self.now = 0.0
+        self.finished = 0
+        self._last_loads: dict[str, P.WorkerLoad] = {}
+
+    # ---- the event loop -----------------------------------------------------------------------------
+    def push(self, t: float, kind: str, obj: object, gen: int = 0) -> None:
+        heapq.heappush(self.events, (t, next(self.counter), kind, obj, gen))
+
+    def run(self) -> list[SimRequest]:
+        w = self.workload
+        largest = max(map(len, w.prompts), default=0) + max(w.output_lens, default=0)
+        if -(-largest // self.profile.block_size) > self.profile.num_kv_blocks:
+            raise ValueError(f"a request of {largest} tokens needs more KV blocks than an engine has "
+                             f"({self.profile.num_kv_blocks} of {self.profile.block_size} tokens)")
+        bs = self.profile.block_size
+        if bs not in w.keys:
+            w.keys[bs] = [PromptKeys.of(p, bs) for p in w.prompts]
+        for i, t in enumerate(w.arrivals):
+            req = SimRequest(str(i), w.prompts[i], w.output_lens[i], t, keys=w.keys[bs][i])
+            req.router = Request(rid=req.rid, client=b"", client_rid=req.rid, prompt_ids=req.attempt_ids,
+                                 sampling=SamplingParams(max_tokens=req.output_len, ignore_eos=True), stream=False,
+                                 detok=None)
+            self.requests.append(req)
+            self.by_rid[req.rid] = req
+            self.push(t, "arrive", req)
+        if self.layout.policy == "auto" and self.layout.mode == "disagg":
+            self.push(HEARTBEAT_S, "heartbeat", None)
+        while self.events and self.finished < len(self.requests):
+            self.now, _, kind, obj, gen = heapq.heappop(self.events)
+            if kind == "arrive":
+                self._arrive(obj)
+            elif kind == "step":
+                if gen == obj.generation:
+                    self.finished += self._step_done(obj)
+            elif kind == "land":
+                self._land(obj)
+            elif kind == "heartbeat":
+                self._heartbeat()
+                self.push(self.now + HEARTBEAT_S, "heartbeat", None)
+        if self.finished < len(self.requests):
+            raise RuntimeError(f"simulation of {self.layout} stalled at {self.now:.3f} s with "
+                               f"{len(self.requests) - self.finished} requests unfinished")
+        return self.requests
+
+    def _arrive(self, req: SimRequest) -> None:
+        """router/admission.py takes it into its queue, or refuses it (a full queue: `overloaded`)."""
+        try:
+            self.admission.admit(P.Submit(request_id=req.rid, token_ids=req.attempt_ids))
+        except Refused as e:
+            req.refused = e.code
+            self.finished += 1
+            return
+        self.queue.push(req)
+        self._dispatch()
+
+    def _kick(self, engine: SimEngine) -> None:
+        """Work arrived at `engine`: start a step if it is idle, or cut a fast run short."""
+        if engine.busy_until is None:
+            end = engine.start(self.now)
+            if end is not None:
+                self.push(end, "step", engine, engine.generation)
+        else:
+            end = engine.cut(self.now)
+            if end is not None:
+                self.push(end, "step", engine, engine.generation)
+        self._sync(engine)
+
+    def _step_done(self, engine: SimEngine) -> int:
+        seqs, first_end = engine.finish()
+        finished = 0
+        for seq in seqs:
+            req = self.by_rid[seq.request_id]
+            if seq.prefill_only:
+                handoff = self.profile.handoff_seconds(seq.num_prompt_tokens)
+                self.push(self.now + handoff, "land", req)
+                continue
+            if req.first is None:
+                req.first = first_end
+                req.router.first_token()
+                if req.estimate is not None:
+                    self.disagg.observe_first_token(req.estimate, req.first - req.dispatched)
+            if seq.is_finished:
+                req.done = self.now
+                req.router.end()
+                finished += 1
+        self._kick(engine)
+        if self.queue:
+            self._dispatch()
+        return finished
+
+    def _land(self, req: SimRequest) -> None:
+        prefill = self.engines[req.prefill_seq.worker]
+        prefill.release(req.prefill_seq.seq)
+        self._kick(prefill)  # it may have waited for these blocks
+        decode = self.engines[req.decode_seq.worker]
+        if decode.land(req.decode_seq.seq):
+            req.first = req.done = self.now
+            req.router.first_token()
+            req.router.end()
+            self.finished += 1
+        self._kick(decode)
+        if self.queue:
+            self._dispatch()
+
+    def _heartbeat(self) -> None:
+        for name, engine in self.engines.items():
+            load = engine.load()
+            old = self._last_loads.get(name)
+            if old is not None:
+                self.disagg.observe_load(engine.role, old, load)
+            self._last_loads[name] = load
+
+    # ---- the router ---------------------------------------------------------------------------------
+    def _sync(self, engine: SimEngine) -> None:
+        """What the router knows of the worker: an up-to-date heartbeat's load (so nothing to count between)."""
+        if engine.role == "decode" and self.layout.policy == "always":  # never prefills: only its blocks matter
+            info = self.infos[engine.name]
+            info.blocks_promised = info.load.kv_blocks_free - engine.free_blocks
+            return
+        self.registry.heartbeat(self.infos[engine.name], P.Heartbeat(worker_id=engine.name, load=engine.load()))
+
+    def _dispatch(self) -> None:
+        while self.queue:
+            if not self._dispatch_one(self.queue.peek()):
+                return
+            self.queue.pop()
+
+    def _dispatch_one(self, req: SimRequest) -> bool:
+        """router/dispatch.py's choice for the oldest queued request; False when no worker can take it."""
+        place, ids = self.placement, req.attempt_ids
+        req.dispatched = self.now
+        if self.layout.mode == "colocated":
+            worker = place.colocated(len(ids), req.keys)
+            if worker is None:
+                return False
+            req.router.run_on(worker, place.cached_tokens(worker, req.keys))
+            place.placed(worker, req.keys)
+            self._run_on(worker.worker_id, req, prefill_only=False)
+            return True
+        blocks = place.blocks_needed(ids)
+        may_be_local = self.disagg.policy != "always"
+        decode = place.decode(blocks, len(ids), req.keys) if may_be_local else place.decode(blocks)
+        prefill = place.prefill(len(ids), req.keys)
+        if decode is None or (prefill is None and not may_be_local):
+            return False
+        req.estimate = self.disagg.choose(place.cost(prefill, len(ids), req.keys) if prefill else -1,
+                                          place.cost(decode, len(ids), req.keys))
+        if req.estimate.local:
+            req.router.run_on(decode, place.cached_tokens(decode, req.keys), blocks)
+            place.placed(decode, req.keys)
+            self._run_on(decode.worker_id, req, prefill_only=False)
+            return True
+        engine = self.engines[decode.worker_id]
+        self._kick(engine)  # a fast run there takes its blocks before the reservation does
+        seq = engine.reserve(req.rid, ids, req.output_len)
+        if seq is None:
+            return False
+        place.placed(decode, req.keys)
+        req.router.pair(prefill, decode, blocks, place.cached_tokens(prefill, req.keys))
+        req.router.reserved(prefill)  # the reservation is instant here: the prompt goes to the prefill worker
+        self._sync(engine)
+        req.decode_seq = _Placed(decode.worker_id, seq)
+        place.placed(prefill, req.keys)
+        self._run_on(prefill.worker_id, req, prefill_only=True)
+        return True
+
+    def _run_on(self, name: str, req: SimRequest, prefill_only: bool) -> None:
+        engine = self.engines[name]
+        seq = engine.add_prompt(req.rid, req.attempt_ids, req.output_len, prefill_only)
+        if prefill_only:
+            req.prefill_seq = _Placed(name, seq)
+        self._kick(engine)
+
+
+@dataclass
+class _Placed:
+    worker: str
+    seq: object
+
+
+def simulate(profile: Profile, layout: Layout, workload: Workload, fast_forward: bool = True,
+             spares: BlockPool | None = None) -> list[SimRequest]:
+    """Every request's times; given `spares`, the engines' block managers are taken from it and given back."""
+    sim = Simulation(profile, layout, workload, fast_forward, spares)
+    requests = sim.run()
+    if spares is not None:
+        for engine in sim.engines.values():
+            spares.give(engine.block_manager)
+    return requests

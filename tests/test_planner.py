@@ -1,0 +1,315 @@
+"""The planner on the CPU: cost profiles, the simulator on cases whose answers are known (a single queue against
+queueing theory, a fixed batch's step times, an unloaded request), the recommendation where the answer is obvious,
+and `pdcluster plan` end to end."""
+from __future__ import annotations
+
+import json
+import os
+import random
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import msgspec
+import pytest
+
+from scripts.bench_workloads import LengthRange, poisson_arrivals, shared_prefix_mix
+from scripts.planner.engine import BlockPool, SimEngine
+from scripts.planner.config import SLO, PlanConfig
+from scripts.planner.plan import run_plan
+from scripts.planner.profile import (DecodeCost, HandoffCost, PrefillCost, Profile, ProfileError, load_profile,
+                                     save_profile)
+from scripts.planner.report import recommend, score, summarize
+from scripts.planner.sim import Layout, Simulation, Workload, simulate
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLE = ROOT / "scripts" / "planner" / "profiles" / "example-h200-qwen3-8b.json"
+
+
+def make_profile(**overrides) -> Profile:
+    fields = dict(machine="test", model="test", block_size=16, num_kv_blocks=4096, kv_bytes_per_token=1000,
+                  max_num_batched_tokens=4096, max_num_seqs=64, host_launch_s=0.001,
+                  prefill=PrefillCost(base_s=0.01, per_token_s=1e-4, per_token_context_s=1e-8),
+                  decode=DecodeCost(base_s=0.005, per_seq_s=1e-4, per_seq_context_s=1e-7),
+                  handoff={"host": HandoffCost(base_s=0.002, bytes_per_s=1e8)})
+    fields.update(overrides)
+    profile = Profile(**fields)
+    profile.check()
+    return profile
+
+
+def workload(n: int, rate: float, input_len: int, output_len: int, seed: int = 0) -> Workload:
+    rng = random.Random(seed)
+    prompts = [[rng.randrange(50_000) for _ in range(input_len)] for _ in range(n)]
+    return Workload(poisson_arrivals(rng, n, rate), prompts, [output_len] * n, shared_prefixes=False)
+
+
+# ---- profiles -----------------------------------------------------------------------------------
+def test_the_example_profile_loads_and_says_it_is_an_example(tmp_path):
+    profile = load_profile(EXAMPLE)
+    assert "EXAMPLE" in profile.machine and "not a measurement" in profile.note
+    save_profile(profile, tmp_path / "p.json")
+    assert load_profile(tmp_path / "p.json") == profile
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda d: d["decode"].update(base_s=-1), "decode.base_s"),
+    (lambda d: d.update(handoff={}), "handoff"),
+    (lambda d: d.update(num_kv_blocks=0), "num_kv_blocks"),
+    (lambda d: d.update(surprise=1), "surprise"),
+    (lambda d: d.pop("prefill"), "prefill"),
+])
+def test_a_bad_profile_is_refused_naming_the_field(tmp_path, change, message):
+    data = json.loads(EXAMPLE.read_text())
+    change(data)
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(ProfileError, match=message):
+        load_profile(path)
+
+
+def test_a_profile_costs_as_its_formulas_say():
+    p = make_profile()
+    assert p.prefill.seconds(100, 50) == pytest.approx(0.01 + 100e-4 + 100 * 50 * 1e-8)
+    assert p.decode.seconds(4, 4 * 200) == pytest.approx(0.005 + 4e-4 + 800e-7)
+    assert p.handoff_seconds(100) == pytest.approx(0.002 + 100 * 1000 / 1e8)
+    assert p.prefill.seconds(0) == p.decode.seconds(0, 0) == 0.0
+
+
+# ---- the simulator against known answers --------------------------------------------------------
+def test_a_single_queue_waits_as_pollaczek_khinchine_says():
+    """One replica serving one request at a time, each a single prefill step of a fixed length (M/D/1): the
+    mean wait is rho * S / (2 (1 - rho))."""
+    profile = make_profile(max_num_seqs=1)
+    input_len, rho, n = 256, 0.7, 20_000
+    service = profile.host_launch_s + profile.prefill.seconds(input_len, 0)
+    load = workload(n, rho / service, input_len, output_len=1, seed=1)
+    requests = simulate(profile, Layout(colocated=1), load)
+    waits = [r.ttft - service for r in requests]
+    assert min(waits) == pytest.approx(0.0, abs=1e-9)
+    expected = rho * service / (2 * (1 - rho))
+    assert sum(waits) / n == pytest.approx(expected, rel=0.1)
+
+
+@pytest.mark.parametrize("fast_forward", [True, False])
+def test_a_fixed_batch_finishes_when_its_decode_steps_add_up(fast_forward):
+    """B handed-off requests decode together to the end: their last token comes after the sum of the profile's
+    step times, contexts growing one token a step (stepping one by one and in bulk agree)."""
+    profile = make_profile()
+    batch, prompt, output = 8, 100, 50
+    engine = SimEngine("d0", "decode", profile, fast_forward=fast_forward)
+    for i in range(batch):
+        seq = engine.reserve(str(i), list(range(i * 1000, i * 1000 + prompt)), output)
+        engine.land(seq)
+    now, steps = 0.0, 0
+    while (end := engine.start(now)) is not None:
+        now = end
+        seqs, _ = engine.finish()
+    steps = output - 1  # the first token came with the handoff
+    expected = sum(profile.host_launch_s + profile.decode.seconds(batch, batch * (prompt + i)) for i in range(steps))
+    assert now == pytest.approx(expected, rel=1e-12)
+    assert engine.steps == steps and not engine.scheduler.has_unfinished()
+    assert engine.free_blocks == profile.num_kv_blocks
+
+
+def test_an_unloaded_request_takes_prefill_handoff_and_one_decode_step():
+    profile = make_profile()
+    input_len, output = 700, 20
+    requests = simulate(profile, Layout(prefill=1, decode=1), workload(1, 1.0, input_len, output))
+    launch = profile.host_launch_s
+    expected = (launch + profile.prefill.seconds(input_len, 0) + profile.handoff_seconds(input_len)
+                + launch + profile.decode.seconds(1, input_len))
+    assert requests[0].ttft == pytest.approx(expected, rel=1e-12)
+    tpot = [launch + profile.decode.seconds(1, input_len + 1 + i) for i in range(output - 2)]
+    assert requests[0].tpot == pytest.approx(sum(tpot) / (output - 1), rel=1e-12)
+
+
+def test_fast_forward_changes_no_prediction():
+    """Decode steps run in bulk, cut short when a request lands, give every request the times stepping gives."""
+    profile = make_profile()
+    load = workload(300, 40.0, 300, 60, seed=2)
+    bulk = simulate(profile, Layout(prefill=1, decode=1), load)
+    stepped = simulate(profile, Layout(prefill=1, decode=1), load, fast_forward=False)
+    for a, b in zip(bulk, stepped):
+        assert (a.first, a.done) == pytest.approx((b.first, b.done), rel=1e-9)
+
+
+@pytest.mark.parametrize("shared", [False, True])
+def test_reused_block_managers_change_no_prediction(shared):
+    profile = make_profile()
+    base = workload(100, 30.0, 300, 40, seed=4)
+    load = Workload(base.arrivals, [[7] * 64 + p for p in base.prompts], base.output_lens, shared_prefixes=shared)
+    spares = BlockPool()
+    runs = [simulate(profile, Layout(prefill=2, decode=2), load, spares=spares) for _ in range(3)]
+    assert sum(map(len, spares.spare.values())) == 4
+    for a, b in zip(runs[0], runs[2]):
+        assert (a.first, a.done) == (b.first, b.done)
+
+
+def test_prefix_aware_placement_finds_the_cached_prefixes_placement_by_load_misses():
+    """The router's own placement, on system prompts that fit in the replicas' caches together but not in one:
+    the engines' block managers find more of each prompt cached, and prompts wait less."""
+    profile = make_profile(num_kv_blocks=1024)  # 16k tokens a replica: 4 of the 12 prefixes
+    rng = random.Random(5)
+    requests = shared_prefix_mix(rng, 400, 50_000, 4000, 12, LengthRange(64, 64), LengthRange(8, 8))
+    load = Workload(poisson_arrivals(rng, 400, 8.0), [r.prompt_ids for r in requests], [8] * 400)
+    seen = {}
+    for placement in ("prefix", "load"):
+        sim = Simulation(profile, Layout(colocated=4, placement=placement), load)
+        done = sim.run()
+        hits = sum(e.block_manager.cache_hit_tokens for e in sim.engines.values())
+        seen[placement] = (sum(r.ttft for r in done) / len(done), hits)
+    assert seen["prefix"][1] > 2 * seen["load"][1]
+    assert seen["prefix"][0] < seen["load"][0] / 2
+
+
+def test_a_burst_beyond_the_per_worker_cap_waits_at_the_router_and_the_counts_return_to_zero():
+    """The router's Request transitions count what each worker holds; WorkerRegistry.with_room caps it."""
+    profile = make_profile(num_kv_blocks=100_000)
+    load = workload(1500, float("inf"), 50, 20)  # all at once, more than a worker's 1024
+    sim = Simulation(profile, Layout(prefill=1, decode=1), load)
+    most = 0
+    dispatch = sim._dispatch
+
+    def watched() -> None:
+        nonlocal most
+        dispatch()
+        most = max(most, *(len(w.assigned) for w in sim.infos.values()))
+
+    sim._dispatch = watched
+    requests = sim.run()
+    assert most == 1024 and all(r.done is not None for r in requests)
+    assert all(not w.assigned and w.prefill_tokens == 0 for w in sim.infos.values())
+
+
+def test_a_burst_beyond_the_routers_queue_is_refused_as_the_router_refuses_it():
+    """Admission's bounds: a worker holds 1024 requests, the queue 4096 more; the rest are `overloaded`, and count
+    as missing the SLO."""
+    profile = make_profile(num_kv_blocks=100_000, max_num_seqs=256)
+    requests = simulate(profile, Layout(colocated=1), workload(6000, float("inf"), 16, 2))
+    refused = [r for r in requests if r.refused]
+    assert len(refused) == 6000 - 1024 - 4096 and {r.refused for r in refused} == {"overloaded"}
+    point = summarize("colocated x1", 1.0, requests, SLO(1e9, 1e9))
+    assert point.refused == len(refused) and point.attainment == pytest.approx(1 - len(refused) / 6000)
+
+
+def test_every_request_finishes_in_every_mode_and_policy():
+    profile = make_profile(num_kv_blocks=512)  # tight: admission waits for blocks, decodes may preempt
+    load = workload(200, 50.0, 400, 80, seed=3)
+    for layout in (Layout(prefill=1, decode=2), Layout(prefill=2, decode=1, policy="auto"),
+                   Layout(prefill=1, decode=2, policy="never"), Layout(colocated=3)):
+        requests = simulate(profile, layout, load)
+        assert all(r.done is not None and r.done >= r.first >= r.arrival for r in requests), layout
+
+
+def test_a_prefill_worker_waiting_for_blocks_held_for_handoffs_goes_on_when_they_land():
+    """Its cache holds one prompt at a time: each next prompt waits until the last one's KV has landed."""
+    profile = make_profile(num_kv_blocks=48)
+    load = Workload([0.0] * 6, [[i] * 600 for i in range(6)], [10] * 6, shared_prefixes=False)
+    requests = simulate(profile, Layout(prefill=1, decode=3), load)
+    firsts = sorted(r.first for r in requests)
+    handoff = profile.handoff_seconds(600)
+    assert all(b - a > handoff for a, b in zip(firsts, firsts[1:]))
+
+
+def test_a_request_no_engine_can_hold_is_refused():
+    profile = make_profile(num_kv_blocks=8)
+    with pytest.raises(ValueError, match="more KV blocks"):
+        simulate(profile, Layout(colocated=2), workload(3, 1.0, 200, 10))
+
+
+# ---- the recommendation -------------------------------------------------------------------------
+def plan_for(profile: Profile, **flags) -> dict:
+    cfg = PlanConfig(profile="given", gpus=4, seed=0, disagg_policies="always", **flags)
+    return run_plan(cfg, [profile]).results
+
+
+def sustained(results: dict, slo: SLO) -> dict[str, float]:
+    return {name: score(points, slo)[0] for name, points in results.items()}
+
+
+def test_a_decode_heavy_workload_gets_more_decode_gpus():
+    """Short prompts, long answers, few sequences per decode engine: each decode GPU adds capacity."""
+    slo = SLO(1.0, 0.02)
+    results = plan_for(make_profile(max_num_seqs=16), input_len="32", output_len="400", rates="4,8,12",
+                       num_requests=200, slo_ttft=slo.ttft, slo_tpot=slo.tpot)
+    rates = sustained(results, slo)
+    assert rates["1P:3D"] > rates["2P:2D"] > rates["3P:1D"]
+    splits = {name: points for name, points in results.items() if not name.startswith("colocated")}
+    assert recommend(splits, slo)[0] == "1P:3D"
+
+
+def test_a_prefill_heavy_workload_gets_more_prefill_gpus():
+    """Long prompts, a few tokens each: each prefill GPU adds capacity, and colocated decodes stall behind them."""
+    slo = SLO(1.0, 0.05)
+    results = plan_for(make_profile(), input_len="3000", output_len="4", rates="2,4,6", num_requests=200,
+                       slo_ttft=slo.ttft, slo_tpot=slo.tpot)
+    rates = sustained(results, slo)
+    assert rates["3P:1D"] > rates["2P:2D"] > rates["1P:3D"]
+    assert recommend(results, slo)[0] == "3P:1D"
+
+
+def test_profiles_at_two_tp_sizes_are_compared_on_the_same_gpus():
+    tp1, tp2 = make_profile(), make_profile(tp=2, block_size=32, num_kv_blocks=4096)
+    cfg = PlanConfig(profile="given", gpus=4, rates="5", num_requests=50, input_len="100", output_len="10",
+                     disagg_policies="always")
+    results = run_plan(cfg, [tp1, tp2]).results
+    assert list(results) == ["1P:3D", "2P:2D", "3P:1D", "colocated x4", "tp2 1P:1D", "tp2 colocated x2"]
+
+
+def test_a_trace_without_rates_is_simulated_as_recorded(tmp_path):
+    trace = tmp_path / "trace.jsonl"
+    trace.write_text("".join(json.dumps({"arrival": 10 + i * 0.5, "input_len": 50 + i, "output_len": 5}) + "\n"
+                             for i in range(21)))
+    results = plan_for(make_profile(), trace=str(trace))
+    points = results["2P:2D"]
+    assert len(points) == 1 and points[0].rate == pytest.approx(2.0) and points[0].requests == 21
+
+
+@pytest.mark.parametrize("flags, message", [
+    (dict(profile=""), "--profile"),
+    (dict(gpus=1), "--gpus"),
+    (dict(disagg_policies="always,sometimes"), "--disagg-policies"),
+    (dict(placement="random"), "--placement"),
+    (dict(workload="trace"), "--trace"),
+    (dict(rates="4,fast"), "--rates"),
+    (dict(output_len="0"), "--output-len"),
+])
+def test_plan_settings_are_checked_naming_the_flag(flags, message):
+    with pytest.raises(ValueError, match=message):
+        PlanConfig(**{"profile": "p.json", **flags})
+
+
+# ---- the command --------------------------------------------------------------------------------
+def plan_command(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "scripts.cli", "plan", "--profile", str(EXAMPLE), *args],
+                          cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def test_plan_prints_every_split_and_a_recommendation(tmp_path):
+    proc = plan_command("--gpus", "4", "--rates", "10,30", "--num-requests", "200", "--out", str(tmp_path))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    for layout in ("1P:3D", "2P:2D", "3P:1D", "1P:3D (auto)", "3P:1D (auto)", "colocated x4"):
+        assert layout in proc.stdout
+    assert "recommendation: " in proc.stdout and "EXAMPLE" in proc.stdout
+    record = json.loads((tmp_path / "plan.json").read_text())
+    assert record["recommendation"]["layout"] in record["results"]
+    assert len(record["results"]["2P:2D"]) == 2
+
+
+def test_plan_on_128_gpus_finishes_in_well_under_a_minute():
+    start = time.monotonic()
+    proc = plan_command("--gpus", "128", "--rates", "400", "--num-requests", "300", "--output-len", "64",
+                        "--disagg-policies", "always", timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "recommendation: " in proc.stdout and "coarse grid" in proc.stdout
+    assert time.monotonic() - start < 60
+
+
+def test_plan_refuses_a_missing_profile_with_a_usage_error(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "scripts.cli", "plan", "--profile", str(tmp_path / "none.json")],
+                          cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 2 and "cannot read" in proc.stderr
