@@ -3,10 +3,11 @@ import os, random, re, statistics, subprocess, sys, time
 from router.client import Client
 
 model, label, port = sys.argv[1], sys.argv[2], int(sys.argv[3])
+mode = sys.argv[4] if len(sys.argv) > 4 else "disagg"
 log = open(f"/tmp/serve-{label}.log", "w")
 t0 = time.monotonic()
 proc = subprocess.Popen([sys.executable, "-m", "scripts.cli", "serve", "--model", model, "--device", "cuda",
-                         "--gpus-per-worker", "0.5", "--bind", f"tcp://127.0.0.1:{port}"], stdout=log, stderr=subprocess.STDOUT)
+                         "--gpus-per-worker", "0.5", "--mode", mode, "--workers", "2", "--bind", f"tcp://127.0.0.1:{port}"], stdout=log, stderr=subprocess.STDOUT)
 try:
     while "serving on" not in open(f"/tmp/serve-{label}.log").read():
         assert proc.poll() is None, open(f"/tmp/serve-{label}.log").read()[-3000:]
