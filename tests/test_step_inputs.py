@@ -114,3 +114,31 @@ def test_every_section_starts_16_byte_aligned_whatever_the_step_sizes(num_tokens
     assert all((v.data_ptr() - base) % 16 == 0 for v in views)
     assert inputs.positions.tolist() == [2] + list(range(num_tokens))
     assert inputs.logits_indices.tolist() == [0, num_tokens]
+
+
+def test_padded_step_sizes_are_few_and_never_past_the_budget():
+    from common.engine.step_inputs import padded_tokens, token_buckets
+
+    assert [padded_tokens(n, 8192) for n in (1, 64, 65, 512, 513, 4096, 4097, 8192)] == \
+        [64, 64, 128, 512, 768, 4096, 5120, 8192]
+    assert padded_tokens(7000, 7000) == 7000 and padded_tokens(6500, 7000) == 7000
+    buckets = token_buckets(8192)
+    assert len(buckets) == 26 and buckets[-1] == 8192
+    assert all(padded_tokens(n, 8192) in buckets for n in range(1, 8193))
+
+
+def test_a_padded_step_adds_tokens_no_sequence_owns_and_that_store_nothing():
+    from common.engine.step_inputs import padded_tokens
+
+    decode = seq([5, 6, 7], 2, [6])
+    prompt = seq(list(range(1, 11)), 0, [1, 2, 3])
+    batch = ScheduledBatch([decode, prompt], [1, 10])
+    plain = unpack_step(*(lambda s: (s.header, s.payload))(pack_step(batch, BLOCK, 0, no_plan)))
+    step = pack_step(batch, BLOCK, 0, no_plan, pad=lambda n: padded_tokens(n, 8192))
+    inputs = unpack_step(step.header, step.payload)
+    assert step.header.num_tokens == 64 and inputs.input_ids.shape == (64,)
+    assert inputs.input_ids[:11].tolist() == plain.input_ids.tolist() and inputs.input_ids[11:].eq(0).all()
+    assert inputs.attn.slot_mapping[11:].eq(-1).all() and inputs.positions[11:].eq(0).all()
+    assert inputs.attn.query_start_loc.tolist() == [0, 1, 11] and inputs.logits_indices.tolist() == [0, 10]
+    decode_only = pack_step(ScheduledBatch([decode], [1]), BLOCK, 0, no_plan, pad=lambda n: 64)
+    assert decode_only.header.num_tokens == 1  # decode steps replay graphs sized by batch: no padding

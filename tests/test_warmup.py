@@ -87,3 +87,30 @@ def test_compile_watch_restores_the_hook_it_chained_to():
         assert seen == ["k[num_warps=4](x: *fp32)"]
     finally:
         triton.knobs.runtime.jit_cache_hook = None
+
+
+def test_padded_prefill_steps_generate_what_unpadded_ones_do(llm):
+    """On a GPU a step with prefills runs at a padded token count (step_inputs.padded_tokens); the padding tokens
+    must change nothing a request sees. The CPU engine pads here on purpose, through the same pack_step."""
+    from functools import partial
+
+    from common.engine.step_inputs import pack_step, padded_tokens
+
+    prompts = [[5, 6, 7, 8, 9, 10, 11], list(range(20, 97)), [3] * 40]
+    sampling = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
+    plain = [o.token_ids for o in llm.generate(prompts, sampling, use_tqdm=False)]
+    runner = llm.engine.runner
+    sizes = []
+
+    def padded(batch):
+        step = pack_step(batch, runner.config.block_size, runner._launches, runner._plan, partial(padded_tokens, budget=512))
+        sizes.append(step.header.num_tokens)
+        return step
+
+    runner.pack = padded
+    try:
+        assert [o.token_ids for o in llm.generate(prompts, sampling, use_tqdm=False)] == plain
+    finally:
+        del runner.pack
+    prefills = [n for n in sizes if n > len(prompts)]  # decode-only steps (one token a sequence) are not padded
+    assert prefills and set(prefills) <= {64, 128, 192, 256}

@@ -20,7 +20,7 @@ from common.engine.models.llama import CausalLM
 from common.engine.scheduler import ScheduledBatch
 from common.engine.sequence import Sequence
 from common.engine.step_inputs import (HEADER_SIZE, STOP, PackedStep, StepHeader, StepInputs, pack_step,
-                                       unpack_step, warmup_step)
+                                       padded_tokens, unpack_step, warmup_step)
 from common.protocol import KVLayout
 
 log = logging.getLogger(__name__)
@@ -108,17 +108,22 @@ class ModelRunner:
         cfg = self.config
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
-        num_tokens = min(cfg.max_num_batched_tokens, cfg.max_model_len * cfg.max_num_seqs)
-        seq_len = min(cfg.max_model_len, num_tokens)
-        lens = [seq_len] * (num_tokens // seq_len) + ([num_tokens % seq_len] if num_tokens % seq_len else [])
-        step = warmup_step(lens)
-        self.execute(unpack_step(step.header, step.payload.to(self.device)))
+        self.forward_fresh(min(cfg.max_num_batched_tokens, cfg.max_model_len * cfg.max_num_seqs))
         torch.cuda.synchronize()
         free, total = torch.cuda.mem_get_info()
         peak = torch.cuda.max_memory_allocated()
         # Only this runner's own use counts against its share: other engines may live in this process.
         budget = min(total * cfg.gpu_memory_utilization - (peak - self._memory_at_start), free * 0.98)
         return int(budget // self.layout.block_bytes)
+
+    @torch.inference_mode()
+    def forward_fresh(self, num_tokens: int) -> None:
+        """One forward of `num_tokens` prompt tokens (as many max_model_len prompts as that takes) that stores and
+        reads no KV: to size memory, and to meet a step size's GEMM shapes before serving (warmup.py)."""
+        seq_len = min(self.config.max_model_len, num_tokens)
+        lens = [seq_len] * (num_tokens // seq_len) + ([num_tokens % seq_len] if num_tokens % seq_len else [])
+        step = warmup_step(lens)
+        self.execute(unpack_step(step.header, step.payload.to(self.device)))
 
     # ---- one step -----------------------------------------------------------------------------------
     @torch.inference_mode()
@@ -152,7 +157,11 @@ class ModelRunner:
 
     def pack(self, batch: ScheduledBatch) -> PackedStep:
         """The step's inputs on the host (rank 0)."""
-        return pack_step(batch, self.config.block_size, self._launches, self._plan)
+        return pack_step(batch, self.config.block_size, self._launches, self._plan,
+                         self._pad if self.device.type == "cuda" else None)
+
+    def _pad(self, num_tokens: int) -> int:
+        return padded_tokens(num_tokens, self.config.max_num_batched_tokens)
 
     def _plan(self, decode_lens: list[int], decode_only: bool) -> np.ndarray | None:
         """The backend's plan for the decodes as its kernel will see them: padded to the graph's bucket when the

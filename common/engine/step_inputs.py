@@ -97,8 +97,27 @@ class PackedStep:
 Planner = Callable[[list[int], bool], "np.ndarray | None"]
 
 
-def pack_step(batch: ScheduledBatch, block_size: int, launch: int, plan: Planner) -> PackedStep:
-    """`launch`: the count of launches so far; a PENDING input must come from the last of them."""
+def padded_tokens(n: int, budget: int) -> int:
+    """The token count a step with prefills runs at on a GPU: one of a few dozen sizes (multiples of 64 to 512, of
+    256 to 4096, of 1024 beyond; never past `budget`, the step's token budget, unless `n` is), because cuBLAS
+    chooses each GEMM shape's algorithm the first time it meets it, and a prompt's length would otherwise make a
+    new shape for nearly every request. Warm-up runs each size once (`token_buckets`)."""
+    for limit, unit in ((512, 64), (4096, 256), (1 << 62, 1024)):
+        if n <= limit:
+            return max(n, min(-(-n // unit) * unit, budget))
+    return n
+
+
+def token_buckets(budget: int) -> list[int]:
+    """Every token count `padded_tokens` gives for steps of up to `budget` tokens."""
+    return sorted({padded_tokens(n, budget) for n in range(1, budget + 1)})
+
+
+def pack_step(batch: ScheduledBatch, block_size: int, launch: int, plan: Planner,
+              pad: Callable[[int], int] | None = None) -> PackedStep:
+    """`launch`: the count of launches so far; a PENDING input must come from the last of them. `pad`: the token
+    count a step with prefills runs at (`padded_tokens`); the padding tokens store nothing (slot -1) and are no
+    sequence's, so attention and the logits never read them."""
     bs = block_size
     ids, positions, slots = [], [], []
     seq_lens, qsl = [], [0]
@@ -126,11 +145,16 @@ def pack_step(batch: ScheduledBatch, block_size: int, launch: int, plan: Planner
         seq_lens.append(end)
         qsl.append(qsl[-1] + n)
     nd = batch.num_decodes
+    if pad is not None and not batch.decode_only:
+        extra = pad(len(ids)) - len(ids)
+        ids.extend([0] * extra)
+        positions.extend([0] * extra)
+        slots.extend([-1] * extra)
     prefill_q = batch.num_new_tokens[nd:]
     table = plan(seq_lens[:nd], batch.decode_only) if nd else None
     planned = np.zeros(0, np.int64) if table is None else table.ravel()
     header = StepHeader(
-        num_tokens=qsl[-1], num_seqs=len(seq_lens), table_width=width, num_decodes=nd,
+        num_tokens=len(ids), num_seqs=len(seq_lens), table_width=width, num_decodes=nd,
         max_query_len=max(batch.num_new_tokens), max_seq_len=max(seq_lens),
         prefix_cached=any(l > n for l, n in zip(seq_lens[nd:], prefill_q)),
         max_prefill_query_len=max(prefill_q, default=0), plan_size=planned.size)
