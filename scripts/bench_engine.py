@@ -24,6 +24,10 @@ from scripts.bench_gpu import cuda_kernels, device_summary, hbm_bandwidth, log, 
 from scripts.model_prep import prepare_tokenizer
 
 
+WARM = ("warm: each engine compiles (or loads) every kernel variant before it is ready (common/engine/warmup.py), so "
+        "no timed step compiles; the cold start itself: python -m scripts.bench_startup")
+
+
 def model_dir(config: str, root: Path) -> Path:
     return prepare_tokenizer(config, root / config)
 
@@ -84,6 +88,7 @@ def bench_throughput(root: Path, num_seqs: int, hf_seqs: int, tp: int = 1) -> No
     log(f"== offline throughput: {num_seqs} seqs, input/output uniform in 100..1024, ignore_eos, Qwen3-0.6B bf16, "
         f"tensor parallel {tp}")
     log(f"   {in_tokens} prompt + {out_tokens} output tokens")
+    log(f"   {WARM}")
     log(f"{'mode':<28}{'seqs':>6}{'seconds':>10}{'output tok/s':>14}{'total tok/s':>13}")
     small = work[:hf_seqs]
     small_out = sum(m for _, m in small)
@@ -254,6 +259,7 @@ def bench_decode(root: Path, config: str, context: int, modes: list[str] = list(
     log(f"== decode step, {config} bf16, context {context} tokens/seq; device copy bandwidth {bw:.0f} GB/s "
         "(read + write)")
     log("   roofline = (weight bytes + KV bytes read) / copy bandwidth (read + write)")
+    log(f"   {WARM}")
     log(f"{'mode':<20}{'batch':>6}{'step ms':>10}{'roofline ms':>13}{'x roofline':>12}{'tok/s':>10}")
     for name, kw in (DECODE_MODES[m] for m in modes):
         llm = make_llm(path, max_num_seqs=256, max_model_len=context + DECODE_TOKENS + 16, **kw)
