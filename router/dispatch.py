@@ -3,15 +3,41 @@ router/disagg_policy.py say, while some worker can take the oldest."""
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 
 from common import protocol as P
 from router.admission import WaitQueue
-from router.disagg_policy import DisaggPolicy
+from router.disagg_policy import DisaggPolicy, Estimate
 from router.placement import Placement
+from router.prefix_index import PromptKeys
 from router.registry import WorkerInfo
 from router.request import Request
 
 Send = Callable[[WorkerInfo, P.Message], Awaitable[None]]
+
+
+@dataclass
+class DisaggChoice:
+    """Where a disaggregated prompt goes: its decode worker (holding `blocks` for it), the prefill worker that
+    would compute its KV (None: none could), and whether it is prefilled on the decode worker (`estimate.local`)."""
+
+    decode: WorkerInfo
+    prefill: WorkerInfo | None
+    blocks: int
+    estimate: Estimate
+
+
+def choose_disagg(place: Placement, disagg: DisaggPolicy, ids: list[int], keys: PromptKeys | None) -> DisaggChoice | None:
+    """The choice itself, without sending anything (the planner's simulator makes the same one); None: no worker can
+    take the prompt now."""
+    blocks = place.blocks_needed(ids)
+    may_be_local = disagg.policy != "always"
+    decode = place.decode(blocks, len(ids), keys) if may_be_local else place.decode(blocks)
+    prefill = place.prefill(len(ids), keys)
+    if decode is None or (prefill is None and not may_be_local):
+        return None
+    estimate = disagg.choose(place.cost(prefill, len(ids), keys) if prefill else -1, place.cost(decode, len(ids), keys))
+    return DisaggChoice(decode, prefill, blocks, estimate)
 
 
 class Dispatcher:
@@ -41,14 +67,10 @@ class Dispatcher:
         """A decode worker for it, and where it is prefilled: a prefill worker, the KV handed over (the decode worker
         first reserves its blocks: `reserve`, then router.py's `on_reserved`), or the decode worker itself."""
         place = self.placement
-        blocks = place.blocks_needed(ids)
-        may_be_local = self.disagg.policy != "always"
-        decode = place.decode(blocks, len(ids), req.keys) if may_be_local else place.decode(blocks)
-        prefill = place.prefill(len(ids), req.keys)
-        if decode is None or (prefill is None and not may_be_local):
+        choice = choose_disagg(place, self.disagg, ids, req.keys)
+        if choice is None:
             return False
-        req.estimate = self.disagg.choose(place.cost(prefill, len(ids), req.keys) if prefill else -1,
-                                          place.cost(decode, len(ids), req.keys))
+        decode, prefill, blocks, req.estimate = choice.decode, choice.prefill, choice.blocks, choice.estimate
         place.placed(decode, req.keys)  # either way the decode worker's cache gets the prompt's blocks
         if req.estimate.local:
             req.run_on(decode, place.cached_tokens(decode, req.keys), blocks)

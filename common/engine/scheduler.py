@@ -53,6 +53,11 @@ class Scheduler:
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
 
+    def queued_tokens(self) -> int:
+        """Prompt tokens still to compute: waiting prompts', and running prompts' chunks not yet prefilled."""
+        return (sum(s.num_uncomputed() for s in self.waiting)
+                + sum(s.num_uncomputed() for s in self.running if s.num_uncomputed() > 1))
+
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running)
 

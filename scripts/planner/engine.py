@@ -108,8 +108,7 @@ class SimEngine:
         sched = self.scheduler
         return P.WorkerLoad(
             queued_requests=len(sched.waiting),
-            queued_tokens=sum(s.num_uncomputed() for s in sched.waiting)
-            + sum(s.num_uncomputed() for s in sched.running if s.num_uncomputed() > 1),
+            queued_tokens=sched.queued_tokens(),
             running_requests=len(sched.running),
             kv_blocks_total=self.block_manager.num_blocks,
             kv_blocks_free=self.block_manager.num_free_blocks,

@@ -15,8 +15,8 @@ The same policy code the cluster runs, imported:
   `prefill_tokens`);
 - each worker's batching: the engine's `Scheduler` and `BlockManager` (scripts/planner/engine.py).
 
-Not reused: router/dispatch.py's `Dispatcher` is async and sends messages, so `_dispatch_one` below is its
-choice without the sending (keep them in step). Not modelled yet: message latencies between router and workers,
+Reused: router/dispatch.py's `choose_disagg`, the disaggregated choice itself; `_dispatch_one` below only applies
+it without messages (the router's `Dispatcher` is async and sends them). Not modelled yet: message latencies between router and workers,
 the reserve round trip, preemption's recompute cost beyond the scheduler's own, tensor parallelism other than
 through the profile's `tp`.
 """
@@ -32,6 +32,7 @@ from common.sampling_params import SamplingParams
 from router.admission import Admission, Refused
 from router.config import RouterConfig
 from router.disagg_policy import DisaggPolicy, Estimate
+from router.dispatch import choose_disagg
 from router.placement import Placement
 from router.prefix_index import PromptKeys
 from router.registry import WorkerInfo, WorkerRegistry
@@ -275,14 +276,10 @@ class Simulation:
             place.placed(worker, req.keys)
             self._run_on(worker.worker_id, req, prefill_only=False)
             return True
-        blocks = place.blocks_needed(ids)
-        may_be_local = self.disagg.policy != "always"
-        decode = place.decode(blocks, len(ids), req.keys) if may_be_local else place.decode(blocks)
-        prefill = place.prefill(len(ids), req.keys)
-        if decode is None or (prefill is None and not may_be_local):
+        choice = choose_disagg(place, self.disagg, ids, req.keys)  # the router's own choice
+        if choice is None:
             return False
-        req.estimate = self.disagg.choose(place.cost(prefill, len(ids), req.keys) if prefill else -1,
-                                          place.cost(decode, len(ids), req.keys))
+        decode, prefill, blocks, req.estimate = choice.decode, choice.prefill, choice.blocks, choice.estimate
         if req.estimate.local:
             req.router.run_on(decode, place.cached_tokens(decode, req.keys), blocks)
             place.placed(decode, req.keys)
