@@ -81,8 +81,9 @@ def prefill_plan(grid: Grid, budget: int, max_len: int, block_size: int) -> list
 
 def measure_prefill(engine: LLMEngine, grid: Grid, prompts: Prompts, progress: Callable[[str], None]
                     ) -> list[PrefillPoint]:
-    """One prompt a step, alone: the step that computes it, synchronised. A cached prefix is made by running it
-    first as a prompt of its own; the next prompt starting with it finds its blocks in the prefix cache."""
+    """One prompt a step, alone: the step that computes it, synchronised; the least of a few. A cached prefix is
+    made by running it first as a prompt of its own; the next prompt starting with it finds its blocks in the
+    prefix cache."""
     cfg, device = engine.config, engine.runner.device
     plan = prefill_plan(grid, cfg.max_num_batched_tokens, cfg.max_model_len, cfg.block_size)
     one = SamplingParams(max_tokens=1, ignore_eos=True)
@@ -106,7 +107,7 @@ def measure_prefill(engine: LLMEngine, grid: Grid, prompts: Prompts, progress: C
             drain(engine)
             if rep:  # the first is untimed
                 times.append(seconds)
-        points.append(PrefillPoint(tokens, context, statistics.median(times)))
+        points.append(PrefillPoint(tokens, context, min(times)))  # interference (other processes) only adds
         progress(f"prefill {tokens:>6} tokens after {context:>6} cached: {points[-1].seconds * 1e3:9.3f} ms")
     return points
 
@@ -193,7 +194,7 @@ def start_decodes(engine: LLMEngine, prompts: Prompts, batch: int, context: int,
 
 
 def decode_point(engine: LLMEngine, prompts: Prompts, grid: Grid, batch: int, context: int) -> DecodeResult:
-    """Steady decode steps back to back, as serving runs them (overlapped where configured): their mean time,
+    """Steady decode steps back to back, as serving runs them (overlapped where configured): their median time,
     the batch's mean total context over them, and the host's work per step."""
     device = engine.runner.device
     steps = grid.decode_steps
@@ -201,13 +202,16 @@ def decode_point(engine: LLMEngine, prompts: Prompts, grid: Grid, batch: int, co
                          decode_growth(grid, batch, context, engine.config.max_num_batched_tokens))
     seqs = [engine.requests[r] for r in rids]
     before = sum(s.num_computed_tokens for s in seqs)
+    ends = [device_now(device)]
     with HostClock().timing(engine) as host:
-        start = device_now(device)
         for _ in range(steps):
             engine.step()
+            ends.append(time.perf_counter())
             if engine.last_step.num_prefill_tokens or engine.last_step.num_decode_tokens != batch:
                 raise RuntimeError(f"profile: a decode step of batch {batch} ran {engine.last_step}")
-        seconds = (device_now(device) - start) / steps
+    # Each step waits for the tokens of the one before (or its own, without overlap): in the steady state the
+    # interval between step ends is the step. The median leaves out what other processes took.
+    seconds = statistics.median(b - a for a, b in zip(ends, ends[1:]))
     after = sum(s.num_computed_tokens for s in seqs)
     for rid in rids:
         engine.abort(rid)
