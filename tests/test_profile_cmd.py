@@ -171,6 +171,8 @@ def test_plan_runs_with_the_measured_profile(profiled, tmp_path):
 def test_mistakes_are_one_line(tiny_qwen3_dir, tmp_path):
     assert "no config.json" in one_error_line(pdcluster("profile", "--model", str(tmp_path), "--out", "x.json"))
     assert "--out FILE is required" in one_error_line(pdcluster("profile", "--model", str(tiny_qwen3_dir)))
+    line = one_error_line(pdcluster("profile", "--model", str(tiny_qwen3_dir), "--out", str(tmp_path / "no" / "p.json")))
+    assert "--out: no folder" in line
     line = one_error_line(pdcluster("profile", "--model", str(tiny_qwen3_dir), "--tp", "2", "--out", "x.json"))
     assert "--tp 2: needs 2 visible GPUs" in line
     line = one_error_line(pdcluster("profile", "--model", str(tiny_qwen3_dir), "--device", "cuda", "--out", "x"))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from pathlib import Path
 
 from common.config import ConfigError, EngineConfig, _opt
 
@@ -25,6 +26,8 @@ class ProfileConfig(EngineConfig):
     def __post_init__(self) -> None:
         if not self.out:
             raise ConfigError("profile: --out FILE is required")
+        if not Path(self.out).resolve().parent.is_dir():  # found out now, not after minutes of measuring
+            raise ConfigError(f"--out: no folder {str(Path(self.out).parent)!r} to write the profile in")
         if self.tp < 1:
             raise ConfigError(f"--tp: must be >= 1, got {self.tp}")
         if self.tp > 1 and self.device == "cpu":

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from common.config import ConfigError
 from common.engine.llm_engine import LLMEngine
 from common.sampling_params import SamplingParams
 from scripts.planner.fit import DecodePoint, PrefillPoint
@@ -224,6 +225,9 @@ def measure_decode(engine: LLMEngine, grid: Grid, prompts: Prompts, progress: Ca
     cfg = engine.config
     plan, skipped = decode_plan(grid, cfg.max_num_seqs, cfg.max_num_batched_tokens, cfg.max_model_len,
                                 engine.block_manager.num_blocks, cfg.block_size)
+    if not plan:
+        raise ConfigError(f"profile: no decode batch fits this engine ({engine.block_manager.num_blocks} KV blocks, "
+                          f"max_model_len {cfg.max_model_len}): give it more KV memory")
     results = []
     for batch, context in plan:
         results.append(decode_point(engine, prompts, grid, batch, context))
