@@ -19,7 +19,8 @@ class ProfileConfig(EngineConfig):
 
     out: str = _opt("", "where to write the profile JSON (required)")
     tp: int = _opt(1, "tensor-parallel size: GPUs one engine spans (needs as many visible GPUs)")
-    quick: bool = _opt(False, "fewer points: about a third of the time, a looser fit")
+    quick: bool = _opt(False, "fewer points (4 prompt sizes x 2 prefixes, 4 batches x 2 contexts, 3 handoff "
+                                     "sizes): quicker, a looser fit")
     model_name: str = _opt("", "the model's name in the profile (default: config.json's _name_or_path, else the "
                                "--model folder's name)")
 
