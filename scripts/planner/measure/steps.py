@@ -162,7 +162,8 @@ def decode_plan(grid: Grid, max_num_seqs: int, budget: int, max_len: int, num_bl
                 ) -> tuple[list[tuple[int, int]], list[str]]:
     """(batch, context) pairs whose sequences fit max_num_seqs, the model length and the KV pool; and why the
     others were left out."""
-    batches = sorted({b for b in grid.decode_batches if b <= max_num_seqs} | {min(max_num_seqs, max(grid.decode_batches))})
+    batches = sorted({b for b in grid.decode_batches if b <= max_num_seqs}
+                     | {min(max_num_seqs, max(grid.decode_batches))})
     short = decode_growth(grid, 1, 0, budget) + 16
     contexts = {c for c in grid.decode_contexts if c + short <= max_len}
     if len(contexts) < 2 and max_len - short >= block_size:  # a short model: the longest context that fits
