@@ -7,7 +7,8 @@
 
 `tokens` are the prompt tokens a step computes, `context` the tokens before them (a cached prefix, or earlier
 chunks), so the attention term grows with both. A profile names the machine and the model it was measured on;
-`pdcluster profile` (a later slice) writes one on a GPU, and scripts/planner/profiles/ holds examples.
+`pdcluster profile` measures one on this machine (scripts/planner/measure/), and scripts/planner/profiles/ holds
+an example.
 """
 from __future__ import annotations
 

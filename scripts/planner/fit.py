@@ -1,0 +1,133 @@
+"""Fitting a profile's cost models to measured points (tensor-free, no numpy): non-negative least squares on
+relative residuals, so a 2 ms step and a 200 ms one count alike, and every coefficient stays >= 0 as
+`Profile.check` wants.
+
+The models are linear in their coefficients (scripts/planner/profile.py); with at most three unknowns, exact NNLS
+is cheap by enumeration: solve the unconstrained problem on every subset of the unknowns, keep the best solution
+whose coefficients are all >= 0.
+"""
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass
+
+from scripts.planner.profile import DecodeCost, HandoffCost, PrefillCost
+
+WARN_ERROR = 0.2  # a fit whose worst point is off by more than this gets a warning line
+
+
+@dataclass(frozen=True)
+class PrefillPoint:
+    tokens: int  # prompt tokens the step computed
+    context: int  # tokens before them (a cached prefix)
+    seconds: float  # the whole step, as measured
+
+
+@dataclass(frozen=True)
+class DecodePoint:
+    batch: int
+    total_context: int  # the batch's contexts added up
+    seconds: float  # one decode step, as measured
+
+
+@dataclass(frozen=True)
+class HandoffPoint:
+    num_bytes: int
+    seconds: float
+
+
+@dataclass(frozen=True)
+class Fit:
+    coefficients: list[float]
+    worst_error: float  # the largest |predicted - measured| / measured over the points
+
+    def summary(self, name: str) -> str:
+        line = f"{name}: worst relative error {100 * self.worst_error:.1f}% over its points"
+        if self.worst_error > WARN_ERROR:
+            line += f" -- WARNING: above {100 * WARN_ERROR:.0f}%, the linear model fits this machine poorly"
+        return line
+
+
+def nnls(rows: list[list[float]], targets: list[float]) -> list[float]:
+    """x >= 0 minimising sum((row . x - target)^2), for a few unknowns (exact, by trying every active set)."""
+    if not rows or len(rows) != len(targets):
+        raise ValueError("nnls: needs as many targets as rows, and at least one")
+    n = len(rows[0])
+    best: tuple[float, list[float]] = (_residual(rows, targets, [0.0] * n), [0.0] * n)
+    for k in range(1, n + 1):
+        for active in itertools.combinations(range(n), k):
+            sub = _least_squares([[row[j] for j in active] for row in rows], targets)
+            if sub is None or any(v < 0 for v in sub):
+                continue
+            x = [0.0] * n
+            for j, v in zip(active, sub):
+                x[j] = v
+            r = _residual(rows, targets, x)
+            if r < best[0]:
+                best = (r, x)
+    return best[1]
+
+
+def _residual(rows: list[list[float]], targets: list[float], x: list[float]) -> float:
+    return sum((sum(a * b for a, b in zip(row, x)) - t) ** 2 for row, t in zip(rows, targets))
+
+
+def _least_squares(rows: list[list[float]], targets: list[float]) -> list[float] | None:
+    """The normal equations, solved by Gaussian elimination with columns scaled to unit size (coefficients here
+    span 1e-12 to 1e-2); None when they are singular."""
+    n = len(rows[0])
+    scale = [math.sqrt(sum(row[j] ** 2 for row in rows)) or 1.0 for j in range(n)]
+    a = [[row[j] / scale[j] for j in range(n)] for row in rows]
+    m = [[sum(r[i] * r[j] for r in a) for j in range(n)] + [sum(r[i] * t for r, t in zip(a, targets))]
+         for i in range(n)]
+    for col in range(n):
+        pivot = max(range(col, n), key=lambda i: abs(m[i][col]))
+        if abs(m[pivot][col]) < 1e-12:
+            return None
+        m[col], m[pivot] = m[pivot], m[col]
+        for i in range(n):
+            if i != col:
+                f = m[i][col] / m[col][col]
+                m[i] = [x - f * y for x, y in zip(m[i], m[col])]
+    return [m[i][n] / m[i][i] / scale[i] for i in range(n)]
+
+
+def fit_relative(features: list[list[float]], seconds: list[float], offset: float = 0.0) -> Fit:
+    """NNLS of seconds ~ offset + features . x, each point weighted by 1 / its seconds (relative residuals).
+    `offset` is a known part of every point (the host's launch work, which the simulator adds to every step)."""
+    if any(not s > 0 for s in seconds):
+        raise ValueError("fit: every measured time must be > 0")
+    x = nnls([[f / s for f in row] for row, s in zip(features, seconds)], [1.0 - offset / s for s in seconds])
+    return Fit(x, worst_error(features, seconds, x, offset))
+
+
+def worst_error(features: list[list[float]], seconds: list[float], x: list[float], offset: float = 0.0) -> float:
+    return max(abs(offset + sum(f * c for f, c in zip(row, x)) - s) / s for row, s in zip(features, seconds))
+
+
+def fit_prefill(points: list[PrefillPoint], host_launch_s: float = 0.0) -> tuple[PrefillCost, Fit]:
+    """A prefill-only step: the simulator charges host_launch_s + PrefillCost.seconds(tokens, context)."""
+    fit = fit_relative([[1.0, p.tokens, p.tokens * p.context] for p in points], [p.seconds for p in points],
+                       host_launch_s)
+    base, per_token, per_context = fit.coefficients
+    return PrefillCost(base_s=base, per_token_s=per_token, per_token_context_s=per_context), fit
+
+
+def fit_decode(points: list[DecodePoint], host_launch_s: float = 0.0) -> tuple[DecodeCost, Fit]:
+    """A decode-only step: the simulator charges host_launch_s + DecodeCost.seconds(batch, total_context)."""
+    fit = fit_relative([[1.0, p.batch, p.total_context] for p in points], [p.seconds for p in points],
+                       host_launch_s)
+    base, per_seq, per_context = fit.coefficients
+    return DecodeCost(base_s=base, per_seq_s=per_seq, per_seq_context_s=per_context), fit
+
+
+def fit_handoff(points: list[HandoffPoint]) -> tuple[HandoffCost, Fit]:
+    features, seconds = [[1.0, p.num_bytes] for p in points], [p.seconds for p in points]
+    fit = fit_relative(features, seconds)
+    base, per_byte = fit.coefficients
+    if per_byte <= 0:  # time did not grow with size over these points: bound the rate by the largest point's
+        largest = max(points, key=lambda p: p.num_bytes)
+        per_byte = largest.seconds / largest.num_bytes
+        fit = Fit([base, per_byte], worst_error(features, seconds, [base, per_byte]))
+    return HandoffCost(base_s=base, bytes_per_s=1.0 / per_byte), fit

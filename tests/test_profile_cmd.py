@@ -1,0 +1,179 @@
+"""`pdcluster profile` on the CPU: the fits recover known coefficients, the measured grids respect the engine's
+limits, the command writes a profile that `load_profile` accepts, predicts its own points and `pdcluster plan`
+runs with, and its mistakes are one line."""
+from __future__ import annotations
+
+import os
+import random
+import re
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from scripts.planner.fit import (DecodePoint, HandoffPoint, PrefillPoint, fit_decode, fit_handoff, fit_prefill,
+                                 fit_relative, nnls)
+from scripts.planner.profile import DecodeCost, HandoffCost, PrefillCost, load_profile
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def close(a: float, b: float, rel: float = 1e-6) -> bool:
+    return abs(a - b) <= rel * max(abs(a), abs(b), 1e-30)
+
+
+# ---- fits ---------------------------------------------------------------------------------------------
+
+def test_prefill_fit_recovers_known_coefficients_with_the_host_work_split_off():
+    truth, host = PrefillCost(base_s=4e-3, per_token_s=3e-5, per_token_context_s=2e-9), 5e-4
+    points = [PrefillPoint(n, c, host + truth.seconds(n, c)) for c in (0, 1024, 4096) for n in (64, 512, 2048, 8192)]
+    cost, fit = fit_prefill(points, host)
+    assert close(cost.base_s, truth.base_s) and close(cost.per_token_s, truth.per_token_s)
+    assert close(cost.per_token_context_s, truth.per_token_context_s) and fit.worst_error < 1e-9
+
+
+def test_decode_and_handoff_fits_recover_known_coefficients():
+    truth, host = DecodeCost(base_s=2e-3, per_seq_s=1e-5, per_seq_context_s=3e-8), 3e-4
+    points = [DecodePoint(b, b * c, host + truth.seconds(b, b * c)) for b in (1, 8, 64, 256) for c in (128, 4096)]
+    cost, fit = fit_decode(points, host)
+    assert close(cost.base_s, truth.base_s) and close(cost.per_seq_s, truth.per_seq_s)
+    assert close(cost.per_seq_context_s, truth.per_seq_context_s) and fit.worst_error < 1e-9
+
+    link = HandoffCost(base_s=1e-3, bytes_per_s=2.5e10)
+    cost, fit = fit_handoff([HandoffPoint(n, link.seconds(n)) for n in (1 << 20, 1 << 24, 1 << 28)])
+    assert close(cost.base_s, link.base_s) and close(cost.bytes_per_s, link.bytes_per_s) and fit.worst_error < 1e-9
+
+
+def test_noisy_points_give_coefficients_near_the_truth():
+    rng = random.Random(3)
+    truth = PrefillCost(base_s=4e-3, per_token_s=3e-5, per_token_context_s=2e-9)
+    points = [PrefillPoint(n, c, truth.seconds(n, c) * rng.uniform(0.97, 1.03))
+              for c in (0, 1024, 4096) for n in (64, 256, 1024, 2048, 8192)]
+    cost, fit = fit_prefill(points)
+    assert abs(cost.per_token_s / truth.per_token_s - 1) < 0.1 and abs(cost.base_s / truth.base_s - 1) < 0.2
+    assert fit.worst_error < 0.1 and "WARNING" not in fit.summary("prefill")
+
+
+def test_coefficients_stay_non_negative_where_least_squares_would_go_below_zero():
+    # time falls with size: unconstrained, the slope is negative
+    rows, targets = [[1.0, x] for x in (1, 2, 3, 4)], [4.0, 3.0, 2.5, 1.0]
+    x = nnls(rows, targets)
+    assert x[1] == 0 and close(x[0], statistics.mean(targets))
+    cost, _ = fit_decode([DecodePoint(b, b * 100, 0.01 - 1e-4 * b) for b in (1, 4, 16, 64)])
+    assert min(cost.base_s, cost.per_seq_s, cost.per_seq_context_s) >= 0
+    handoff, _ = fit_handoff([HandoffPoint(n, 1e-3) for n in (1000, 2000, 4000)])  # flat: a finite rate all the same
+    assert handoff.bytes_per_s > 0 and handoff.seconds(4000) >= 1e-3 * 0.99
+
+
+def test_a_poor_fit_warns_in_one_line():
+    fit = fit_relative([[1.0, float(n)] for n in (1, 10, 100, 1000)], [1.0, 1.0, 100.0, 1.0])
+    line = fit.summary("decode")
+    assert fit.worst_error > 0.2 and "WARNING" in line and "\n" not in line
+
+
+# ---- what is measured ---------------------------------------------------------------------------------
+
+def test_grids_fit_the_step_budget_the_model_length_and_the_kv_pool():
+    from scripts.planner.measure.steps import Grid, decode_growth, decode_plan, prefill_plan
+
+    for quick in (True, False):
+        grid = Grid.make(quick)
+        plan = prefill_plan(grid, budget=8192, max_len=40960, block_size=16)
+        assert max(n for n, _ in plan) == 8192 and {c for _, c in plan} == set(grid.prefill_contexts)
+        short = prefill_plan(grid, budget=256, max_len=1024, block_size=16)
+        assert all(n <= 256 and n + c < 1024 and c % 16 == 0 for n, c in short) and any(c for _, c in short)
+        points, skipped = decode_plan(grid, max_num_seqs=256, budget=8192, max_len=40960, num_blocks=20000,
+                                      block_size=16)
+        for b, c in points:
+            assert b <= 256 and b * -(-(c + decode_growth(grid, b, c, 8192)) // 16) <= 20000
+        assert skipped and all("KV blocks" in s for s in skipped)  # 256 x 4096 tokens do not fit 320k slots
+        assert len({c for _, c in points}) >= 2 and len({b for b, _ in points}) >= 3
+
+
+# ---- the command --------------------------------------------------------------------------------------
+
+def pdcluster(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    # one intra-op thread: the CPU timings are less at the mercy of whatever else this machine runs
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    return subprocess.run([sys.executable, "-m", "scripts.cli", *args], capture_output=True, text=True,
+                          timeout=timeout, cwd=ROOT, env=env)
+
+
+def one_error_line(proc: subprocess.CompletedProcess) -> str:
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert proc.returncode == 2 and len(lines) == 1 and lines[0].startswith("pdcluster: error: "), proc.stderr
+    return lines[0]
+
+
+@pytest.fixture(scope="module")
+def profiled(tiny_qwen3_dir, tmp_path_factory) -> tuple[Path, str]:
+    out = tmp_path_factory.mktemp("profile") / "tiny.json"
+    proc = pdcluster("profile", "--model", str(tiny_qwen3_dir), "--device", "cpu", "--quick", "--max-num-seqs", "16",
+                     "--max-num-batched-tokens", "256", "--max-model-len", "1024", "--model-name", "tiny-qwen3",
+                     "--out", str(out))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "profile: prefill" in proc.stderr and "profile: decode" in proc.stderr  # progress on stderr
+    return out, proc.stdout
+
+
+def test_the_command_writes_a_profile_of_the_engine_it_built(profiled):
+    out, stdout = profiled
+    profile = load_profile(out)
+    assert profile.machine.startswith("CPU: ") and profile.model == "tiny-qwen3" and profile.tp == 1
+    assert "measured by `pdcluster profile` on" in profile.note and "--quick" in profile.note
+    assert (profile.block_size, profile.max_num_seqs, profile.max_num_batched_tokens) == (16, 16, 256)
+    assert profile.kv_bytes_per_token == 2 * 2 * 2 * 32 * 4  # tiny-qwen3: layers x (K, V) x KV heads x dim x fp32
+    assert profile.num_kv_blocks == (2 << 30) // (16 * profile.kv_bytes_per_token)  # the CPU pool's default 2 GiB
+    assert set(profile.handoff) == {"host"} and "skipped: handoff cuda_ipc" in stdout
+    assert profile.prefill.per_token_s > 0 and profile.host_launch_s > 0
+    for name in ("prefill", "decode", "handoff host"):
+        assert re.search(rf"^{name}: worst relative error [0-9.]+%", stdout, re.M), stdout
+    assert f"wrote {out}" in stdout
+
+
+def test_its_coefficients_predict_its_own_points(profiled):
+    """Loosely: CPU timings on a shared machine are noisy, so the median point is held to 50%."""
+    out, stdout = profiled
+    profile, host = load_profile(out), load_profile(out).host_launch_s
+    lines = stdout.splitlines()
+
+    def rows(header: str, width: int) -> list[list[float]]:
+        """The numbers of the table under the line starting with `header`'s words."""
+        start = next(i for i, line in enumerate(lines) if line.split()[:len(header.split())] == header.split())
+        found = []
+        for line in lines[start + 1:]:
+            if len(line.split()) != width:
+                break
+            found.append([float(f) for f in line.split()])
+        return found
+
+    prefill = [abs(host + profile.prefill.seconds(int(n), int(c)) - ms / 1e3) / (ms / 1e3)
+               for n, c, ms, _ in rows("prefill tokens", 4)]
+    decode = [abs(host + profile.decode.seconds(int(b), int(b * ctx)) - ms / 1e3) / (ms / 1e3)
+              for b, ctx, ms, _ in rows("decode batch", 4)]
+    handoff = [abs(profile.handoff["host"].seconds(mb * 1e6) - ms / 1e3) / (ms / 1e3)
+               for mb, ms, _ in rows("handoff host MB", 3)]
+    assert len(prefill) >= 6 and len(decode) >= 3 and len(handoff) >= 3
+    for name, errors in (("prefill", prefill), ("decode", decode), ("handoff", handoff)):
+        assert statistics.median(errors) < 0.5, (name, errors)
+
+
+def test_plan_runs_with_the_measured_profile(profiled, tmp_path):
+    out, _ = profiled
+    proc = pdcluster("plan", "--profile", str(out), "--gpus", "2", "--rates", "2", "--num-requests", "20",
+                     "--input-len", "32:128", "--output-len", "4:16", "--disagg-policies", "always")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "recommendation:" in proc.stdout and "tiny-qwen3 on CPU: " in proc.stdout
+
+
+def test_mistakes_are_one_line(tiny_qwen3_dir, tmp_path):
+    assert "no config.json" in one_error_line(pdcluster("profile", "--model", str(tmp_path), "--out", "x.json"))
+    assert "--out FILE is required" in one_error_line(pdcluster("profile", "--model", str(tiny_qwen3_dir)))
+    line = one_error_line(pdcluster("profile", "--model", str(tiny_qwen3_dir), "--out", str(tmp_path / "no" / "p.json")))
+    assert "--out: no folder" in line
+    line = one_error_line(pdcluster("profile", "--model", str(tiny_qwen3_dir), "--tp", "2", "--out", "x.json"))
+    assert "--tp 2: needs 2 visible GPUs" in line
+    line = one_error_line(pdcluster("profile", "--model", str(tiny_qwen3_dir), "--device", "cuda", "--out", "x"))
+    assert "cuda" in line
