@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from scripts.bench_metrics import SLO  # noqa: F401  (the bench's: one judge for both)
 from scripts.bench_config import DEFAULT_RATES, PLACEMENT_VARIANTS, POLICY_VARIANTS, WORKLOADS, BenchConfig, _opt
 from scripts.bench_workloads import ARRIVALS
 
@@ -76,13 +77,3 @@ class PlanConfig(BenchConfig):
 
     def slo(self) -> SLO:
         return SLO(self.slo_ttft or 1.0, self.slo_tpot or 0.05)
-
-
-@dataclass(frozen=True)
-class SLO:
-    ttft: float  # seconds to the first token
-    tpot: float  # seconds per output token after the first
-
-    def met(self, req) -> bool:
-        """Whether a simulated request (scripts/planner/sim.py's SimRequest) met both."""
-        return not req.refused and req.ttft <= self.ttft and req.tpot <= self.tpot
