@@ -297,7 +297,8 @@ def run_benchmark(cfg: BenchConfig) -> dict:
     modes = cfg.mode_list() or [asyncio.run(infer_mode(cfg.address))]
     hw = machine(cfg)
     results = {"config": asdict(cfg), "started": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-               "workload": describe_workload(cfg, n), "address": cfg.address, "machine": hw, "slo": None,
+               "workload": describe_workload(cfg, n), "vocab_size": vocab, "address": cfg.address, "machine": hw,
+               "slo": None,
                "load_points": [p.to_json() for p in points], "runs": []}
     for mode in modes:
         address = cfg.address or f"tcp://127.0.0.1:{free_port()}"
