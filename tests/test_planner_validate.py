@@ -120,3 +120,27 @@ def test_plan_validate_prints_and_writes_the_table(tmp_path, monkeypatch):
     refused = subprocess.run([*command, "--rates", "1"], cwd=ROOT, env=env, capture_output=True, text=True,
                              timeout=120)
     assert refused.returncode == 2 and "--rates" in refused.stderr
+
+
+def test_a_plan_sees_the_requests_and_times_the_bench_sends(tmp_path, monkeypatch):
+    """`pdcluster plan` with the bench's workload flags simulates the requests the bench sends, at its times."""
+    from scripts.planner.config import PlanConfig
+    from scripts.planner.plan import workloads
+
+    sent: dict[int, tuple] = {}
+
+    async def fake_cluster(cfg, run, server, points, loads, warmup, unloaded, slo=None):
+        for i, (point, requests) in enumerate(zip(points, loads)):
+            sent[i] = ([r.prompt_ids for r in requests], arrivals(cfg, point, i, requests))
+
+    monkeypatch.setattr(benchmark, "bench_cluster", fake_cluster)
+    monkeypatch.setattr(benchmark, "ServeProcess", FakeServe)
+    monkeypatch.setattr(bench_report, "write_report", lambda out, results: [])
+    flags = dict(rates="3,9", num_requests=40, input_len="10:90", output_len="5:9", workload="long-short", seed=4,
+                 vocab_size=1000)
+    benchmark.run_benchmark(BenchConfig(out=str(tmp_path), model=str(tmp_path), modes="colocated", device="cpu",
+                                        unloaded_requests=0, **flags))
+    planned = workloads(PlanConfig(profile="p.json", **flags))
+    assert len(planned) == len(sent) == 2 and sent[0][0] != sent[1][0]
+    for i, (rate, load) in enumerate(planned):
+        assert (load.prompts, load.arrivals) == sent[i]

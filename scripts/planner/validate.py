@@ -10,7 +10,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import random
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,7 +18,7 @@ from scripts.bench_config import DEFAULT_NUM_REQUESTS, POLICY_VARIANTS, BenchCon
 from scripts.bench_hardware import tensor_parallel_size
 from scripts.bench_metrics import SLO, RequestRecord, summarize
 from scripts.bench_workloads import read_trace
-from scripts.benchmark import build_requests
+from scripts.benchmark import point_requests
 from scripts.planner.config import DEFAULT_VOCAB
 from scripts.planner.profile import Profile
 from scripts.planner.report import Point, point
@@ -104,7 +103,7 @@ def workload_of(results: dict, cfg: BenchConfig, index: int, records: list[Reque
     order built: the bench sends them in that order)."""
     trace = read_trace(cfg.trace) if cfg.trace else None
     n = cfg.num_requests or (len(trace) if trace is not None else DEFAULT_NUM_REQUESTS)
-    requests = build_requests(cfg, random.Random(f"{cfg.seed}:{index}"), n, vocab_size(results, cfg), trace)
+    requests = point_requests(cfg, index, n, vocab_size(results, cfg), trace)
     records = sorted(records, key=lambda r: r.index)
     if [(len(r.prompt_ids), r.output_len) for r in requests] != [(r.prompt_len, r.output_len) for r in records]:
         raise ValidationError(f"load point {index}: the rebuilt requests differ from the recorded ones (prompt "
