@@ -9,7 +9,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from scripts.bench_config import BenchConfig
+from scripts.bench_config import BenchConfig, mode_variants
 
 NVIDIA_SMI_TIMEOUT_S = 10.0
 
@@ -82,7 +82,8 @@ def mode_hardware(cfg: BenchConfig, mode: str, m: dict) -> dict | None:
     a running cluster: the benchmark did not place it."""
     if not m.get("local"):
         return None
-    workers = ({"prefill": cfg.prefill_workers, "decode": cfg.decode_workers} if mode == "disagg"
+    disagg = mode_variants(mode)[0] == "disagg"  # `disagg:auto` is disaggregated too
+    workers = ({"prefill": cfg.prefill_workers, "decode": cfg.decode_workers} if disagg
                else {"colocated": cfg.workers})
     n = sum(workers.values())
     if m["device"] == "cpu":
@@ -90,7 +91,7 @@ def mode_hardware(cfg: BenchConfig, mode: str, m: dict) -> dict | None:
         return {"workers": workers, "processes": n, "device": "cpu", "threads_per_worker": max(1, m["cpu_cores"] // n),
                 "cpu_cores": m["cpu_cores"]}
     tp = tensor_parallel_size(cfg.serve_args)
-    per = cfg.gpus_per_worker if mode == "disagg" else (cfg.colocated_gpus_per_worker or cfg.gpus_per_worker)
+    per = cfg.gpus_per_worker if disagg else (cfg.colocated_gpus_per_worker or cfg.gpus_per_worker)
     return {"workers": workers, "processes": n * tp, "device": "cuda", "gpus_per_worker": per * tp,
             "gpus": n * per * tp}
 

@@ -111,6 +111,13 @@ def build_requests(cfg: BenchConfig, rng: random.Random, n: int, vocab: int,
     return W.random_requests(rng, n, vocab, ins, outs)
 
 
+def point_requests(cfg: BenchConfig, index: int, n: int, vocab: int,
+                   trace: list[TraceEntry] | None) -> list[BenchRequest]:
+    """Load point `index`'s requests, from a seed of their own (`pdcluster plan` and `plan --validate` draw the
+    same)."""
+    return build_requests(cfg, random.Random(f"{cfg.seed}:{index}"), n, vocab, trace)
+
+
 def arrivals(cfg: BenchConfig, point: LoadPoint, index: int, requests: list[BenchRequest]) -> list[float]:
     """When each request of an open-loop point is sent, in seconds after the point's start."""
     if point.kind == "trace":
@@ -291,13 +298,14 @@ def run_benchmark(cfg: BenchConfig) -> dict:
     trace = W.read_trace(cfg.trace) if cfg.trace else None
     points = load_points(cfg, trace)
     n = cfg.num_requests or (len(trace) if trace is not None else DEFAULT_NUM_REQUESTS)
-    workloads = [build_requests(cfg, random.Random(f"{cfg.seed}:{i}"), n, vocab, trace) for i in range(len(points))]
+    workloads = [point_requests(cfg, i, n, vocab, trace) for i in range(len(points))]
     warmup = build_requests(cfg, random.Random(f"{cfg.seed}:warmup"), cfg.warmup_requests, vocab, trace)
     unloaded = build_requests(cfg, random.Random(f"{cfg.seed}:unloaded"), cfg.unloaded_requests, vocab, trace)
     modes = cfg.mode_list() or [asyncio.run(infer_mode(cfg.address))]
     hw = machine(cfg)
     results = {"config": asdict(cfg), "started": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-               "workload": describe_workload(cfg, n), "address": cfg.address, "machine": hw, "slo": None,
+               "workload": describe_workload(cfg, n), "vocab_size": vocab, "address": cfg.address, "machine": hw,
+               "slo": None,
                "load_points": [p.to_json() for p in points], "runs": []}
     for mode in modes:
         address = cfg.address or f"tcp://127.0.0.1:{free_port()}"

@@ -732,6 +732,15 @@ def test_the_machine_is_found_and_each_mode_gets_its_share(tmp_path, monkeypatch
     assert (tp["processes"], tp["gpus"]) == (4, 4)
 
 
+def test_a_mode_with_variants_gets_its_base_modes_hardware(tmp_path):
+    cfg = config(tmp_path, prefill_workers=2, decode_workers=1, workers=3, gpus_per_worker=0.5,
+                 colocated_gpus_per_worker=1.0)
+    m = H.machine(cfg, gpus=["NVIDIA H100"])
+    auto = H.mode_hardware(cfg, "disagg:auto+load", m)
+    assert auto["workers"] == {"prefill": 2, "decode": 1} and auto["gpus_per_worker"] == 0.5
+    assert H.mode_hardware(cfg, "colocated:load", m)["workers"] == {"colocated": 3}
+
+
 @pytest.mark.parametrize("flags,device,note", [
     ({}, "cpu", "Not the same number of engines: on the same 8 CPU cores, disagg runs 2 worker processes (4 threads "
                 "each) and colocated 1 (8 threads each), so the comparison is also one of 2 engines against 1; for as "

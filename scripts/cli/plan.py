@@ -8,7 +8,7 @@ import json
 import sys
 from pathlib import Path
 
-from scripts.cli.args import add_dataclass_args, dataclass_from_args
+from scripts.cli.args import UsageError, add_dataclass_args, dataclass_from_args
 from scripts.planner.config import BENCH_ONLY, MAX_SPLITS, PlanConfig
 
 
@@ -16,7 +16,10 @@ PLAN_DOC = f"""Every split xP:yD of the GPUs (x + y = GPUS; with --profile at TP
 colocated replicas, each split with each of --disagg-policies, simulated at every rate on the bench's workloads (the
 same flags, requests and arrival times as `pdcluster bench`). Beyond {MAX_SPLITS} splits, a coarse grid and then
 halving steps around the best (--all-splits: every one). The recommendation: the layout sustaining the highest
-rate (90% of requests within both SLOs), then the most within them at the highest rate, then the most headroom."""
+rate (90% of requests within both SLOs), then the most within them at the highest rate, then the most headroom.
+
+--validate RESULTS.json: instead of a plan, each mode of that `pdcluster bench` run simulated on its requests at
+its send times, predicted / measured (error) side by side (OUT/validation.md and validation.json with --out)."""
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -33,6 +36,8 @@ def run(args: argparse.Namespace) -> None:
     from scripts.planner.report import ATTAINMENT, recommend, table
 
     cfg = dataclass_from_args(PlanConfig, args, exclude=BENCH_ONLY)
+    if cfg.validate:
+        return run_validate(cfg)
     plan = run_plan(cfg)
     for prof in plan.profiles:
         print(f"profile: {prof.model} on {prof.machine} (tp {prof.tp})" + (f" -- {prof.note}" if prof.note else ""))
@@ -58,3 +63,31 @@ def run(args: argparse.Namespace) -> None:
         plots = draw(plan.results, slo, f"{prof.model} on {prof.machine}, {cfg.gpus} GPUs (predicted)", out)
         note = ", ".join(str(p) for p in plots) if plots else "no plots (matplotlib is not installed)"
         print(f"wrote {out / 'plan.json'}; {note}", file=sys.stderr)
+
+
+def run_validate(cfg: PlanConfig) -> None:
+    from scripts.planner.profile import load_profile
+    from scripts.planner.validate import ValidationError, markdown, table, to_json, validate
+
+    profile = load_profile(cfg.profile)
+    path = Path(cfg.validate)
+    try:
+        results = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise UsageError(f"--validate: cannot read {str(path)!r}: {e}") from None
+    try:
+        rows = validate(results, profile)
+    except ValidationError as e:
+        raise UsageError(f"--validate: {e}") from None
+    print(f"profile: {profile.model} on {profile.machine}" + (f" -- {profile.note}" if profile.note else ""))
+    print(f"bench: {path} ({results.get('workload', '')}); cells: predicted / measured (error), ! beyond "
+          f"{100 * cfg.tolerance:g}%")
+    print(table(rows, cfg.tolerance), flush=True)
+    if cfg.out:
+        out = Path(cfg.out)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "validation.md").write_text(markdown(rows, profile, str(path), cfg.tolerance))
+        record = {"results": str(path), "profile": cfg.profile, "tolerance": cfg.tolerance,
+                  "rows": to_json(rows, cfg.tolerance)}
+        (out / "validation.json").write_text(json.dumps(record, indent=2) + "\n")
+        print(f"wrote {out / 'validation.md'}, {out / 'validation.json'}", file=sys.stderr)

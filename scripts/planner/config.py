@@ -3,14 +3,17 @@ cluster has) and the planner's own, checked when made; and the SLO the layouts a
 line imports it to make its flags, and the simulator only when a plan runs."""
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
+from scripts.bench_metrics import SLO  # noqa: F401  (the bench's: one judge for both)
 from scripts.bench_config import DEFAULT_RATES, PLACEMENT_VARIANTS, POLICY_VARIANTS, WORKLOADS, BenchConfig, _opt
 from scripts.bench_workloads import ARRIVALS
 
 MAX_SPLITS = 16
 DEFAULT_VOCAB = 151936
 DEFAULT_REQUESTS = 1000
+VALIDATE_FLAGS = ("validate", "profile", "out", "tolerance")  # the flags --validate reads
 # BenchConfig's flags that say nothing about a simulated cluster's load
 BENCH_ONLY = ("model", "address", "modes", "concurrency", "warmup_requests", "unloaded_requests", "slo_scale",
               "tpot_ratio_target", "request_timeout", "ready_timeout", "device", "prefill_workers",
@@ -41,10 +44,24 @@ class PlanConfig(BenchConfig):
     placement: str = _opt("prefix", "the router's placement: prefix or load")
     local_prefill_chunk: int = _opt(512, "decode workers' prefill chunk (prompts they prefill themselves)")
     all_splits: bool = _opt(False, f"simulate every split even beyond {MAX_SPLITS}")
+    validate: str | None = _opt(None, "a `pdcluster bench` results.json: simulate its modes on its requests at its "
+                                      "send times and print predicted / measured (error) beside each other, "
+                                      "instead of a plan (the workload, rates and layouts come from the results)")
+    tolerance: float = _opt(0.15, "--validate: errors beyond this share of the measurement are marked")
 
     def __post_init__(self) -> None:
         if not self.profile:
             raise ValueError("plan: --profile FILE is required")
+        if self.validate:
+            given = [f.name for f in dataclasses.fields(self) if f.name not in VALIDATE_FLAGS and f.init
+                     and getattr(self, f.name) != f.default]
+            if given:
+                raise ValueError(f"plan --validate takes the workload, rates and layouts from the results: drop "
+                                 f"--{given[0].replace('_', '-')}")
+            if "," in self.profile:
+                raise ValueError("plan --validate: one --profile")
+        if not 0 < self.tolerance:
+            raise ValueError(f"--tolerance: must be > 0, got {self.tolerance}")
         if self.gpus < 2:
             raise ValueError(f"--gpus: must be >= 2 (a prefill and a decode GPU), got {self.gpus}")
         if self.workload not in WORKLOADS:
@@ -76,13 +93,3 @@ class PlanConfig(BenchConfig):
 
     def slo(self) -> SLO:
         return SLO(self.slo_ttft or 1.0, self.slo_tpot or 0.05)
-
-
-@dataclass(frozen=True)
-class SLO:
-    ttft: float  # seconds to the first token
-    tpot: float  # seconds per output token after the first
-
-    def met(self, req) -> bool:
-        """Whether a simulated request (scripts/planner/sim.py's SimRequest) met both."""
-        return not req.refused and req.ttft <= self.ttft and req.tpot <= self.tpot

@@ -79,9 +79,11 @@ class FastRun:
 
 class SimEngine:
     def __init__(self, name: str, role: str, profile: Profile, max_prefill_tokens: int | None = None,
-                 fast_forward: bool = True, prefix_caching: bool = True, spares: BlockPool | None = None):
+                 fast_forward: bool = True, prefix_caching: bool = True, spares: BlockPool | None = None,
+                 num_blocks: int | None = None):
         self.name, self.role, self.profile = name, role, profile
-        self.block_manager = (spares or BlockPool()).take(profile.num_kv_blocks, profile.block_size, prefix_caching)
+        self.block_manager = (spares or BlockPool()).take(num_blocks or profile.num_kv_blocks, profile.block_size,
+                                                          prefix_caching)
         self.scheduler = Scheduler(self.block_manager, profile.max_num_seqs, profile.max_num_batched_tokens,
                                    max_model_len=10**9, eos_token_ids=[])
         if max_prefill_tokens is not None:
@@ -160,12 +162,12 @@ class SimEngine:
             seconds += pc.base_s + pc.per_token_s * sum(tokens) + pc.per_token_context_s * context
         return seconds
 
-    def start(self, now: float) -> float | None:
-        """Starts the next step (or fast run), if there is work; returns when it ends."""
+    def start(self, now: float, fast: bool = True) -> float | None:
+        """Starts the next step (or fast run, if `fast`), if there is work; returns when it ends."""
         batch = self.scheduler.schedule()
         if batch is None:
             return None
-        if self.fast_forward and batch.decode_only and not self.scheduler.waiting:
+        if fast and self.fast_forward and batch.decode_only and not self.scheduler.waiting:
             k = min(s.sampling.max_tokens - s.num_completion_tokens for s in batch.seqs) - 1
             k = min(k, self._steps_with_blocks(batch, k))
             if k >= MIN_FAST_STEPS:

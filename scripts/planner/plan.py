@@ -8,11 +8,10 @@ cases tried; a bumpy one could hide a better split between grid points, which th
 """
 from __future__ import annotations
 
-import random
 from dataclasses import dataclass, field
 
 from scripts.bench_workloads import read_trace, trace_rate
-from scripts.benchmark import LoadPoint, arrivals, build_requests
+from scripts.benchmark import LoadPoint, arrivals, point_requests
 from scripts.planner.config import DEFAULT_REQUESTS, DEFAULT_VOCAB, MAX_SPLITS, SLO, PlanConfig
 from scripts.planner.engine import BlockPool
 from scripts.planner.profile import Profile, load_profile
@@ -32,15 +31,14 @@ def workloads(cfg: PlanConfig) -> list[tuple[float, Workload]]:
     """(rate, what arrives) per load point, as `pdcluster bench` would send it."""
     trace = read_trace(cfg.trace) if cfg.trace else None
     n = cfg.num_requests or (len(trace) if trace else DEFAULT_REQUESTS)
-    rng = random.Random(cfg.seed)
-    requests = build_requests(cfg, rng, n, cfg.vocab_size or DEFAULT_VOCAB, trace)
     shared = cfg.workload == "shared-prefix"
     if trace is not None and not cfg.rates:
-        points = [LoadPoint("trace", trace_rate([r.arrival for r in requests]))]
+        points = [LoadPoint("trace", trace_rate([e.arrival for e in trace[:n]]))]
     else:
         points = [LoadPoint("rate", rate) for rate in cfg.rate_list()]
     out = []
     for i, point in enumerate(points):
+        requests = point_requests(cfg, i, n, cfg.vocab_size or DEFAULT_VOCAB, trace)
         times = arrivals(cfg, point, i, requests)
         out.append((point.value, Workload(times, [r.prompt_ids for r in requests],
                                           [r.output_len for r in requests], shared)))

@@ -5,7 +5,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from scripts.planner.config import SLO
+from scripts.bench_metrics import SLO, RequestRecord, Summary
+from scripts.bench_metrics import summarize as bench_summarize
 from scripts.planner.sim import SimRequest
 
 ATTAINMENT = 0.9  # a layout sustains a rate when this share of its requests meet both SLOs
@@ -23,7 +24,7 @@ class Point:
     tpot_p50: float
     tpot_p90: float
     attainment: float  # share of requests meeting both SLOs (a refused one meets neither)
-    goodput: float  # requests/s meeting both SLOs, over the time from the first arrival to the last completion
+    goodput: float  # requests/s meeting both SLOs, over the time from the point's start to the last completion
     refused: int = 0  # requests the router refused (its queue was full); the percentiles are of the others
 
     @property
@@ -31,23 +32,32 @@ class Point:
         return self.attainment >= ATTAINMENT
 
 
-def percentile(values: list[float], q: float) -> float:
-    """Nearest-rank percentile (q in [0, 100]) of a non-empty list."""
-    ordered = sorted(values)
-    return ordered[max(0, math.ceil(q / 100 * len(ordered)) - 1)]
+def records(requests: list[SimRequest]) -> list[RequestRecord]:
+    """The simulated requests as `pdcluster bench` records what it measures, so both sides are summed up by one
+    function (scripts/bench_metrics.py's `summarize`): the same TTFT, TPOT, percentiles, goodput and attainment.
+    A request the router refused is a failed one, as the bench records the router's `overloaded` answer."""
+    out = []
+    for i, r in enumerate(requests):
+        done = r.done if not r.refused else r.arrival
+        out.append(RequestRecord(index=i, prompt_len=len(r.attempt_ids), output_len=r.output_len, start=r.arrival,
+                                 end=done, ttft=None if r.refused else r.ttft,
+                                 output_tokens=0 if r.refused else r.output_len,
+                                 finish_reason=None if r.refused else "length", error_code=r.refused or None))
+    return out
+
+
+def point(layout: str, rate: float, summary: Summary) -> Point:
+    """A bench or simulated summary as one row of the table (no served request: latencies infinite)."""
+    def stat(value: float | None) -> float:
+        return math.inf if value is None else value
+
+    return Point(layout, rate, summary.requests, stat(summary.ttft.p50), stat(summary.ttft.p90),
+                 stat(summary.tpot.p50), stat(summary.tpot.p90), summary.slo_attainment, summary.goodput,
+                 summary.errors.get("overloaded", 0))
 
 
 def summarize(layout: str, rate: float, requests: list[SimRequest], slo: SLO) -> Point:
-    served = [r for r in requests if not r.refused]
-    if not served:
-        return Point(layout, rate, len(requests), *[math.inf] * 4, 0.0, 0.0, len(requests))
-    ttfts = [r.ttft for r in served]
-    tpots = [r.tpot for r in served]
-    met = sum(slo.met(r) for r in served)
-    span = max(r.done for r in served) - min(r.arrival for r in requests)
-    return Point(layout, rate, len(requests), percentile(ttfts, 50), percentile(ttfts, 90), percentile(tpots, 50),
-                 percentile(tpots, 90), met / len(requests), met / span if span > 0 else math.inf,
-                 len(requests) - len(served))
+    return point(layout, rate, bench_summarize(records(requests), slo))
 
 
 def score(points: list[Point], slo: SLO) -> tuple[float, float, float]:

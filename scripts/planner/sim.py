@@ -38,6 +38,7 @@ from router.prefix_index import PromptKeys
 from router.registry import WorkerInfo, WorkerRegistry
 from router.request import Request
 from scripts.planner.engine import BlockPool, SimEngine
+from scripts.planner.gpu import Gpu, pack
 from scripts.planner.profile import Profile
 
 HEARTBEAT_S = 0.5  # how often workers' engine totals reach the disaggregation policy (`auto`)
@@ -54,6 +55,8 @@ class Layout:
     placement: str = "prefix"  # --placement
     local_prefill_chunk: int = 512
     tp: int = 1  # GPUs per engine (the profile's: only the label shows it)
+    # Below 1, engines share GPUs (0.5: two on one, --gpus-per-worker), each with that share of its KV blocks
+    gpus_per_engine: float = 1.0
 
     @property
     def mode(self) -> str:
@@ -63,11 +66,18 @@ class Layout:
     def engines(self) -> int:
         return self.prefill + self.decode + self.colocated
 
+    def gpus(self) -> list[int]:
+        """Each engine's GPU, engines in launch order (prefill, decode, colocated), as `serve` places them."""
+        return pack([self.gpus_per_engine] * self.engines)
+
     def __str__(self) -> str:
         tp = f"tp{self.tp} " if self.tp > 1 else ""
+        shared = "" if self.gpus_per_engine >= 1 else f", {self.gpus_per_engine:g} GPU each"
         if self.colocated:
-            return f"{tp}colocated x{self.colocated}"
-        return f"{tp}{self.prefill}P:{self.decode}D" + ("" if self.policy == "always" else f" ({self.policy})")
+            return f"{tp}colocated x{self.colocated}" + (f" ({shared[2:]})" if shared else "")
+        policy = "" if self.policy == "always" else self.policy
+        notes = ", ".join(filter(None, [policy, shared[2:]]))
+        return f"{tp}{self.prefill}P:{self.decode}D" + (f" ({notes})" if notes else "")
 
 
 @dataclass(eq=False)
@@ -121,16 +131,21 @@ class Simulation:
         self.queue = self.admission.queue
         self.engines: dict[str, SimEngine] = {}
         self.infos: dict[str, WorkerInfo] = {}
+        self.num_blocks = max(1, int(profile.num_kv_blocks * min(1.0, layout.gpus_per_engine)))
+        self.gpus = [Gpu(i) for i in range(max(layout.gpus(), default=-1) + 1)]
+        self.gpu_of: dict[str, Gpu] = {}
         layout_rec = KVLayout(block_size=profile.block_size, num_layers=1, num_kv_heads=1, head_dim=1,
                               dtype="bfloat16")
         roles = ([("prefill", "p")] * layout.prefill + [("decode", "d")] * layout.decode
                  + [("colocated", "c")] * layout.colocated)
-        for i, (role, letter) in enumerate(roles):
+        for i, ((role, letter), gpu) in enumerate(zip(roles, layout.gpus())):
             name = f"{letter}{i}"
             chunk = layout.local_prefill_chunk if role == "decode" else None
-            self.engines[name] = SimEngine(name, role, profile, chunk, fast_forward, workload.shared_prefixes, spares)
+            self.engines[name] = SimEngine(name, role, profile, chunk, fast_forward, workload.shared_prefixes, spares,
+                                           self.num_blocks)
+            self.gpu_of[name] = self.gpus[gpu]
             hello = P.WorkerHello(worker_id=name, role=role, model_fingerprint=profile.model or "sim",
-                                  num_blocks=profile.num_kv_blocks, layout=layout_rec, max_model_len=1 << 30,
+                                  num_blocks=self.num_blocks, layout=layout_rec, max_model_len=1 << 30,
                                   vocab_size=1 << 30)
             self.infos[name] = self.registry.register(hello, name.encode())
         self.events: list[tuple[float, int, str, object, int]] = []
@@ -148,9 +163,9 @@ class Simulation:
     def run(self) -> list[SimRequest]:
         w = self.workload
         largest = max(map(len, w.prompts), default=0) + max(w.output_lens, default=0)
-        if -(-largest // self.profile.block_size) > self.profile.num_kv_blocks:
+        if -(-largest // self.profile.block_size) > self.num_blocks:
             raise ValueError(f"a request of {largest} tokens needs more KV blocks than an engine has "
-                             f"({self.profile.num_kv_blocks} of {self.profile.block_size} tokens)")
+                             f"({self.num_blocks} of {self.profile.block_size} tokens)")
         bs = self.profile.block_size
         if bs not in w.keys:
             w.keys[bs] = [PromptKeys.of(p, bs) for p in w.prompts]
@@ -195,17 +210,43 @@ class Simulation:
     def _kick(self, engine: SimEngine) -> None:
         """Work arrived at `engine`: start a step if it is idle, or cut a fast run short."""
         if engine.busy_until is None:
-            end = engine.start(self.now)
-            if end is not None:
-                self.push(end, "step", engine, engine.generation)
+            self._start(engine)
         else:
-            end = engine.cut(self.now)
-            if end is not None:
-                self.push(end, "step", engine, engine.generation)
+            self._cut(engine)
         self._sync(engine)
+
+    def _cut(self, engine: SimEngine) -> None:
+        end = engine.cut(self.now)
+        if end is not None:
+            self.push(end, "step", engine, engine.generation)
+
+    def _start(self, engine: SimEngine) -> None:
+        """The engine's next step, if it has work and its GPU is free; else it waits its turn for the GPU, and a
+        fast run holding the GPU ends with its step in flight (stepping, the waiting engine would go next)."""
+        if not engine.scheduler.has_unfinished():
+            return
+        gpu = self.gpu_of[engine.name]
+        if not gpu.take(engine):
+            self._cut(gpu.holder)
+            return
+        end = engine.start(self.now, fast=not gpu.waiting)
+        if end is not None:
+            self.push(end, "step", engine, engine.generation)
+        else:
+            gpu.release(engine)
+
+    def _hand_over(self, gpu: Gpu) -> None:
+        """The GPU is free: the engines waiting for it start, oldest first, until one runs a step."""
+        while gpu.holder is None and gpu.waiting:
+            engine = gpu.waiting.popleft()
+            self._start(engine)
+            self._sync(engine)
 
     def _step_done(self, engine: SimEngine) -> int:
         seqs, first_end = engine.finish()
+        gpu = self.gpu_of[engine.name]
+        gpu.release(engine)
+        self._hand_over(gpu)  # before this engine's next step: it asks for the GPU after those waiting
         finished = 0
         for seq in seqs:
             req = self.by_rid[seq.request_id]

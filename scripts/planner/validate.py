@@ -1,0 +1,194 @@
+"""The planner against a measurement: `pdcluster plan --validate RESULTS.json --profile P` simulates each mode of a
+`pdcluster bench` run (its workers, GPUs per worker, placement and disaggregation policy) on the same requests
+(rebuilt by the bench's own builders from its recorded settings and checked against its records) sent at the
+times the bench sent them, and sets the predictions beside the measurements: TTFT p50/p90, TPOT p50/p90 and
+goodput per mode and load point, with each prediction's error. Both sides are summed up by the bench's own
+`summarize` (scripts/bench_metrics.py) under the SLO the bench judged by.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+from router.config import RouterConfig
+from scripts.bench_config import DEFAULT_NUM_REQUESTS, POLICY_VARIANTS, BenchConfig, mode_variants
+from scripts.bench_hardware import tensor_parallel_size
+from scripts.bench_metrics import SLO, RequestRecord, summarize
+from scripts.bench_workloads import read_trace
+from scripts.benchmark import point_requests
+from scripts.planner.config import DEFAULT_VOCAB
+from scripts.planner.profile import Profile
+from scripts.planner.report import Point, point
+from scripts.planner.report import summarize as predict_summary
+from scripts.planner.sim import Layout, Workload, simulate
+
+TOLERANCE = 0.15  # a prediction within this share of the measurement agrees
+METRICS = (("TTFT p50", "ttft_p50"), ("TTFT p90", "ttft_p90"), ("TPOT p50", "tpot_p50"), ("TPOT p90", "tpot_p90"),
+           ("goodput", "goodput"))
+
+
+class ValidationError(ValueError):
+    """Results that cannot be replayed: the message says what is missing or does not match."""
+
+
+@dataclass
+class Row:
+    """One mode at one load point: predicted and measured."""
+
+    mode: str
+    layout: str
+    load: str
+    predicted: Point
+    measured: Point
+
+    def error(self, key: str) -> float:
+        """(predicted - measured) / measured; 0 when both are 0, inf when only the measurement is."""
+        p, m = getattr(self.predicted, key), getattr(self.measured, key)
+        if p == m:
+            return 0.0
+        return math.inf if m == 0 or not math.isfinite(m) else (p - m) / m
+
+
+# ---- what the bench ran -------------------------------------------------------------------------
+def bench_config(results: dict) -> BenchConfig:
+    """The run's settings (fields unknown to this version dropped, missing ones at their defaults)."""
+    known = {f.name for f in dataclasses.fields(BenchConfig)}
+    return BenchConfig(**{k: v for k, v in results["config"].items() if k in known})
+
+
+def vocab_size(results: dict, cfg: BenchConfig) -> int:
+    """The vocabulary the prompts were drawn from: recorded, given, or the model's (results from before it was
+    recorded); else Qwen3's."""
+    if results.get("vocab_size"):
+        return results["vocab_size"]
+    if cfg.vocab_size:
+        return cfg.vocab_size
+    try:
+        return int(json.loads((Path(cfg.model or "") / "config.json").read_text())["vocab_size"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return DEFAULT_VOCAB
+
+
+def layout_of(run: dict, cfg: BenchConfig, profile: Profile) -> Layout:
+    """The cluster one mode ran, as the simulator's layout."""
+    base, variants = mode_variants(run["mode"])
+    router = RouterConfig(model="simulated", mode=base)
+    policy = next((v for v in variants if v in POLICY_VARIANTS), router.disagg_policy)
+    placement = next((v for v in variants if v not in POLICY_VARIANTS), router.placement)
+    hw = run.get("hardware")
+    tp = tensor_parallel_size(cfg.serve_args)
+    if tp != profile.tp:
+        raise ValidationError(f"{run['mode']}: the bench ran TP {tp}, the profile is of TP {profile.tp}")
+    if base == "disagg":
+        workers = hw["workers"] if hw else {"prefill": cfg.prefill_workers, "decode": cfg.decode_workers}
+        per = cfg.gpus_per_worker
+        counts = dict(prefill=workers["prefill"], decode=workers["decode"])
+    else:
+        workers = hw["workers"] if hw else {"colocated": cfg.workers}
+        per = cfg.colocated_gpus_per_worker or cfg.gpus_per_worker
+        counts = dict(colocated=workers["colocated"])
+    if hw and hw.get("device") == "cuda":
+        per = hw["gpus_per_worker"] / tp
+    elif hw and hw.get("device") == "cpu":
+        per = 1.0  # CPU workers split the cores: a CPU profile measured one worker's share
+    return Layout(**counts, policy=policy, placement=placement, local_prefill_chunk=router.local_prefill_chunk,
+                  tp=tp, gpus_per_engine=per)
+
+
+def workload_of(results: dict, cfg: BenchConfig, index: int, records: list[RequestRecord]) -> Workload:
+    """Load point `index`'s requests, rebuilt as the bench built them, sent when the bench sent them (in the
+    order built: the bench sends them in that order)."""
+    trace = read_trace(cfg.trace) if cfg.trace else None
+    n = cfg.num_requests or (len(trace) if trace is not None else DEFAULT_NUM_REQUESTS)
+    requests = point_requests(cfg, index, n, vocab_size(results, cfg), trace)
+    records = sorted(records, key=lambda r: r.index)
+    if [(len(r.prompt_ids), r.output_len) for r in requests] != [(r.prompt_len, r.output_len) for r in records]:
+        raise ValidationError(f"load point {index}: the rebuilt requests differ from the recorded ones (prompt "
+                              "and output lengths): another vocabulary size or trace than the run's?")
+    return Workload([r.start for r in records], [r.prompt_ids for r in requests], [r.output_len for r in requests],
+                    cfg.workload == "shared-prefix")
+
+
+# ---- predictions beside measurements ------------------------------------------------------------
+def validate(results: dict, profile: Profile) -> list[Row]:
+    cfg = bench_config(results)
+    slo = SLO(results["slo"]["ttft"], results["slo"]["tpot"]) if results.get("slo") else SLO(1.0, 0.05)
+    workloads: dict[int, Workload] = {}
+    rows = []
+    for run in results["runs"]:
+        layout = layout_of(run, cfg, profile)
+        for i, measured in enumerate(run["points"]):
+            records = [RequestRecord.from_json(r) for r in measured["requests"]]
+            load = measured["load"]
+            rate = load["value"] if load["value"] is not None else math.inf
+            if i not in workloads:  # the same requests in every mode (their prefix keys computed once)
+                workloads[i] = workload_of(results, cfg, i, records)
+            sent = [r.start for r in sorted(records, key=lambda r: r.index)]  # each mode at its own send times
+            sim = simulate(profile, layout, dataclasses.replace(workloads[i], arrivals=sent))
+            rows.append(Row(run["mode"], str(layout), load["label"], predict_summary(str(layout), rate, sim, slo),
+                            point(run["mode"], rate, summarize(records, slo))))
+    return rows
+
+
+# ---- the table ----------------------------------------------------------------------------------
+def _value(key: str, x: float) -> str:
+    if not math.isfinite(x):
+        return "inf"
+    return f"{x:.2f}" if key == "goodput" else f"{1e3 * x:.1f}"
+
+
+def _error(e: float) -> str:
+    return "inf" if not math.isfinite(e) else f"{100 * e:+.1f}%"
+
+
+def cell(row: Row, key: str) -> str:
+    """`predicted / measured (error)`: milliseconds, or requests/s for goodput."""
+    return (f"{_value(key, getattr(row.predicted, key))} / {_value(key, getattr(row.measured, key))} "
+            f"({_error(row.error(key))})")
+
+
+def beyond(row: Row, key: str, tolerance: float) -> bool:
+    return not abs(row.error(key)) <= tolerance
+
+
+def headers() -> list[str]:
+    return ["mode (simulated as)", "load"] + [f"{name} ({'req/s' if key == 'goodput' else 'ms'})"
+                                             for name, key in METRICS]
+
+
+def table(rows: list[Row], tolerance: float = TOLERANCE) -> str:
+    """The text table: each cell predicted / measured (error), `!` where the error is beyond `tolerance`."""
+    body = [[f"{r.mode} ({r.layout})", r.load] + [cell(r, k) + ("!" if beyond(r, k, tolerance) else " ")
+                                                 for _, k in METRICS] for r in rows]
+    widths = [max(len(line[i]) for line in [headers(), *body]) for i in range(len(headers()))]
+    lines = ["  ".join(h.ljust(w) for h, w in zip(headers(), widths))]
+    lines.append("-" * len(lines[0]))
+    lines += ["  ".join(c.ljust(w) for c, w in zip(line, widths)) for line in body]
+    return "\n".join(lines)
+
+
+def markdown(rows: list[Row], profile: Profile, source: str, tolerance: float = TOLERANCE) -> str:
+    missed = sum(beyond(r, k, tolerance) for r in rows for _, k in METRICS)
+    lines = [f"Predicted (`pdcluster plan`, profile of {profile.model} on {profile.machine}) / measured "
+             f"(`pdcluster bench`, {source}) (error); **bold**: beyond {100 * tolerance:g}%. "
+             f"{missed} of {len(rows) * len(METRICS)} cells beyond.", "",
+             "| " + " | ".join(headers()) + " |", "|---|---|" + "---:|" * len(METRICS)]
+    for r in rows:
+        cells = [f"**{cell(r, k)}**" if beyond(r, k, tolerance) else cell(r, k) for _, k in METRICS]
+        lines.append(f"| {r.mode} ({r.layout}) | {r.load} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def to_json(rows: list[Row], tolerance: float = TOLERANCE) -> list[dict]:
+    return [{"mode": r.mode, "layout": r.layout, "load": r.load,
+             "metrics": {k: {"predicted": _finite(getattr(r.predicted, k)), "measured": _finite(getattr(r.measured, k)),
+                             "error": _finite(r.error(k)), "beyond": beyond(r, k, tolerance)} for _, k in METRICS},
+             "attainment": {"predicted": r.predicted.attainment, "measured": r.measured.attainment}}
+            for r in rows]
+
+
+def _finite(x: float) -> float | None:
+    return x if math.isfinite(x) else None

@@ -1,0 +1,146 @@
+"""`pdcluster plan --validate`: a bench's results.json replayed through the simulator, predictions beside
+measurements. The bench here is the real `run_benchmark` whose clusters are the simulator under a known profile
+(the truth), so a replay with that profile must agree exactly, and one with a wrong profile must not."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from dataclasses import asdict
+from pathlib import Path
+
+import pytest
+from msgspec.structs import replace
+
+from scripts import bench_report, benchmark
+from scripts.bench_metrics import SLO, summarize
+from scripts.benchmark import BenchConfig, arrivals
+from scripts.planner.profile import DecodeCost, Profile, save_profile
+from scripts.planner.report import records
+from scripts.planner.sim import Layout, Workload, simulate
+from scripts.planner.validate import METRICS, ValidationError, beyond, markdown, table, validate
+from tests.test_planner import make_profile
+
+ROOT = Path(__file__).resolve().parents[1]
+RATES = (5.0, 20.0)
+# What each mode of the bench below runs, written out by hand (the code under test maps it from the results)
+LAYOUTS = {"disagg": Layout(prefill=1, decode=1, gpus_per_engine=0.5), "colocated": Layout(colocated=1),
+           "disagg:auto": Layout(prefill=1, decode=1, policy="auto", gpus_per_engine=0.5)}
+
+
+class FakeServe:
+    def __init__(self, command: list[str], log_path: Path):
+        pass
+
+    def stop(self) -> int:
+        return 0
+
+
+def simulated_bench(tmp_path: Path, monkeypatch, truth: Profile, modes: str = "disagg,colocated") -> dict:
+    """`pdcluster bench` on one GPU (1P+1D at half a GPU each, one colocated replica on all of it), each cluster
+    answering as the simulator does under `truth`; returns results.json as written."""
+    async def fake_cluster(cfg, run, server, points, workloads, warmup, unloaded, slo=None):
+        for i, (point, requests) in enumerate(zip(points, workloads)):
+            sent = arrivals(cfg, point, i, requests)
+            load = Workload(sent, [r.prompt_ids for r in requests], [r.output_len for r in requests], False)
+            recs = records(simulate(truth, LAYOUTS[run["mode"]], load))
+            run["points"].append({"load": point.to_json(), "summary": asdict(summarize(recs, slo)),
+                                  "requests": [r.to_json() for r in recs]})
+
+    monkeypatch.setattr(benchmark, "bench_cluster", fake_cluster)
+    monkeypatch.setattr(benchmark, "ServeProcess", FakeServe)
+    monkeypatch.setattr(benchmark, "machine", lambda cfg: {"device": "cuda", "gpus": ["GPU"], "cpu_cores": 2,
+                                                           "cpu_model": None, "local": True})
+    monkeypatch.setattr(bench_report, "write_report", lambda out, results: [])
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({"vocab_size": 5000}))
+    cfg = BenchConfig(out=str(tmp_path / "bench"), model=str(model), modes=modes, device="cuda",
+                      rates=",".join(map(str, RATES)), num_requests=150, input_len="100:400", output_len="20:60",
+                      prefill_workers=1, decode_workers=1, gpus_per_worker=0.5, workers=1,
+                      colocated_gpus_per_worker=1, slo_ttft=0.3, slo_tpot=0.02, unloaded_requests=0)
+    benchmark.run_benchmark(cfg)
+    return json.loads((tmp_path / "bench" / "results.json").read_text())
+
+
+def test_the_true_profile_predicts_the_bench_exactly(tmp_path, monkeypatch):
+    truth = make_profile()
+    results = simulated_bench(tmp_path, monkeypatch, truth, "disagg,colocated,disagg:auto")
+    rows = validate(results, truth)
+    assert [(r.mode, r.load) for r in rows] == [(m, f"{rate:g} req/s") for m in ("disagg", "colocated", "disagg:auto")
+                                                 for rate in RATES]
+    assert [r.layout for r in rows[::2]] == [str(layout) for layout in LAYOUTS.values()]
+    for row in rows:
+        for _, key in METRICS:
+            assert row.error(key) == pytest.approx(0.0, abs=1e-9), (row.mode, row.load, key)
+    # the heavier rate is a real test: requests wait, and not all meet the SLO
+    assert rows[1].measured.ttft_p90 > 2 * rows[0].measured.ttft_p50
+    text = table(rows)
+    assert "!" not in text and text.count("(+0.0%)") == len(rows) * len(METRICS)
+
+
+def test_a_wrong_profile_shows_large_errors_and_they_are_marked(tmp_path, monkeypatch):
+    truth = make_profile()
+    results = simulated_bench(tmp_path, monkeypatch, truth)
+    wrong = replace(truth, decode=DecodeCost(base_s=3 * truth.decode.base_s, per_seq_s=truth.decode.per_seq_s))
+    rows = validate(results, wrong)
+    assert all(r.error("tpot_p50") > 0.5 for r in rows)
+    assert all(beyond(r, "tpot_p90", 0.15) for r in rows)
+    marked = sum(beyond(r, k, 0.15) for r in rows for _, k in METRICS)
+    assert table(rows).count("!") == marked
+    md = markdown(rows, wrong, "results.json")
+    assert md.count("**") == 2 * marked + 2  # each marked cell, and the legend's **bold**
+    assert f"{marked} of {len(rows) * len(METRICS)} cells beyond" in md
+
+
+def test_results_whose_requests_cannot_be_rebuilt_are_refused(tmp_path, monkeypatch):
+    truth = make_profile()
+    results = simulated_bench(tmp_path, monkeypatch, truth, "colocated")
+    assert results["vocab_size"] == 5000
+    results["vocab_size"] = 7
+    with pytest.raises(ValidationError, match="rebuilt requests differ"):
+        validate(results, truth)
+
+
+def test_plan_validate_prints_and_writes_the_table(tmp_path, monkeypatch):
+    truth = make_profile()
+    simulated_bench(tmp_path, monkeypatch, truth)
+    save_profile(truth, tmp_path / "profile.json")
+    command = [sys.executable, "-m", "scripts.cli", "plan", "--validate", str(tmp_path / "bench" / "results.json"),
+               "--profile", str(tmp_path / "profile.json")]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run([*command, "--out", str(tmp_path / "v")], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "TTFT p50" in proc.stdout and "goodput" in proc.stdout and "1P:1D (0.5 GPU each)" in proc.stdout
+    record = json.loads((tmp_path / "v" / "validation.json").read_text())
+    assert len(record["rows"]) == 4 and all(len(r["metrics"]) == len(METRICS) for r in record["rows"])
+    assert (tmp_path / "v" / "validation.md").read_text().count("\n| ") == 1 + 4
+    refused = subprocess.run([*command, "--rates", "1"], cwd=ROOT, env=env, capture_output=True, text=True,
+                             timeout=120)
+    assert refused.returncode == 2 and "--rates" in refused.stderr
+
+
+def test_a_plan_sees_the_requests_and_times_the_bench_sends(tmp_path, monkeypatch):
+    """`pdcluster plan` with the bench's workload flags simulates the requests the bench sends, at its times."""
+    from scripts.planner.config import PlanConfig
+    from scripts.planner.plan import workloads
+
+    sent: dict[int, tuple] = {}
+
+    async def fake_cluster(cfg, run, server, points, loads, warmup, unloaded, slo=None):
+        for i, (point, requests) in enumerate(zip(points, loads)):
+            sent[i] = ([r.prompt_ids for r in requests], arrivals(cfg, point, i, requests))
+
+    monkeypatch.setattr(benchmark, "bench_cluster", fake_cluster)
+    monkeypatch.setattr(benchmark, "ServeProcess", FakeServe)
+    monkeypatch.setattr(bench_report, "write_report", lambda out, results: [])
+    flags = dict(rates="3,9", num_requests=40, input_len="10:90", output_len="5:9", workload="long-short", seed=4,
+                 vocab_size=1000)
+    benchmark.run_benchmark(BenchConfig(out=str(tmp_path), model=str(tmp_path), modes="colocated", device="cpu",
+                                        unloaded_requests=0, **flags))
+    planned = workloads(PlanConfig(profile="p.json", **flags))
+    assert len(planned) == len(sent) == 2 and sent[0][0] != sent[1][0]
+    for i, (rate, load) in enumerate(planned):
+        assert (load.prompts, load.arrivals) == sent[i]
