@@ -36,7 +36,8 @@ def choose_disagg(place: Placement, disagg: DisaggPolicy, ids: list[int], keys: 
     prefill = place.prefill(len(ids), keys)
     if decode is None or (prefill is None and not may_be_local):
         return None
-    estimate = disagg.choose(place.cost(prefill, len(ids), keys) if prefill else -1, place.cost(decode, len(ids), keys))
+    estimate = disagg.choose(place.cost(prefill, len(ids), keys) if prefill else -1, place.cost(decode, len(ids), keys),
+                             len(decode.assigned))
     return DisaggChoice(decode, prefill, blocks, estimate)
 
 

@@ -10,15 +10,30 @@ import pytest
 from common import protocol as P
 from common.engine.llm import LLM
 from common.sampling_params import SamplingParams
-from router.disagg_policy import DisaggPolicy, Estimate
+from router.disagg_policy import TPOT_GUARD, DisaggPolicy, Estimate
 from tests.cluster_harness import RunningCluster
 from tests.test_router import FakeWorker, Sim, make_router  # noqa: F401 (a fixture)
 
 
-def load(steps: int, seconds: float, prefill: int = 0, decode: int = 0) -> P.WorkerLoad:
+def load(steps: int, seconds: float, prefill: int = 0, decode: int = 0, prompt_steps: int = 0,
+         prompt_seconds: float = 0.0, prompt_batches: int = 0) -> P.WorkerLoad:
     return P.WorkerLoad(queued_requests=0, queued_tokens=0, running_requests=0, kv_blocks_total=64,
                         kv_blocks_free=64, busy_steps=steps, busy_seconds=seconds, prefill_tokens_run=prefill,
-                        decode_tokens_run=decode)
+                        decode_tokens_run=decode, prompt_steps=prompt_steps, prompt_seconds=prompt_seconds,
+                        prompt_batches=prompt_batches)
+
+
+def with_chunks(p: DisaggPolicy, decode_step: float, chunk_cost: float, chunks: int = 10, steps: int = 200,
+                steps_per_chunk: int = 1) -> DisaggPolicy:
+    """A decode worker's heartbeat: `steps` steps of `decode_step` seconds, `chunks` of them also running a prompt
+    chunk that costs `chunk_cost` more (with overlap a chunk's cost spreads over the two steps that launch and
+    collect it: `steps_per_chunk` 2)."""
+    prompt_steps = chunks * steps_per_chunk
+    prompt_seconds = prompt_steps * decode_step + chunks * chunk_cost
+    seconds = (steps - prompt_steps) * decode_step + prompt_seconds
+    p.observe_load("decode", load(0, 0.0), load(steps, seconds, prompt_steps=prompt_steps,
+                                                 prompt_seconds=prompt_seconds, prompt_batches=chunks))
+    return p
 
 
 def measured(policy: str = "auto") -> DisaggPolicy:
@@ -51,6 +66,48 @@ def test_auto_prefills_short_or_cached_prompts_locally_and_long_ones_remotely():
     assert p.choose(remote_tokens=4000, local_tokens=64).local  # the decode worker holds the prefix
     assert p.choose(remote_tokens=20_000, local_tokens=1500).local  # a long prefill queue
     assert (p.local_choices, p.remote_choices) == (3, 1)
+
+
+@pytest.mark.parametrize("steps_per_chunk", [1, 2], ids=["no-overlap", "overlap"])
+def test_auto_measures_what_a_chunk_adds_to_the_decode_workers_steps(steps_per_chunk):
+    """The decode-only step and a chunk's cost come from the decode worker's own prompt steps, whether a chunk's
+    cost falls in one step or spreads over two; not from the prefill workers' rate."""
+    p = with_chunks(measured(), decode_step=0.004, chunk_cost=0.03, steps_per_chunk=steps_per_chunk)
+    assert p.chunk_cost == pytest.approx(0.03)
+    assert p.decode_step < 0.02 and p.recent_step > p.decode_step  # the mix moves towards the new figures
+
+
+def test_auto_goes_remote_when_local_chunks_would_slow_the_running_decodes():
+    p = with_chunks(measured(), decode_step=0.02, chunk_cost=0.02, steps=2000, chunks=10)
+    idle = p.choose(remote_tokens=100, local_tokens=100, local_decodes=0)  # 1 chunk: 40 ms, no one slowed
+    busy = p.choose(remote_tokens=100, local_tokens=100, local_decodes=8)  # + 8 decodes x 20 ms
+    assert idle.local and not busy.local
+    assert busy.local_seconds > idle.local_seconds and busy.remote_seconds == idle.remote_seconds
+    assert not p.choose(remote_tokens=600, local_tokens=600, local_decodes=1).local  # more chunks, each charged
+
+
+def test_auto_prefills_locally_when_a_chunk_costs_the_decode_worker_little():
+    cheap = with_chunks(measured(), decode_step=0.02, chunk_cost=0.001, steps=2000, chunks=10)
+    dear = with_chunks(measured(), decode_step=0.02, chunk_cost=0.05, steps=2000, chunks=10)
+    assert cheap.choose(remote_tokens=300, local_tokens=300, local_decodes=4).local
+    assert not dear.choose(remote_tokens=300, local_tokens=300, local_decodes=4).local
+
+
+def test_auto_stops_adding_chunks_once_the_decode_workers_steps_exceed_the_tpot_guard():
+    p = with_chunks(measured(), decode_step=0.02, chunk_cost=0.01, steps=2000, chunks=10)
+    assert p.choose(remote_tokens=100, local_tokens=100, local_decodes=2).local  # 30 ms + 2 x 10 ms < 60 ms
+    for _ in range(20):  # then chunks in most steps: the decodes' steps grow well past the decode-only step
+        with_chunks(p, decode_step=0.02, chunk_cost=0.01, steps=100, chunks=90)
+    assert p.recent_step > TPOT_GUARD * p.decode_step and p.chunk_cost == pytest.approx(0.01)
+    assert not p.choose(remote_tokens=100, local_tokens=100, local_decodes=2).local
+    assert p.choose(remote_tokens=100, local_tokens=100, local_decodes=0).local  # no decode to slow
+
+
+def test_until_a_chunk_is_measured_auto_goes_local_only_where_no_decode_runs():
+    p = measured()
+    assert p.chunk_cost is None
+    assert p.choose(remote_tokens=100, local_tokens=100, local_decodes=0).local
+    assert not p.choose(remote_tokens=100, local_tokens=100, local_decodes=1).local
 
 
 def test_always_and_never_do_not_ask_the_measurements():
