@@ -163,6 +163,8 @@ class SimEngine:
             context = sum(n * s.num_computed_tokens for s, n in zip(batch.seqs[d:], tokens))
             pc = p.prefill
             seconds += pc.base_s + pc.per_token_s * sum(tokens) + pc.per_token_context_s * context
+            if d:
+                seconds += p.mixed_step_s
         return seconds
 
     def start(self, now: float) -> float | None:
