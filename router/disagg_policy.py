@@ -20,7 +20,9 @@ The TPOT guard, since every chunk delays each decode running there:
   TPOT_GUARD on average (refilled with the clock, at most BURST_S of it saved up); a local prompt spends its own
   chunks' cost, unless no decode runs there to slow;
 - feedback: no local prompt where decodes run while the decode workers' recent mean step exceeds TPOT_GUARD times
-  their decode-only step (the budget's figures were too low).
+  their decode-only step (the budget's figures were too low), or TPOT_CEILING times their unloaded step (the
+  least decode-only step of a heartbeat span): under a load that already slows decoding that much, every prompt
+  goes remote, as under `always`.
 
 The prefill rate (prompt tokens per busy second of the prefill workers), the decode-only step and the chunk cost
 come from the heartbeats' engine totals; the handoff overhead from each remote request's dispatch-to-first-token
@@ -39,6 +41,8 @@ from common import protocol as P
 POLICIES = ("always", "never", "auto")
 ALPHA = 0.2  # weight of a new measurement in a moving average
 TPOT_GUARD = 1.1  # most a decode worker's mean step may be of its decode-only step for `auto` to add chunks
+TPOT_CEILING = 1.2  # ... and of its unloaded step (issue 19's bound on TPOT p90 against unloaded)
+MIN_SPAN_STEPS = 10  # decode-only steps a heartbeat span needs to stand for the unloaded step
 BURST_S = 0.5  # seconds of a decode worker's chunk budget it may save up (TPOT is judged over a request's life)
 
 
@@ -78,6 +82,7 @@ class DisaggPolicy:
         self.decode_step: float | None = None  # seconds per decode-only step of a busy decode worker
         self.chunk_cost: float | None = None  # seconds a prompt batch adds to a decode worker's steps
         self.recent_step: float | None = None  # seconds per step of a busy decode worker, chunks included
+        self.unloaded_step: float | None = None  # the least decode-only step of a heartbeat span
         self.handoff: float | None = None  # seconds a remote request spends past its prefill
         self.budget: dict[str, tuple[float, float]] = {}  # decode worker -> (chunk seconds it may spend, as of when)
         self.local_choices = self.remote_choices = 0
@@ -103,6 +108,8 @@ class DisaggPolicy:
         if steps > prompt_steps:
             decode_step = max(0.0, seconds - prompt_seconds) / (steps - prompt_steps)
             self.decode_step = _mix(self.decode_step, decode_step)
+            if steps - prompt_steps >= MIN_SPAN_STEPS:
+                self.unloaded_step = min(self.unloaded_step or decode_step, decode_step)
         if prompt_batches > 0 and decode_step is not None:
             extra = max(0.0, prompt_seconds - prompt_steps * decode_step) / prompt_batches
             self.chunk_cost = _mix(self.chunk_cost, extra)
@@ -135,7 +142,8 @@ class DisaggPolicy:
         """Whether this prompt's chunks keep the decode worker's TPOT within the guard (see the module)."""
         if work.decodes == 0:
             return True
-        if self.recent_step is not None and self.recent_step > TPOT_GUARD * self.decode_step:
+        if self.recent_step is not None and (self.recent_step > TPOT_GUARD * self.decode_step or (
+                self.unloaded_step is not None and self.recent_step > TPOT_CEILING * self.unloaded_step)):
             return False
         return self._chunks(work.own_tokens) * self.chunk_seconds() <= self._budget(work.worker_id)
 

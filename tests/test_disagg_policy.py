@@ -10,7 +10,7 @@ import pytest
 from common import protocol as P
 from common.engine.llm import LLM
 from common.sampling_params import SamplingParams
-from router.disagg_policy import BURST_S, TPOT_GUARD, DisaggPolicy, Estimate, LocalWork
+from router.disagg_policy import BURST_S, TPOT_CEILING, TPOT_GUARD, DisaggPolicy, Estimate, LocalWork
 from tests.cluster_harness import RunningCluster
 from tests.test_router import FakeWorker, Sim, make_router  # noqa: F401 (a fixture)
 
@@ -127,6 +127,19 @@ def test_auto_stops_adding_chunks_once_the_decode_workers_steps_exceed_the_tpot_
     assert p.recent_step > TPOT_GUARD * p.decode_step and p.chunk_cost == pytest.approx(0.01)
     assert not p.choose(remote_tokens=100, local=here(100, decodes=2)).local
     assert p.choose(remote_tokens=100, local=here(100)).local  # no decode to slow
+
+
+def test_under_a_load_that_already_slows_decoding_past_the_ceiling_auto_is_always():
+    p = measured()
+    for _ in range(20):  # a light load: steps of 10 ms
+        with_chunks(p, decode_step=0.01, chunk_cost=0.002, steps=2000)
+    assert p.unloaded_step == pytest.approx(0.01)
+    assert p.choose(remote_tokens=100, local=here(100, decodes=2)).local
+    for _ in range(20):  # more decodes, bigger batches: steps of 15 ms, no chunk among them
+        p.observe_load("decode", load(0, 0.0), load(100, 1.5))
+    assert p.recent_step > TPOT_CEILING * p.unloaded_step and p.recent_step < TPOT_GUARD * p.decode_step
+    assert not p.choose(remote_tokens=100, local=here(100, decodes=30)).local
+    assert p.choose(remote_tokens=100, local=here(100)).local  # where no decode runs, still
 
 
 def test_always_and_never_do_not_ask_the_measurements():
