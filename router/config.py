@@ -27,7 +27,8 @@ class RouterConfig:
     disagg_policy: str = _opt("always", "disagg: where each prompt is prefilled: always on a prefill worker (the KV "
                                         "handed over), never (the decode worker prefills it itself), or auto (per "
                                         "request, whichever is estimated to give the first token sooner, from "
-                                        "measured prefill rates, decode steps and handoff times)")
+                                        "measured prefill rates, decode steps, chunk costs and handoff times, "
+                                        "while the decode worker's running decodes keep their pace)")
     local_prefill_chunk: int = _opt(512, "disagg: most prompt tokens a decode worker prefills per step of the prompts "
                                          "it prefills itself, so its running decodes keep their pace")
     max_queued_requests: int = _opt(4096, "requests waiting for a worker before new ones get `overloaded`")

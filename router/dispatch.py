@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from common import protocol as P
 from router.admission import WaitQueue
-from router.disagg_policy import DisaggPolicy, Estimate
+from router.disagg_policy import DisaggPolicy, Estimate, LocalWork
 from router.placement import Placement
 from router.prefix_index import PromptKeys
 from router.registry import WorkerInfo
@@ -36,7 +36,9 @@ def choose_disagg(place: Placement, disagg: DisaggPolicy, ids: list[int], keys: 
     prefill = place.prefill(len(ids), keys)
     if decode is None or (prefill is None and not may_be_local):
         return None
-    estimate = disagg.choose(place.cost(prefill, len(ids), keys) if prefill else -1, place.cost(decode, len(ids), keys))
+    own = len(ids) - place.cached_tokens(decode, keys)
+    local = LocalWork(decode.worker_id, place.cost(decode, len(ids), keys), own, len(decode.assigned))
+    estimate = disagg.choose(place.cost(prefill, len(ids), keys) if prefill else -1, local)
     return DisaggChoice(decode, prefill, blocks, estimate)
 
 

@@ -147,6 +147,32 @@ def test_step_totals_count_the_work_the_router_sees(tiny_qwen3_dir, overlap):
         llm.close()
 
 
+@pytest.mark.parametrize("overlap", [True, False])
+def test_prompt_steps_are_counted_apart_from_decode_only_ones(tiny_qwen3_dir, overlap):
+    """A decode worker prefilling a prompt in chunks beside a running decode (--disagg-policy): its heartbeat
+    counts the batches with prompt tokens, the steps that launched or collected one (with overlap, a chunk's cost
+    falls in both) and their seconds, apart from the decode-only steps (router/disagg_policy.py's chunk cost)."""
+    llm = LLM(str(tiny_qwen3_dir), device="cpu", kv_cache_memory=64 << 20, overlap_scheduling=overlap,
+              enable_prefix_caching=False)
+    engine = llm.engine
+    try:
+        engine.scheduler.max_prefill_tokens = 8
+        greedy = SamplingParams(max_tokens=20, temperature=0.0, ignore_eos=True)
+        engine.add_request("a", [1, 2, 3, 4, 5], greedy)
+        for _ in range(4):
+            engine.step()
+        engine.add_request("b", list(range(10, 40)), SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True))
+        while engine.has_unfinished():
+            engine.step()
+        load, chunks = engine.load(), 1 + 4  # a's prompt, and b's 30 tokens 8 at a time
+        assert load.prompt_batches == chunks
+        assert chunks <= load.prompt_steps <= (2 * chunks if overlap else chunks)
+        assert load.busy_steps - load.prompt_steps >= 10  # a decodes alone before and after b
+        assert 0 < load.prompt_seconds < load.busy_seconds
+    finally:
+        llm.close()
+
+
 def test_a_cpu_engine_never_imports_triton(tiny_qwen3_dir):
     """triton is imported only where a GPU kernel runs: a CPU engine, from its import to a generate, leaves it
     alone even where it is installed (a fresh interpreter: this one has imported it for the kernel tests)."""

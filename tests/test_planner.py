@@ -14,6 +14,9 @@ from pathlib import Path
 import msgspec
 import pytest
 
+from common.engine.scheduler import ScheduledBatch
+from common.engine.sequence import Sequence
+from common.sampling_params import SamplingParams
 from scripts.bench_workloads import LengthRange, poisson_arrivals, shared_prefix_mix
 from scripts.planner.engine import BlockPool, SimEngine
 from scripts.planner.config import SLO, PlanConfig
@@ -57,6 +60,7 @@ def test_the_example_profile_loads_and_says_it_is_an_example(tmp_path):
     (lambda d: d["decode"].update(base_s=-1), "decode.base_s"),
     (lambda d: d.update(handoff={}), "handoff"),
     (lambda d: d.update(num_kv_blocks=0), "num_kv_blocks"),
+    (lambda d: d.update(mixed_step_s=-0.01), "mixed_step_s"),
     (lambda d: d.update(surprise=1), "surprise"),
     (lambda d: d.pop("prefill"), "prefill"),
 ])
@@ -201,6 +205,37 @@ def test_every_request_finishes_in_every_mode_and_policy():
                    Layout(prefill=1, decode=2, policy="never"), Layout(colocated=3)):
         requests = simulate(profile, layout, load)
         assert all(r.done is not None and r.done >= r.first >= r.arrival for r in requests), layout
+
+
+def test_a_step_mixing_prompt_tokens_with_decodes_costs_its_eager_decodes_more():
+    plain, eager = make_profile(), make_profile(mixed_step_s=0.02)
+    decode, prompt = Sequence("d", [1] * 100, SamplingParams()), Sequence("p", [2] * 300, SamplingParams())
+    decode.num_computed_tokens = 100
+    mixed, alone = ScheduledBatch([decode, prompt], [1, 300]), ScheduledBatch([prompt], [300])
+    step = {name: SimEngine("d0", "decode", p).step_seconds for name, p in (("plain", plain), ("eager", eager))}
+    assert step["eager"](mixed) == pytest.approx(step["plain"](mixed) + 0.02)
+    assert step["eager"](alone) == step["plain"](alone)  # nothing to replay in a graph anyway
+    assert step["eager"](ScheduledBatch([decode], [1])) == step["plain"](ScheduledBatch([decode], [1]))
+
+
+def tpot_and_ttft(requests) -> tuple[float, float]:
+    tpot, ttft = sorted(r.tpot for r in requests), sorted(r.ttft for r in requests)
+    return tpot[int(0.9 * len(tpot))], ttft[len(ttft) // 2]
+
+
+def test_auto_prefills_locally_while_the_decodes_keep_their_pace():
+    """A slow handoff and a fast prefill: prefilling on the decode worker gives first tokens sooner. `auto` does
+    while the decode worker is lightly loaded, and where chunks are dear (eager decodes) it keeps TPOT near
+    `always`'s, where `never` does not."""
+    fast = dict(prefill=PrefillCost(base_s=0.002, per_token_s=1e-5), handoff={"host": HandoffCost(0.03, 1e8)})
+    light = workload(300, 5.0, 200, 100, seed=2)
+    runs = {pol: simulate(make_profile(**fast), Layout(prefill=1, decode=1, policy=pol), light)
+            for pol in ("always", "auto")}
+    assert tpot_and_ttft(runs["auto"])[1] < 0.5 * tpot_and_ttft(runs["always"])[1]
+    busy, dear = workload(300, 20.0, 200, 100, seed=2), make_profile(mixed_step_s=0.02, **fast)
+    tpot = {pol: tpot_and_ttft(simulate(dear, Layout(prefill=1, decode=1, policy=pol), busy))[0]
+            for pol in ("always", "auto", "never")}
+    assert tpot["auto"] < 1.2 * tpot["always"] and tpot["never"] > 1.5 * tpot["always"]
 
 
 def test_a_prefill_worker_waiting_for_blocks_held_for_handoffs_goes_on_when_they_land():

@@ -31,6 +31,12 @@ class StepStats:
     seconds: float = 0.0
     steps: int = 0
     gpu_seconds: float = 0.0  # GPU time of the batch collected (CUDA events; 0 off CUDA)
+    # Steps that launched or collected a batch with prompt tokens, their seconds, and such batches launched. Both
+    # ends count: with overlap an eager mixed batch's cost falls partly in the step that launches it (host-bound)
+    # and partly in the one that collects it (GPU-bound).
+    prompt_steps: int = 0
+    prompt_seconds: float = 0.0
+    prompt_batches: int = 0
 
     def add(self, step: StepStats) -> None:
         self.num_prefill_tokens += step.num_prefill_tokens
@@ -38,6 +44,9 @@ class StepStats:
         self.seconds += step.seconds
         self.steps += step.steps
         self.gpu_seconds += step.gpu_seconds
+        self.prompt_steps += step.prompt_steps
+        self.prompt_seconds += step.prompt_seconds
+        self.prompt_batches += step.prompt_batches
 
 
 def _tp_worker(config: EngineConfig, rank: int, init_method: str) -> None:
@@ -178,7 +187,10 @@ class LLMEngine:
         busy = batch is not None or done is not None
         # A busy step lasts from the end of the one before (the server may wait between them, launch_delay).
         seconds = end - (self._last_step_end if self._last_step_end is not None else start)
-        self.last_step = StepStats(batch.num_tokens - nd if batch else 0, nd, seconds, int(busy), gpu_s or 0.0)
+        launched_prompt = batch is not None and not batch.decode_only
+        prompt = launched_prompt or (done is not None and not done[0].decode_only)
+        self.last_step = StepStats(batch.num_tokens - nd if batch else 0, nd, seconds, int(busy), gpu_s or 0.0,
+                                   int(prompt), seconds if prompt else 0.0, int(launched_prompt))
         self._last_step_end = end if busy and self.has_unfinished() else None  # idle gaps are no step
         if busy:
             self.totals.add(self.last_step)
@@ -221,6 +233,9 @@ class LLMEngine:
             prefill_tokens_run=self.totals.num_prefill_tokens,
             decode_tokens_run=self.totals.num_decode_tokens,
             gpu_seconds=self.totals.gpu_seconds,
+            prompt_steps=self.totals.prompt_steps,
+            prompt_seconds=self.totals.prompt_seconds,
+            prompt_batches=self.totals.prompt_batches,
             prefix_query_tokens=self.block_manager.cache_query_tokens,
             prefix_hit_tokens=self.block_manager.cache_hit_tokens,
         )

@@ -53,6 +53,12 @@ class WorkerLoad(Record, kw_only=True):
     prefill_tokens_run: Count = 0
     decode_tokens_run: Count = 0
     gpu_seconds: Seconds = 0.0
+    # Of those, the steps that launched or collected a batch with prompt tokens (a decode worker's local prefill
+    # chunks) and their wall time, and the batches with prompt tokens launched: against the decode-only steps they
+    # give what a chunk adds to a step (router/disagg_policy.py).
+    prompt_steps: Count = 0
+    prompt_seconds: Seconds = 0.0
+    prompt_batches: Count = 0
     handoffs: Annotated[list[TransportTotals], Meta(max_length=16)] = []  # prefill workers: by transport
     # Since the worker started: prompt tokens looked up in its prefix cache, and those found there.
     prefix_query_tokens: Count = 0
@@ -61,6 +67,12 @@ class WorkerLoad(Record, kw_only=True):
     def _check(self) -> None:
         if self.kv_blocks_free > self.kv_blocks_total:
             raise InvalidRequest("kv_blocks_free", "more than kv_blocks_total")
+        if self.prompt_steps > self.busy_steps:
+            raise InvalidRequest("prompt_steps", "more than busy_steps")
+        if self.prompt_batches > self.busy_steps:
+            raise InvalidRequest("prompt_batches", "more than busy_steps")
+        if self.prompt_seconds > self.busy_seconds:
+            raise InvalidRequest("prompt_seconds", "more than busy_seconds")
 
 
 class WorkerStats(WorkerLoad, kw_only=True):

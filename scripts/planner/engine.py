@@ -98,6 +98,8 @@ class SimEngine:
         self.busy_seconds = 0.0
         self.steps = 0
         self.prefill_tokens_run = 0
+        self.prompt_steps = 0  # steps with prompt tokens (they do not overlap here: each is its batch's)
+        self.prompt_seconds = 0.0
 
     # ---- what the router sees -------------------------------------------------------------------------
     @property
@@ -116,7 +118,10 @@ class SimEngine:
             kv_blocks_free=self.block_manager.num_free_blocks,
             busy_steps=self.steps,
             busy_seconds=self.busy_seconds,
-            prefill_tokens_run=self.prefill_tokens_run)
+            prefill_tokens_run=self.prefill_tokens_run,
+            prompt_steps=self.prompt_steps,
+            prompt_seconds=self.prompt_seconds,
+            prompt_batches=self.prompt_steps)
 
     # ---- requests in --------------------------------------------------------------------------------
     def add_prompt(self, rid: str, prompt: list[int], output_len: int, prefill_only: bool) -> Sequence:
@@ -160,6 +165,8 @@ class SimEngine:
             context = sum(n * s.num_computed_tokens for s, n in zip(batch.seqs[d:], tokens))
             pc = p.prefill
             seconds += pc.base_s + pc.per_token_s * sum(tokens) + pc.per_token_context_s * context
+            if d:
+                seconds += p.mixed_step_s
         return seconds
 
     def start(self, now: float, fast: bool = True) -> float | None:
@@ -223,6 +230,9 @@ class SimEngine:
         self.busy_seconds += self.step_time
         self.steps += 1
         self.prefill_tokens_run += sum(batch.num_new_tokens[batch.num_decodes:])
+        if not batch.decode_only:
+            self.prompt_steps += 1
+            self.prompt_seconds += self.step_time
         return self.scheduler.resolve(batch, self.olds, [TOKEN] * len(batch.seqs)), self.step_end
 
     def _apply_fast(self, batch: ScheduledBatch, k: int) -> None:

@@ -4,6 +4,7 @@
     decode step seconds  = base + per_seq * batch + per_seq_context * batch * mean_context
     handoff seconds      = base + bytes / bytes_per_s                      (one model per KV transport)
     host launch seconds  = the host's work per engine step, added to every step
+    mixed step seconds   = added to a step that has both prompt tokens and decodes (its decodes run eagerly)
 
 `tokens` are the prompt tokens a step computes, `context` the tokens before them (a cached prefix, or earlier
 chunks), so the attention term grows with both. A profile names the machine and the model it was measured on;
@@ -77,6 +78,9 @@ class Profile(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     max_num_batched_tokens: int = 8192  # an engine step's token budget
     max_num_seqs: int = 256  # most sequences one engine runs at a time
     host_launch_s: float = 0.0
+    # A step that mixes prompt tokens with decodes replays no decode CUDA graph: what its eager decodes add (a decode
+    # worker prefilling prompts itself, --disagg-policy never/auto; colocated replicas).
+    mixed_step_s: float = 0.0
     prefill: PrefillCost
     decode: DecodeCost
     handoff: dict[str, HandoffCost]  # by KV transport name
@@ -86,8 +90,10 @@ class Profile(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
                      "max_num_seqs"):
             if getattr(self, name) < 1:
                 raise ProfileError(f"{name}: must be >= 1, got {getattr(self, name)}")
-        if not (math.isfinite(self.host_launch_s) and self.host_launch_s >= 0):
-            raise ProfileError(f"host_launch_s: must be a finite number >= 0, got {self.host_launch_s!r}")
+        for name in ("host_launch_s", "mixed_step_s"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value >= 0):
+                raise ProfileError(f"{name}: must be a finite number >= 0, got {value!r}")
         if not self.handoff:
             raise ProfileError("handoff: needs at least one transport")
         self.prefill.check("prefill")

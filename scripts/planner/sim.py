@@ -126,7 +126,7 @@ class Simulation:
         config = RouterConfig(model="simulated", mode=layout.mode)
         self.registry = WorkerRegistry(config.max_worker_requests)
         self.placement = Placement(self.registry, policy=layout.placement)
-        self.disagg = DisaggPolicy(layout.policy, layout.local_prefill_chunk)
+        self.disagg = DisaggPolicy(layout.policy, layout.local_prefill_chunk, clock=lambda: self.now)
         self.admission = Admission(config, self.registry, self.placement, tokenizer=None)
         self.queue = self.admission.queue
         self.engines: dict[str, SimEngine] = {}
