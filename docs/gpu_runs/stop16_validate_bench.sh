@@ -1,0 +1,12 @@
+set -u
+export PYTHONPATH=$(.gpu-deps/unpack .gpu-deps):$PWD PYTHONUNBUFFERED=1
+python -m scripts.cli prepare-model random --config qwen3-0.6b --out /tmp/q06 2>&1 | tail -1
+timeout 260 python -m scripts.cli bench --model /tmp/q06 --device cuda --modes disagg,colocated --prefill-workers 1 --decode-workers 1 \
+  --gpus-per-worker 0.5 --workers 1 --colocated-gpus-per-worker 1 --rates 8,16,32,48,64 --num-requests 150 \
+  --input-len 512:2048 --output-len 64:256 --slo-ttft 0.5 --slo-tpot 0.03 --out $OUT/q06-prefill-heavy 2>&1 | grep -E " ok |wrote" | tail -14
+rm -f $OUT/q06-prefill-heavy/*.png
+timeout 320 python -m scripts.cli bench --model /tmp/q06 --device cuda --modes disagg,colocated --prefill-workers 1 --decode-workers 1 \
+  --gpus-per-worker 0.5 --workers 1 --colocated-gpus-per-worker 1 --workload long-short --input-len 128:512 \
+  --output-len 128:512 --long-input-len 4096:8192 --long-output-len 4:16 --long-fraction 0.2 \
+  --rates 4,8,16,24,32 --num-requests 150 --slo-ttft 1 --slo-tpot 0.03 --out $OUT/q06-long-short 2>&1 | grep -E " ok |wrote" | tail -14
+rm -f $OUT/q06-long-short/*.png
