@@ -173,10 +173,12 @@ def slo_reading(results: dict) -> str:
     slo = of_results(results)["tpot"]
     target = f"the TPOT SLO ({slo * 1e3:.4g} ms)"
     runs = {run["mode"]: run for run in results["runs"]}
-    missing = [mode for mode in ("disagg", "colocated") if mode not in runs]
+    # A disaggregated variant (disagg:always, disagg:prefix, ...) stands for disagg when plain disagg did not run.
+    disagg_mode = next((m for m in runs if m == "disagg"), None) or next((m for m in runs if m.startswith("disagg:")), None)
+    missing = [mode for mode, found in (("disagg", disagg_mode), ("colocated", runs.get("colocated"))) if not found]
     if missing:
         return f"No reading: it needs both modes, and this run has no {' and no '.join(missing)} results."
-    colocated, disagg = runs["colocated"], runs["disagg"]
+    colocated, disagg = runs["colocated"], runs[disagg_mode]
     i = first_tpot_breach(colocated, slo)
     if i is None:
         ran, total = len(colocated["points"]), len(results["load_points"])
@@ -190,9 +192,10 @@ def slo_reading(results: dict) -> str:
     if ratio is None:
         why = ("no unloaded TPOT to compare with (run with --unloaded-requests > 0)" if unloaded_tpot(disagg) is None
                else "no TPOT p90 there")
-        return f"{text} Disagg has {why}, so the ratio cannot be read."
+        name = "Disagg" if disagg_mode == "disagg" else disagg_mode
+        return f"{text} {name} has {why}, so the ratio cannot be read."
     verdict = "within" if ratio <= ratio_target(results) else "beyond"
-    return (f"{text} There disagg TPOT p90 is {ms(point['summary']['tpot']['p90'])} ms, **{times(ratio)}** its "
+    return (f"{text} There {disagg_mode} TPOT p90 is {ms(point['summary']['tpot']['p90'])} ms, **{times(ratio)}** its "
             f"unloaded TPOT p50 ({ms(unloaded_tpot(disagg))} ms): {verdict} the {ratio_target(results):g}x "
             "target.")
 

@@ -685,6 +685,15 @@ def test_report_says_when_colocated_never_breaks_the_tpot_slo(tmp_path):
         "No reading: it needs both modes, and this run has no colocated results."]
 
 
+def test_slo_reading_takes_a_disagg_variant_when_plain_disagg_did_not_run(tmp_path):
+    results = tpot_results(tmp_path, {"disagg": [0.02, 0.02, 0.02], "colocated": [0.03, 0.06, 0.1]},
+                           unloaded={"disagg": 0.02, "colocated": 0.025})
+    results["runs"][0]["mode"] = "disagg:always"
+    reading = section(markdown(results), "SLO reading")[1]
+    assert reading.startswith("Colocated TPOT p90 first exceeds the TPOT SLO (50 ms) at **2 req/s**")
+    assert "There disagg:always TPOT p90 is 20.0 ms, **1.00x** its unloaded TPOT p50 (20.0 ms)" in reading
+
+
 def test_old_results_without_unloaded_still_render(tmp_path, capsys):
     results = tpot_results(tmp_path, {"disagg": [0.02, 0.02, 0.02], "colocated": [0.03, 0.06, 0.1]}, unloaded=None)
     assert all("unloaded" not in run for run in results["runs"])
