@@ -9,9 +9,10 @@ whose estimated time to first token is less, among those that keep the decode wo
     local  = decode step (the one in flight when it arrives) + chunks * (decode step + chunk cost)
 
 where `chunks` are the decode worker's queued and this prompt's uncached tokens in chunks of `local_prefill_chunk`.
-A step that mixes a prompt chunk with decodes does not replay the decode CUDA graph (cuda_graph.py's `bucket`):
-the whole batch runs eagerly, so a chunk costs the decode worker far more than its tokens' prefill time, and every
-running decode waits for it. So the chunk cost is measured on the decode workers themselves (heartbeat totals: the
+A step that mixes a prompt chunk with decodes runs the chunk in an eager forward of its own beside the decodes'
+graph replay (model_runner.py's `execute`; before that, the whole batch ran eagerly), so a chunk costs the decode
+worker its eager forward's time, more than its tokens' prefill time on a busy prefill worker, and every running
+decode waits for it. So the chunk cost is measured on the decode workers themselves (heartbeat totals: the
 seconds of the steps that ran prompt tokens beyond as many decode-only steps, per prompt batch), not derived from
 the prefill workers' rate (until a chunk has run: a decode step plus a full chunk at the prefill rate).
 

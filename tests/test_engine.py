@@ -203,3 +203,65 @@ def test_a_seeded_request_resumed_from_its_prompt_and_first_tokens_goes_on_the_s
     for k in (1, 5):
         rest = SamplingParams(max_tokens=12 - k, temperature=0.9, top_k=40, seed=77, ignore_eos=True)
         assert whole[:k] + generate(llm, [prompt + whole[:k]], rest)[0] == whole
+
+
+class _EagerGraphs:
+    """A stand-in for the decode CUDA graphs on the CPU: same buckets interface, each 'replay' an eager forward of
+    the decodes alone. With it ModelRunner.execute takes its GPU path for steps that mix decodes and prompts."""
+
+    def __init__(self, runner, sizes=(1, 2, 4, 8)):
+        self.runner, self.sizes = runner, sizes
+
+    def bucket(self, num_decodes: int, decode_only: bool) -> int | None:
+        if not decode_only or num_decodes > self.sizes[-1]:
+            return None
+        return next(s for s in self.sizes if s >= num_decodes)
+
+    def replay(self, inputs, bucket: int):
+        assert inputs.attn.decode_only and bucket >= inputs.attn.num_decodes
+        return self.runner._eager(inputs)
+
+
+@pytest.mark.parametrize("overlap", [True, False])
+def test_decodes_beside_prompts_run_apart_and_generate_the_same(tiny_qwen3_dir, overlap):
+    """A step that mixes decodes with prompt chunks runs its decodes as a decode-only step (their CUDA graph on a
+    GPU) and its prompts in a forward of their own: the tokens must be those of one forward over the whole step."""
+    from common.engine.step_inputs import split_step
+
+    llm = LLM(str(tiny_qwen3_dir), device="cpu", kv_cache_memory=64 << 20, overlap_scheduling=overlap,
+              enable_prefix_caching=False, max_num_batched_tokens=16, max_num_seqs=8)
+    runner = llm.engine.runner
+    prompts = [[1, 2, 3], list(range(10, 50)), [7] * 23, list(range(60, 65))]
+    sampling = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
+    try:
+        def staggered() -> list[list[int]]:
+            engine, out = llm.engine, {}
+            for i, prompt in enumerate(prompts):
+                engine.add_request(f"s{i}", prompt, sampling)
+                for _ in range(3):  # the next prompt arrives while this one decodes
+                    for seq in engine.step():
+                        out[seq.request_id] = seq.completion_token_ids
+            while engine.has_unfinished():
+                for seq in engine.step():
+                    out[seq.request_id] = seq.completion_token_ids
+            return [out[f"s{i}"] for i in range(len(prompts))]
+
+        whole = staggered()
+        runner.graphs = _EagerGraphs(runner)
+        splits = []
+        real_split = split_step
+
+        def counting_split(inputs):
+            splits.append(inputs.attn.num_decodes)
+            return real_split(inputs)
+        import common.engine.model_runner as model_runner
+        model_runner.split_step, restore = counting_split, model_runner.split_step
+        try:
+            apart = staggered()
+        finally:
+            model_runner.split_step = restore
+        assert splits and all(n >= 1 for n in splits)  # some steps did mix decodes with prompt chunks
+        assert apart == whole and all(len(t) == 12 for t in apart)
+    finally:
+        runner.graphs = None
+        llm.close()

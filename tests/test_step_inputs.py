@@ -10,7 +10,8 @@ import torch
 
 from common.engine.scheduler import ScheduledBatch
 from common.engine.sequence import PENDING, Sequence
-from common.engine.step_inputs import (HEADER_SIZE, STOP, StepHeader, pack_step, unpack_step, warmup_step)
+from common.engine.step_inputs import (HEADER_SIZE, STOP, StepHeader, pack_step, split_step, unpack_step,
+                                       warmup_step)
 from common.sampling_params import SamplingParams
 
 BLOCK = 4
@@ -134,11 +135,37 @@ def test_a_padded_step_adds_tokens_no_sequence_owns_and_that_store_nothing():
     prompt = seq(list(range(1, 11)), 0, [1, 2, 3])
     batch = ScheduledBatch([decode, prompt], [1, 10])
     plain = unpack_step(*(lambda s: (s.header, s.payload))(pack_step(batch, BLOCK, 0, no_plan)))
-    step = pack_step(batch, BLOCK, 0, no_plan, pad=lambda n: padded_tokens(n, 8192))
+    step = pack_step(batch, BLOCK, 0, no_plan, pad=lambda n, decodes: padded_tokens(n, 8192))
     inputs = unpack_step(step.header, step.payload)
     assert step.header.num_tokens == 64 and inputs.input_ids.shape == (64,)
     assert inputs.input_ids[:11].tolist() == plain.input_ids.tolist() and inputs.input_ids[11:].eq(0).all()
     assert inputs.attn.slot_mapping[11:].eq(-1).all() and inputs.positions[11:].eq(0).all()
     assert inputs.attn.query_start_loc.tolist() == [0, 1, 11] and inputs.logits_indices.tolist() == [0, 10]
-    decode_only = pack_step(ScheduledBatch([decode], [1]), BLOCK, 0, no_plan, pad=lambda n: 64)
+    decode_only = pack_step(ScheduledBatch([decode], [1]), BLOCK, 0, no_plan, pad=lambda n, decodes: 64)
     assert decode_only.header.num_tokens == 1  # decode steps replay graphs sized by batch: no padding
+
+
+def test_a_mixed_step_splits_into_its_decodes_and_its_prompts_each_indexed_from_zero():
+    """What a step whose decodes replay their graph beside eager prompts runs (ModelRunner.execute)."""
+    d0 = seq([5, 6, 7, 8, 9], 4, [3, 8])
+    d1 = seq([1, 2, 3], 2, [6])
+    p0 = seq(list(range(20, 30)), 4, [2, 9, 4])  # 6 new tokens after 4 cached
+    p1 = seq([40, 41, 42], 0, [7])
+    batch = ScheduledBatch([d0, d1, p0, p1], [1, 1, 6, 3])
+    inputs = unpack_step(*(lambda s: (s.header, s.payload))(
+        pack_step(batch, BLOCK, 0, lambda lens, decode_only: np.arange(10, dtype=np.int64).reshape(5, 2),
+                  pad=lambda n, decodes: decodes + 16)))
+    decodes, prompts = split_step(inputs)
+    assert decodes.input_ids.tolist() == [9, 3] and decodes.positions.tolist() == [4, 2]
+    assert decodes.logits_indices.tolist() == [0, 1]
+    d = decodes.attn
+    assert d.num_decodes == 2 and d.decode_only and d.max_query_len == 1 and not d.prefix_cached
+    assert d.query_start_loc.tolist() == [0, 1, 2] and d.seq_lens.tolist() == [5, 3]
+    assert d.slot_mapping.tolist() == [8 * BLOCK, 6 * BLOCK + 2] and d.plan.tolist() == list(range(10))
+    assert prompts.input_ids.shape == (16,) and prompts.input_ids[:9].tolist() == list(range(24, 30)) + [40, 41, 42]
+    assert prompts.logits_indices.tolist() == [5, 8]  # each prompt's last new token, counted from the prompts' start
+    p = prompts.attn
+    assert p.num_decodes == 0 and p.query_start_loc.tolist() == [0, 6, 9] and p.seq_lens.tolist() == [10, 3]
+    assert p.prefix_cached and p.max_prefill_query_len == 6 and p.plan.numel() == 0
+    assert p.slot_mapping[9:].eq(-1).all()  # the padding stays padding
+    assert p.block_tables.tolist() == [[2, 9, 4], [7, 0, 0]]

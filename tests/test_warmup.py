@@ -92,7 +92,6 @@ def test_compile_watch_restores_the_hook_it_chained_to():
 def test_padded_prefill_steps_generate_what_unpadded_ones_do(llm):
     """On a GPU a step with prefills runs at a padded token count (step_inputs.padded_tokens); the padding tokens
     must change nothing a request sees. The CPU engine pads here on purpose, through the same pack_step."""
-    from functools import partial
 
     from common.engine.step_inputs import pack_step, padded_tokens
 
@@ -103,7 +102,8 @@ def test_padded_prefill_steps_generate_what_unpadded_ones_do(llm):
     sizes = []
 
     def padded(batch):
-        step = pack_step(batch, runner.config.block_size, runner._launches, runner._plan, partial(padded_tokens, budget=512))
+        step = pack_step(batch, runner.config.block_size, runner._launches, runner._plan,
+                         lambda n, decodes: padded_tokens(n, 512))
         sizes.append(step.header.num_tokens)
         return step
 

@@ -20,7 +20,7 @@ from common.engine.models.llama import CausalLM
 from common.engine.scheduler import ScheduledBatch
 from common.engine.sequence import Sequence
 from common.engine.step_inputs import (HEADER_SIZE, STOP, PackedStep, StepHeader, StepInputs, pack_step,
-                                       padded_tokens, unpack_step, warmup_step)
+                                       padded_tokens, split_step, unpack_step, warmup_step)
 from common.protocol import KVLayout
 
 log = logging.getLogger(__name__)
@@ -160,18 +160,24 @@ class ModelRunner:
         return pack_step(batch, self.config.block_size, self._launches, self._plan,
                          self._pad if self.device.type == "cuda" else None)
 
-    def _pad(self, num_tokens: int) -> int:
-        return padded_tokens(num_tokens, self.config.max_num_batched_tokens)
+    def _pad(self, num_tokens: int, num_decodes: int) -> int:
+        """A step with prefills runs its prompt tokens at a padded count: all of its tokens when it runs eagerly,
+        the prompts' alone when its decodes replay a graph (`execute`)."""
+        split = num_decodes if self._graph_bucket(num_decodes) else 0
+        return split + padded_tokens(num_tokens - split, self.config.max_num_batched_tokens)
 
     def _plan(self, decode_lens: list[int], decode_only: bool) -> np.ndarray | None:
         """The backend's plan for the decodes as its kernel will see them: padded to the graph's bucket when the
         step replays one."""
-        batch = self._graph_bucket(len(decode_lens), decode_only) or len(decode_lens)
+        batch = self._graph_bucket(len(decode_lens)) or len(decode_lens)
         return self.backend.plan_step(decode_lens, batch)
 
-    def _graph_bucket(self, num_decodes: int, decode_only: bool) -> int | None:
-        """The batch size of the CUDA graph a step replays; None: the step runs eagerly."""
-        return None if self.graphs is None else self.graphs.bucket(num_decodes, decode_only)
+    def _graph_bucket(self, num_decodes: int) -> int | None:
+        """The batch size of the CUDA graph a step's decodes replay (with or without prompts beside them); None:
+        they run eagerly (no graphs, no decodes, or more than the largest graph)."""
+        if self.graphs is None or not num_decodes:
+            return None
+        return self.graphs.bucket(num_decodes, decode_only=True)
 
     def _upload(self, host: torch.Tensor) -> torch.Tensor:
         """Host -> device without waiting: pinned (a pageable copy would wait for all queued GPU work), on the
@@ -187,13 +193,23 @@ class ModelRunner:
         return dev
 
     def execute(self, inputs: StepInputs) -> torch.Tensor:
+        """The step's logits, a row a sequence (decodes first). Decodes replay their CUDA graph even beside prompts:
+        a step with prompts runs them eagerly on their own, so running decodes keep their graph's pace."""
         attn = inputs.attn
-        bucket = self._graph_bucket(attn.num_decodes, attn.decode_only)
-        if bucket is not None:
+        bucket = self._graph_bucket(attn.num_decodes)
+        if bucket is None:
+            return self.model.compute_logits(self._eager(inputs))
+        if attn.decode_only:
             return self.model.compute_logits(self.graphs.replay(inputs, bucket))
-        with forward_context(self.backend.prepare_metadata(attn)):
+        decodes, prompts = split_step(inputs)
+        hidden = self.graphs.replay(decodes, bucket)
+        return self.model.compute_logits(torch.cat([hidden, self._eager(prompts)]))
+
+    def _eager(self, inputs: StepInputs) -> torch.Tensor:
+        """The hidden states of each sequence's last new token, from a forward without a graph."""
+        with forward_context(self.backend.prepare_metadata(inputs.attn)):
             hidden = self.model(inputs.input_ids, inputs.positions)
-        return self.model.compute_logits(hidden[inputs.logits_indices])
+        return hidden[inputs.logits_indices]
 
     @torch.inference_mode()
     def serve_forever(self) -> None:

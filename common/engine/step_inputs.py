@@ -83,6 +83,22 @@ class StepInputs:
     attn: AttentionInputs
 
 
+def split_step(inputs: StepInputs) -> tuple[StepInputs, StepInputs]:
+    """A step with decodes and prompts as two: its decodes alone (what a decode CUDA graph replays) and its prompts
+    alone (an eager forward), each indexed from 0. Views, except the prompts' rebased offsets."""
+    a, nd = inputs.attn, inputs.attn.num_decodes
+    decodes = StepInputs(inputs.input_ids[:nd], inputs.positions[:nd], inputs.logits_indices[:nd], AttentionInputs(
+        num_decodes=nd, slot_mapping=a.slot_mapping[:nd], query_start_loc=a.query_start_loc[:nd + 1],
+        seq_lens=a.seq_lens[:nd], block_tables=a.block_tables[:nd], max_query_len=1, max_seq_len=a.max_seq_len,
+        prefix_cached=False, max_prefill_query_len=0, plan=a.plan))
+    prompts = StepInputs(inputs.input_ids[nd:], inputs.positions[nd:], inputs.logits_indices[nd:] - nd, AttentionInputs(
+        num_decodes=0, slot_mapping=a.slot_mapping[nd:], query_start_loc=a.query_start_loc[nd:] - nd,
+        seq_lens=a.seq_lens[nd:], block_tables=a.block_tables[nd:], max_query_len=a.max_prefill_query_len,
+        max_seq_len=a.max_seq_len, prefix_cached=a.prefix_cached, max_prefill_query_len=a.max_prefill_query_len,
+        plan=a.plan[:0]))
+    return decodes, prompts
+
+
 @dataclass
 class PackedStep:
     """A step's inputs on the host, as rank 0 sends them; `pending`: (dst, src) rows, each an input id still
@@ -114,10 +130,10 @@ def token_buckets(budget: int) -> list[int]:
 
 
 def pack_step(batch: ScheduledBatch, block_size: int, launch: int, plan: Planner,
-              pad: Callable[[int], int] | None = None) -> PackedStep:
-    """`launch`: the count of launches so far; a PENDING input must come from the last of them. `pad`: the token
-    count a step with prefills runs at (`padded_tokens`); the padding tokens store nothing (slot -1) and are no
-    sequence's, so attention and the logits never read them."""
+              pad: Callable[[int, int], int] | None = None) -> PackedStep:
+    """`launch`: the count of launches so far; a PENDING input must come from the last of them. `pad(tokens,
+    decodes)`: the token count a step with prefills runs at (ModelRunner._pad); the padding tokens store nothing
+    (slot -1) and are no sequence's, so attention and the logits never read them."""
     bs = block_size
     ids, positions, slots = [], [], []
     seq_lens, qsl = [], [0]
@@ -146,7 +162,7 @@ def pack_step(batch: ScheduledBatch, block_size: int, launch: int, plan: Planner
         qsl.append(qsl[-1] + n)
     nd = batch.num_decodes
     if pad is not None and not batch.decode_only:
-        extra = pad(len(ids)) - len(ids)
+        extra = pad(len(ids), batch.num_decodes) - len(ids)
         ids.extend([0] * extra)
         positions.extend([0] * extra)
         slots.extend([-1] * extra)
