@@ -23,6 +23,7 @@ from common.worker.config import WorkerConfig
 LAYOUT = P.KVLayout(block_size=16, num_layers=1, num_kv_heads=1, head_dim=8, dtype="float32")
 NUM_BLOCKS = 1 << 20
 HEARTBEAT_S = WorkerConfig.heartbeat_interval  # what real workers send at
+BEAT_BATCH_S = 0.02  # heartbeats fall due at most this long before they are sent, with the others then due
 LOAD = P.WorkerLoad(queued_requests=0, queued_tokens=0, running_requests=0, kv_blocks_total=NUM_BLOCKS,
                     kv_blocks_free=NUM_BLOCKS)
 
@@ -80,11 +81,14 @@ class Fleet:
             poller.register(sock, zmq.POLLIN)
         try:
             while not stop.is_set():
-                wait_ms = max(0, min(100, int((beats[0][0] - time.monotonic()) * 1e3))) if beats else 100
-                for sock, _ in poller.poll(wait_ms):
+                # A poll over every socket costs: the heartbeats due are sent together, each up to BEAT_BATCH_S late
+                send_at = beats[0][0] + BEAT_BATCH_S
+                for sock, _ in poller.poll(max(0, min(100, int((send_at - time.monotonic()) * 1e3)) + 1)):
                     self._drain(sock)
                 now = time.monotonic()
-                while beats and beats[0][0] <= now:
+                if now < send_at:
+                    continue
+                while beats[0][0] <= now:
                     due, i = beats.popleft()
                     self.workers[i].send(P.Heartbeat(worker_id=self.workers[i].worker_id, load=LOAD))
                     beats.append((max(due + HEARTBEAT_S, now), i))
