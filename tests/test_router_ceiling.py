@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from scripts.planner.router_ceiling import MEASURED, RouterCost, check, routers_needed
+from scripts.planner.router_ceiling import MEASURED, UTILIZATION, RouterCost, check, routers_needed
 from tests.test_planner import plan_command
 
 
@@ -20,7 +20,7 @@ def test_the_measured_ceiling_falls_as_workers_are_added(mode):
 
 def test_heartbeats_alone_can_fill_a_router():
     cost = RouterCost(base_s=1e-3, per_worker_s=0.0, heartbeat_share=0.01)
-    assert cost.ceiling(50) == pytest.approx(500) and cost.ceiling(100) == 0 == cost.ceiling(200)
+    assert cost.ceiling(50) == pytest.approx(500 * UTILIZATION) and cost.ceiling(100) == 0 == cost.ceiling(200)
     assert routers_needed(1.0, 200, cost.ceiling) == 3  # 67 workers each leave a third of a core
 
 

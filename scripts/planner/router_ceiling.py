@@ -4,16 +4,20 @@ The router spends CPU on each request (admission, tokenizing, placement, the mes
 heartbeats. Placement looks at every worker that could take the request, so a request's CPU grows with the workers
 behind the router, and the heartbeats take a share of its core per worker:
 
-    requests/s one router core sustains with W workers = (1 - W x heartbeat_share) / (base_s + W x per_worker_s)
+    requests/s one router core sustains with W workers
+        = UTILIZATION x (1 - W x heartbeat_share) / (base_s + W x per_worker_s)
 
 `MEASURED` holds the coefficients `python -m scripts.bench_router` gave (docs/benchmarks.md, "Router ceiling": the
-machine and the command). Sharding the workers among K routers, each in front of W / K of them with the clients
+machine and the command); UTILIZATION keeps the router off a full core, where its queue and latency grow. Sharding the workers among K routers, each in front of W / K of them with the clients
 split across the routers, multiplies the ceiling by more than K: each router also looks at fewer workers.
 """
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+
+
+UTILIZATION = 0.8  # the bench's sustained rates came to 0.67-0.92 of its CPU bound (docs/benchmarks.md)
 
 
 @dataclass(frozen=True)
@@ -25,14 +29,14 @@ class RouterCost:
     def ceiling(self, workers: int) -> float:
         """Requests/s one router core sustains in front of `workers` workers (0: the heartbeats alone fill it)."""
         spare = 1 - workers * self.heartbeat_share
-        return max(0.0, spare) / (self.base_s + workers * self.per_worker_s)
+        return UTILIZATION * max(0.0, spare) / (self.base_s + workers * self.per_worker_s)
 
 
 # scripts/bench_router.py's "req/s per core" at 10 and 1,000 instant workers and its heartbeats-only CPU (0.5 s
 # interval), fitted; where and how: docs/benchmarks.md, "Router ceiling".
 MEASURED = {
-    "colocated": RouterCost(base_s=0.53e-3, per_worker_s=1.48e-6, heartbeat_share=8.5e-5),
-    "disagg": RouterCost(base_s=0.74e-3, per_worker_s=0.88e-6, heartbeat_share=8.5e-5),
+    "colocated": RouterCost(base_s=0.445e-3, per_worker_s=1.22e-6, heartbeat_share=8.5e-5),
+    "disagg": RouterCost(base_s=0.592e-3, per_worker_s=0.84e-6, heartbeat_share=8.5e-5),
 }
 
 
