@@ -7,7 +7,7 @@ Per mode and N: the router (scripts/router_process.py) pinned to `--router-core`
 (scripts/instant_workers.py: each its own ZMQ identity, hello and heartbeats at the real interval; disaggregated: half
 prefill, half decode, the reserve / prefill_task / kv_handoff round all played) in `--fleet-processes` processes;
 `--clients` load processes with router.client.AsyncClient, each sending its share of an open-loop Poisson rate of
-distinct text prompts (the router tokenizes them), pinned off the router's core. First the router's CPU with no
+distinct text prompts (the router tokenizes them), all pinned off the router's core. First the router's CPU with no
 requests (heartbeats only) is read from /proc, then the offered rate climbs (x`--growth` a step, `--step-seconds`
 each) from a guess the probe's CPU per request gives, and is bisected (`--bisect-steps`) between the last rate the
 router kept up with and the first it did not. Kept up: every request answered within `--drain-seconds` and the p99
@@ -76,12 +76,13 @@ def wait_registered(address: str, n: int, timeout: float = 120.0) -> None:
             time.sleep(0.2)
 
 
-def start_fleets(address: str, mode: str, n: int, processes: int, tokens: int) -> tuple[list, object]:
+def start_fleets(address: str, mode: str, n: int, processes: int, tokens: int,
+                 router_core: int | None = None) -> tuple[list, object]:
     ctx = mp.get_context("spawn")
     stop = ctx.Event()
     workers = [(f"{role[0]}{i}", role) for i, role in enumerate(fleet_roles(mode, n))]
     groups = [workers[i::processes] for i in range(min(processes, n))]  # each process has both roles
-    procs = [ctx.Process(target=run_fleet, args=(address, group, tokens, stop)) for group in groups]
+    procs = [ctx.Process(target=run_fleet, args=(address, group, tokens, stop, router_core)) for group in groups]
     for p in procs:
         p.start()
     return procs, stop
@@ -100,6 +101,8 @@ def find_ceiling(router: RouterProcess, load: LoadPool, args, mode: str, n: int)
         log(f"  {rate:8.0f} req/s offered: served {r.served_rps:7.0f}, p50 {r.p50_ms:6.2f} ms, p99 {r.p99_ms:7.2f} "
             f"ms, router CPU {r.cpu_ms:.3f} ms/req ({100 * r.busy:.0f}% busy), unanswered {r.unanswered}: "
             f"{'kept up' if ok else 'fell behind'}")
+        if not ok:
+            time.sleep(1.0)  # what is left of its backlog drains before the next step
         return r
 
     probe = step(args.probe_rps, args.step_seconds)
@@ -129,7 +132,7 @@ def run_one(args, mode: str, n: int) -> Ceiling:
     core = None if args.router_core < 0 else args.router_core
     profile = f"{args.profile_router}.{mode}-{n}" if args.profile_router else None
     with RouterProcess(RouterSpec(args.model, mode, core=core, profile_out=profile)) as router:
-        fleets, stop = start_fleets(router.worker_address, mode, n, args.fleet_processes, args.tokens)
+        fleets, stop = start_fleets(router.worker_address, mode, n, args.fleet_processes, args.tokens, core)
         try:
             wait_registered(router.spec.address, n)
             with LoadPool(router.spec.address, args.clients, args.tokens, args.prompt_words, core,
@@ -149,9 +152,9 @@ def table(results: list[Ceiling]) -> str:
     lines = [head]
     for c in results:
         r = c.at_ceiling
+        at = "".join(f" {f'{s.p50_ms:.2f} / {s.p99_ms:.2f}':>18}" for s in (c.by_fraction[f] for f in FRACTIONS))
         lines.append(f"{c.mode:<10} {c.workers:>7} {100 * c.idle_cpu:>6.1f}% {c.rps:>13.0f} {100 * r.busy:>10.0f}% "
-                     f"{r.cpu_ms:>10.3f} {c.per_core:>14.0f}" + "".join(f" {f'{c.by_fraction[f].p50_ms:.2f} / {c.by_fraction[f].p99_ms:.2f}':>18}"
-                                                    for f in FRACTIONS))
+                     f"{r.cpu_ms:>10.3f} {c.per_core:>14.0f}{at}")
     return "\n".join(lines)
 
 

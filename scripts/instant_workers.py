@@ -10,6 +10,7 @@ of them live in one process (`run_fleet`), so a thousand registered workers take
 """
 from __future__ import annotations
 
+import os
 import random
 import time
 from collections import deque
@@ -19,6 +20,7 @@ import zmq
 
 from common import protocol as P
 from common.worker.config import WorkerConfig
+from scripts.router_process import other_cores
 
 LAYOUT = P.KVLayout(block_size=16, num_layers=1, num_kv_heads=1, head_dim=8, dtype="float32")
 NUM_BLOCKS = 1 << 20
@@ -142,6 +144,10 @@ class Fleet:
                                                    finish_reason="length")]))
 
 
-def run_fleet(router_address: str, workers: list[tuple[str, str]], tokens: int, stop) -> None:
-    """A process's entry point: `workers` ((worker id, role) each) until `stop` is set."""
+def run_fleet(router_address: str, workers: list[tuple[str, str]], tokens: int, stop,
+              router_core: int | None = None) -> None:
+    """A process's entry point: `workers` ((worker id, role) each) until `stop` is set, off the router's core."""
+    cores = other_cores(router_core)
+    if cores:
+        os.sched_setaffinity(0, cores)
     Fleet(router_address, workers, tokens).run(stop)

@@ -8,8 +8,9 @@ behind the router, and the heartbeats take a share of its core per worker:
         = UTILIZATION x (1 - W x heartbeat_share) / (base_s + W x per_worker_s)
 
 `MEASURED` holds the coefficients `python -m scripts.bench_router` gave (docs/benchmarks.md, "Router ceiling": the
-machine and the command); UTILIZATION keeps the router off a full core, where its queue and latency grow. Sharding the workers among K routers, each in front of W / K of them with the clients
-split across the routers, multiplies the ceiling by more than K: each router also looks at fewer workers.
+machine and the command); UTILIZATION keeps the router off a full core, where its queue and latency grow.
+Sharding the workers among K routers, each in front of W / K of them with the clients split across the routers,
+multiplies the ceiling by more than K: each router also looks at fewer workers.
 """
 from __future__ import annotations
 
