@@ -37,6 +37,7 @@ class StepResult:
     answered: int
     unanswered: int  # failed or not answered in time
     p50_ms: float
+    p90_ms: float
     p99_ms: float
     cpu_ms: float  # the router's CPU per answered request over the step (its heartbeats' share included)
     busy: float  # the router's CPU seconds over the step's wall seconds
@@ -130,7 +131,8 @@ class LoadPool:
         span = max(s.last_done for s in shares) - min(s.first_send for s in shares)
         q = statistics.quantiles(latencies, n=100, method="inclusive") if answered > 1 else [math.nan] * 99
         return StepResult(offered_rps=rate, served_rps=answered / span if span > 0 else 0.0, answered=answered,
-                          unanswered=sum(s.failed for s in shares), p50_ms=q[49] * 1e3, p99_ms=q[98] * 1e3,
+                          unanswered=sum(s.failed for s in shares), p50_ms=q[49] * 1e3, p90_ms=q[89] * 1e3,
+                          p99_ms=q[98] * 1e3,
                           cpu_ms=cpu / answered * 1e3 if answered else float("inf"), busy=cpu / wall)
 
     def __enter__(self) -> LoadPool:
