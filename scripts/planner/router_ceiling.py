@@ -18,7 +18,7 @@ import math
 from dataclasses import dataclass
 
 
-UTILIZATION = 0.8  # the bench's sustained rates came to 0.67-0.92 of its CPU bound (docs/benchmarks.md)
+UTILIZATION = 0.8  # the bench's sustained rates came to 0.67-1.0 of its CPU bound (docs/benchmarks.md)
 
 
 @dataclass(frozen=True)
@@ -36,8 +36,8 @@ class RouterCost:
 # scripts/bench_router.py's "req/s per core" at 10 and 1,000 instant workers and its heartbeats-only CPU (0.5 s
 # interval), fitted; where and how: docs/benchmarks.md, "Router ceiling".
 MEASURED = {
-    "colocated": RouterCost(base_s=0.445e-3, per_worker_s=1.22e-6, heartbeat_share=8.5e-5),
-    "disagg": RouterCost(base_s=0.592e-3, per_worker_s=0.84e-6, heartbeat_share=8.5e-5),
+    "colocated": RouterCost(base_s=0.450e-3, per_worker_s=1.21e-6, heartbeat_share=1.0e-4),
+    "disagg": RouterCost(base_s=0.528e-3, per_worker_s=0.81e-6, heartbeat_share=1.0e-4),
 }
 
 
