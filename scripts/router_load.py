@@ -11,6 +11,7 @@ import os
 import random
 import statistics
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 from scripts.router_process import RouterProcess, other_cores
@@ -43,7 +44,7 @@ class StepResult:
     busy: float  # the router's CPU seconds over the step's wall seconds
 
 
-def prompts(rng: random.Random, words: int, tag: str):
+def prompts(rng: random.Random, words: int, tag: str) -> Iterator[str]:
     for i in range(1 << 62):
         yield f"{tag}{i} " + " ".join(rng.choices(WORDS, k=words))
 
