@@ -91,6 +91,5 @@ class Admission:
         """The engine's prompt rule, against the limits every worker supports, and room for its KV."""
         check_prompt(ids, max_model_len, vocab_size)
         if self.config.mode == "disagg":
-            largest = max(w.load.kv_blocks_total for w in self.registry.of_role("decode"))
-            if self.placement.blocks_needed(ids) > largest:
+            if self.placement.blocks_needed(ids) > self.registry.largest_blocks("decode"):
                 raise InvalidRequest("prompt", "needs more KV cache than any decode worker has")

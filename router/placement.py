@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 from kvtransfer.choice import choose_transport
 from router.prefix_index import PrefixIndex, PromptKeys
@@ -52,8 +53,8 @@ class Placement:
         return waiting + num_tokens - self.cached_tokens(worker, prompt)
 
     def prefill(self, num_tokens: int, prompt: PromptKeys) -> WorkerInfo | None:
-        return min(self.registry.with_room("prefill"),
-                   key=lambda w: (self.cost(w, num_tokens, prompt), self._held(w)), default=None)
+        score = self._scorer(num_tokens, prompt)
+        return min(self.registry.with_room("prefill"), key=score, default=None)
 
     def decode(self, blocks: int, num_tokens: int = 0, prompt: PromptKeys | None = None) -> WorkerInfo | None:
         """The decode worker with the most free blocks among those with room; given the prompt (the decode worker
@@ -62,15 +63,31 @@ class Placement:
         fits = [w for w in self.registry.with_room("decode") if w.free_blocks >= blocks]
         if prompt is None:
             return max(fits, key=lambda w: w.free_blocks, default=None)
-        return min(fits, key=lambda w: (self.cost(w, num_tokens, prompt), self._held(w), -w.free_blocks), default=None)
+        score = self._scorer(num_tokens, prompt)
+        return min(fits, key=lambda w: (*score(w), -w.free_blocks), default=None)
 
     def colocated(self, num_tokens: int, prompt: PromptKeys) -> WorkerInfo | None:
-        return min(self.registry.with_room("colocated"),
-                   key=lambda w: (self.cost(w, num_tokens, prompt), w.load.running_requests, self._held(w)),
-                   default=None)
+        score = self._scorer(num_tokens, prompt)
 
-    def _held(self, worker: WorkerInfo) -> int:
-        return self.prefixes.held(worker.worker_id) if self.policy == "prefix" else 0
+        def key(w: WorkerInfo) -> tuple[int, int, int]:
+            cost, held = score(w)
+            return cost, w.load.running_requests, held
+        return min(self.registry.with_room("colocated"), key=key, default=None)
+
+    def _scorer(self, num_tokens: int, prompt: PromptKeys) -> Callable[[WorkerInfo], tuple[int, int]]:
+        """Per worker, (`cost`, blocks its cache is reckoned to hold): `cost`, and the cache's size ties go by, in one
+        call with one index lookup, as placement asks it of every worker that could take the prompt."""
+        if self.policy != "prefix":
+            return lambda w: (max(w.load.queued_tokens, w.prefill_tokens) + num_tokens, 0)
+        caches, block_size = self.prefixes.workers, prompt.block_size
+
+        def score(w: WorkerInfo) -> tuple[int, int]:
+            waiting = max(w.load.queued_tokens, w.prefill_tokens)
+            held = caches.get(w.hello.worker_id)
+            if held is None:
+                return waiting + num_tokens, 0
+            return waiting + num_tokens - held.cached_blocks(prompt) * block_size, len(held.keys)
+        return score
 
     def placed(self, worker: WorkerInfo, prompt: PromptKeys) -> None:
         """The prompt goes to `worker` to be prefilled: its blocks will be in that worker's cache."""

@@ -15,85 +15,17 @@ from __future__ import annotations
 import argparse
 import asyncio
 import multiprocessing as mp
-import os
-import socket
 import statistics
 import time
 
-import zmq
+from scripts.instant_workers import run_fleet
+from scripts.router_process import RouterProcess, RouterSpec, cpu_seconds, free_port, stop_processes
 
-from common import protocol as P
-
-LAYOUT = P.KVLayout(block_size=16, num_layers=1, num_kv_heads=1, head_dim=8, dtype="float32")
 PROMPT = "The quick brown fox jumps over the lazy dog"
 WARMUP = 20  # requests per load process before the clock starts
 
 
-# ---- the processes ----------------------------------------------------------------------------------------------
-
-
-def run_router(model: str, zmq_address: str, http_port: int, core: int | None, worker_address: mp.Queue,
-               stop: mp.Event) -> None:
-    import uvloop
-
-    from router.config import RouterConfig
-    from router.http.server import HttpServer
-    from router.router import Router
-
-    if core is not None:
-        os.sched_setaffinity(0, {core})
-
-    async def main() -> None:
-        router = Router(RouterConfig(model=model, bind=zmq_address, mode="colocated", http=f"127.0.0.1:{http_port}",
-                                     max_queued_requests=1 << 16))
-        http = HttpServer(router, "127.0.0.1", http_port)
-        await http.start()
-        worker_address.put(router.worker_address)
-        done = asyncio.Event()
-        serving = asyncio.create_task(router.serve(done))
-        while not stop.is_set():
-            await asyncio.sleep(0.1)
-        done.set()
-        await serving
-        await http.stop()
-        router.close()
-
-    uvloop.run(main())
-
-
-def run_instant_worker(address: str, tokens: int, stop: mp.Event) -> None:
-    """A colocated worker without an engine: every generate_task is answered at once, finished by `length`."""
-    ctx = zmq.Context()
-    sock = ctx.socket(zmq.DEALER)
-    sock.setsockopt(zmq.IDENTITY, b"c0")
-    sock.setsockopt(zmq.LINGER, 0)
-    sock.connect(address)
-    load = P.WorkerLoad(queued_requests=0, queued_tokens=0, running_requests=0, kv_blocks_total=1 << 20,
-                        kv_blocks_free=1 << 20)
-    sock.send(P.encode(P.WorkerHello(worker_id="c0", role="colocated", model_fingerprint="instant",
-                                     num_blocks=1 << 20, layout=LAYOUT, max_model_len=4096, vocab_size=1 << 17)))
-    answer = list(range(100, 100 + tokens))
-    next_beat = 0.0
-    while not stop.is_set():
-        now = time.monotonic()
-        if now >= next_beat:
-            sock.send(P.encode(P.Heartbeat(worker_id="c0", load=load)))
-            next_beat = now + 0.5
-        if not sock.poll(100):
-            continue
-        updates = []
-        while True:
-            try:
-                msg = P.decode(sock.recv(zmq.NOBLOCK), expect=P.ROUTER_TO_WORKER)
-            except zmq.Again:
-                break
-            if isinstance(msg, P.GenerateTask):
-                updates.append(P.TokenUpdate(request_id=msg.request_id, token_ids=answer[:msg.sampling.max_tokens],
-                                             finish_reason="length"))
-            elif isinstance(msg, P.Shutdown):
-                return
-        if updates:
-            sock.send(P.encode(P.TokenBatch(updates=updates)))
+# ---- the load ---------------------------------------------------------------------------------------------------
 
 
 def run_load(kind: str, target: str, model: str, requests: int, concurrency: int, tokens: int,
@@ -142,17 +74,6 @@ def run_load(kind: str, target: str, model: str, requests: int, concurrency: int
 # ---- the driver -------------------------------------------------------------------------------------------------
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def cpu_seconds(pid: int) -> float:
-    fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def measure(kind: str, target: str, args, concurrency: int, router_pid: int) -> dict[str, float]:
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
@@ -185,29 +106,24 @@ def main() -> None:
     p.add_argument("--router-core", type=int, default=0, help="CPU the router is pinned to (-1: not pinned)")
     args = p.parse_args()
     ctx = mp.get_context("spawn")
-    stop, addresses = ctx.Event(), ctx.Queue()
-    zmq_address, http_port = f"tcp://127.0.0.1:{free_port()}", free_port()
-    core = None if args.router_core < 0 else args.router_core
-    router = ctx.Process(target=run_router, args=(args.model, zmq_address, http_port, core, addresses, stop))
-    router.start()
-    worker = ctx.Process(target=run_instant_worker, args=(addresses.get(timeout=120), args.tokens, stop))
-    worker.start()
-    time.sleep(1.5)  # the hello and a heartbeat
-    try:
-        print(f"{'client':<6} {'conc':>5} {'p50 ms':>8} {'p99 ms':>8} {'req/s':>8} {'router CPU ms/req':>18} "
-              f"{'req/s per router core':>22}")
-        for concurrency in [int(c) for c in args.concurrency.split(",")]:
-            for kind, target in (("zmq", zmq_address), ("http", f"http://127.0.0.1:{http_port}")):
-                r = measure(kind, target, args, concurrency, router.pid)
-                print(f"{kind:<6} {concurrency:>5} {r['p50_ms']:>8.2f} {r['p99_ms']:>8.2f} {r['rps']:>8.0f} "
-                      f"{r['cpu_ms']:>18.3f} {1e3 / r['cpu_ms']:>22.0f}", flush=True)
-    finally:
-        stop.set()
-        for proc in (worker, router):
-            proc.join(timeout=15)
-            if proc.is_alive():
-                proc.kill()
-
+    http_port = free_port()
+    spec = RouterSpec(args.model, "colocated", http_port, None if args.router_core < 0 else args.router_core)
+    with RouterProcess(spec) as router:
+        stop = ctx.Event()
+        worker = ctx.Process(target=run_fleet, args=(router.worker_address, [("c0", "colocated")], args.tokens, stop))
+        worker.start()
+        time.sleep(1.5)  # the hello and a heartbeat
+        try:
+            print(f"{'client':<6} {'conc':>5} {'p50 ms':>8} {'p99 ms':>8} {'req/s':>8} {'router CPU ms/req':>18} "
+                  f"{'req/s per router core':>22}")
+            for concurrency in [int(c) for c in args.concurrency.split(",")]:
+                for kind, target in (("zmq", spec.address), ("http", f"http://127.0.0.1:{http_port}")):
+                    r = measure(kind, target, args, concurrency, router.pid)
+                    print(f"{kind:<6} {concurrency:>5} {r['p50_ms']:>8.2f} {r['p99_ms']:>8.2f} {r['rps']:>8.0f} "
+                          f"{r['cpu_ms']:>18.3f} {1e3 / r['cpu_ms']:>22.0f}", flush=True)
+        finally:
+            stop.set()
+            stop_processes([worker])
 
 if __name__ == "__main__":
     main()

@@ -82,7 +82,10 @@ LIGHT = {
     "the benchmark driver": "import scripts.benchmark, scripts.bench_report, scripts.bench_metrics",
     "the transport choice": "import kvtransfer.choice, kvtransfer.handoff",
     "the planner (scripts.planner) and its command": "import scripts.planner.sim, scripts.planner.plan, "
-                                                     "scripts.planner.plots, scripts.cli.plan",
+                                                     "scripts.planner.plots, scripts.planner.router_ceiling, "
+                                                     "scripts.cli.plan",
+    "the router benchmarks and their instant workers": "import scripts.bench_router, scripts.bench_frontend, "
+                                                       "scripts.instant_workers, scripts.router_load",
     "the command line's plan flags, without the simulator": "import scripts.cli.plan; import sys; "
                                                             "assert 'scripts.planner.sim' not in sys.modules",
 }

@@ -4,6 +4,9 @@ router with fake workers requests sharing a prefix go where it is cached."""
 from __future__ import annotations
 
 import asyncio
+import random
+
+import pytest
 
 from common import protocol as P
 from common.engine.block_manager import BlockManager
@@ -103,6 +106,38 @@ def test_colocated_ties_go_to_the_replica_running_fewer():
     assert placement.colocated(40, prompt) is c1
     placement.placed(c0, prompt)
     assert placement.colocated(40, prompt) is c0  # 32 cached tokens outweigh the running requests
+
+
+@pytest.mark.parametrize("policy", ["prefix", "load"])
+def test_each_choice_is_the_least_by_its_definition_over_many_random_states(policy):
+    """prefill, decode and colocated pick the first worker (in registry order) least by the keys their docstrings
+    give, over `cost` and the blocks each cache is reckoned to hold; states drawn at random, ties plentiful."""
+    rng = random.Random(7)
+    reg = registry(*[(f"p{i}", "prefill") for i in range(6)], *[(f"d{i}", "decode") for i in range(6)],
+                   *[(f"c{i}", "colocated") for i in range(6)], num_blocks=256)
+    placement = Placement(reg, policy=policy)
+    prompts = [[rng.randrange(3)] * 32 + [rng.randrange(50) for _ in range(rng.choice([0, 20, 40]))]
+               for _ in range(12)]
+    held = (lambda w: len(placement.prefixes.workers[w.worker_id].keys)
+            if w.worker_id in placement.prefixes.workers and policy == "prefix" else 0)
+    for _ in range(200):
+        w = rng.choice(list(reg.workers.values()))
+        placement.placed(w, placement.keys(rng.choice(prompts)))
+        w.prefill_tokens = rng.choice([0, 0, 16, 40])
+        w.assigned = {str(i) for i in range(rng.choice([0, 0, 1, reg.max_requests]))}
+        w.load = P.WorkerLoad(queued_requests=0, queued_tokens=rng.choice([0, 0, 32]),
+                              running_requests=rng.choice([0, 1]), kv_blocks_total=256,
+                              kv_blocks_free=rng.choice([8, 200, 256]))
+        ids = rng.choice(prompts)
+        keys, n = placement.keys(ids), len(ids)
+        cost = lambda w: placement.cost(w, n, keys)  # noqa: E731
+        room = {role: reg.with_room(role) for role in ("prefill", "decode", "colocated")}
+        fits = [w for w in room["decode"] if w.free_blocks >= 3]
+        assert placement.prefill(n, keys) is min(room["prefill"], key=lambda w: (cost(w), held(w)), default=None)
+        assert placement.decode(3, n, keys) is min(fits, key=lambda w: (cost(w), held(w), -w.free_blocks),
+                                                   default=None)
+        assert placement.colocated(n, keys) is min(room["colocated"], default=None,
+                                                   key=lambda w: (cost(w), w.load.running_requests, held(w)))
 
 
 def shared_prefix_prompts(n: int, prefix: list[int]) -> list[list[int]]:

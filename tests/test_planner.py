@@ -310,6 +310,7 @@ def test_a_trace_without_rates_is_simulated_as_recorded(tmp_path):
     (dict(workload="trace"), "--trace"),
     (dict(rates="4,fast"), "--rates"),
     (dict(output_len="0"), "--output-len"),
+    (dict(router_rps=0), "--router-rps"),
 ])
 def test_plan_settings_are_checked_naming_the_flag(flags, message):
     with pytest.raises(ValueError, match=message):

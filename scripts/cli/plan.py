@@ -34,6 +34,7 @@ def run(args: argparse.Namespace) -> None:
     from scripts.planner.plan import run_plan  # the simulator loads only when a plan runs
     from scripts.planner.plots import draw
     from scripts.planner.report import ATTAINMENT, recommend, table
+    from scripts.planner.router_ceiling import plan_checks, summary
 
     cfg = dataclass_from_args(PlanConfig, args, exclude=BENCH_ONLY)
     if cfg.validate:
@@ -50,13 +51,16 @@ def run(args: argparse.Namespace) -> None:
               f"--all-splits simulates every one)")
     print(table(plan.results))
     best, why = recommend(plan.results, slo)
-    print(f"recommendation: {best}: {why}", flush=True)
+    print(f"recommendation: {best}: {why}")
+    routers = plan_checks(plan)
+    print("\n".join(summary(routers)), flush=True)
     if cfg.out:
         out = Path(cfg.out)
         out.mkdir(parents=True, exist_ok=True)
         record = {"profiles": cfg.profile_list(), "machines": [p.machine for p in plan.profiles],
                   "model": prof.model, "tp": [p.tp for p in plan.profiles], "gpus": cfg.gpus,
                   "slo": dataclasses.asdict(slo), "recommendation": {"layout": best, "why": why},
+                  "router": [dict(dataclasses.asdict(c), exceeded=c.exceeded) for c in routers],
                   "results": {name: [dataclasses.asdict(p) for p in points]
                               for name, points in plan.results.items()}}
         (out / "plan.json").write_text(json.dumps(record, indent=2) + "\n")

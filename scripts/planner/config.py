@@ -48,6 +48,9 @@ class PlanConfig(BenchConfig):
                                       "send times and print predicted / measured (error) beside each other, "
                                       "instead of a plan (the workload, rates and layouts come from the results)")
     tolerance: float = _opt(0.15, "--validate: errors beyond this share of the measurement are marked")
+    router_rps: float | None = _opt(None, "requests/s one router sustains (default: what scripts/bench_router.py "
+                                          "measured for that many workers, scripts/planner/router_ceiling.py); a "
+                                          "rate beyond it is reported with the routers it needs")
 
     def __post_init__(self) -> None:
         if not self.profile:
@@ -80,7 +83,8 @@ class PlanConfig(BenchConfig):
         for policy in self.policy_list():
             if policy not in POLICY_VARIANTS:
                 raise ValueError(f"--disagg-policies: expected always, never or auto, got {policy!r}")
-        for name in ("slo_ttft", "slo_tpot", "num_requests", "local_prefill_chunk", "vocab_size", "burstiness"):
+        for name in ("slo_ttft", "slo_tpot", "num_requests", "local_prefill_chunk", "vocab_size", "burstiness",
+                     "router_rps"):
             value = getattr(self, name)
             if value is not None and not value > 0:
                 raise ValueError(f"--{name.replace('_', '-')}: must be > 0, got {value}")

@@ -1,0 +1,101 @@
+"""One router's ceiling, and how many routers a rate needs.
+
+The router spends CPU on each request (admission, tokenizing, placement, the messages) and on each worker's
+heartbeats. Placement looks at every worker that could take the request, so a request's CPU grows with the workers
+behind the router, and the heartbeats take a share of its core per worker:
+
+    requests/s one router core sustains with W workers
+        = UTILIZATION x (1 - W x heartbeat_share) / (base_s + W x per_worker_s)
+
+`MEASURED` holds the coefficients `python -m scripts.bench_router` gave (docs/benchmarks.md, "Router ceiling": the
+machine and the command); UTILIZATION keeps the router off a full core, where its queue and latency grow.
+Sharding the workers among K routers, each in front of W / K of them with the clients split across the routers,
+multiplies the ceiling by more than K: each router also looks at fewer workers.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+
+UTILIZATION = 0.8  # the bench's sustained rates came to 0.67-1.0 of its CPU bound (docs/benchmarks.md)
+
+
+@dataclass(frozen=True)
+class RouterCost:
+    base_s: float  # router CPU seconds per request with no worker to look at
+    per_worker_s: float  # added per worker behind the router
+    heartbeat_share: float  # share of the router's core one worker's heartbeats take
+
+    def ceiling(self, workers: int) -> float:
+        """Requests/s one router core sustains in front of `workers` workers (0: the heartbeats alone fill it)."""
+        spare = 1 - workers * self.heartbeat_share
+        return UTILIZATION * max(0.0, spare) / (self.base_s + workers * self.per_worker_s)
+
+
+# scripts/bench_router.py's "req/s per core" at 10 and 1,000 instant workers and its heartbeats-only CPU (0.5 s
+# interval), fitted; where and how: docs/benchmarks.md, "Router ceiling".
+MEASURED = {
+    "colocated": RouterCost(base_s=0.450e-3, per_worker_s=1.21e-6, heartbeat_share=1.0e-4),
+    "disagg": RouterCost(base_s=0.528e-3, per_worker_s=0.81e-6, heartbeat_share=1.0e-4),
+}
+
+
+@dataclass(frozen=True)
+class RouterCheck:
+    """Whether one router carries `rate` for a layout of `workers` workers, and if not how many would."""
+
+    mode: str
+    workers: int
+    rate: float
+    ceiling: float  # one router's, in front of all of them
+    routers: int | None  # routers needed, each in front of an even share of the workers (None: none suffice)
+
+    @property
+    def exceeded(self) -> bool:
+        return self.rate > self.ceiling
+
+    def advice(self) -> str:
+        head = (f"{self.mode}, {self.workers} workers, {self.rate:g} req/s: more than one router sustains "
+                f"(about {self.ceiling:.0f} req/s in front of {self.workers} workers)")
+        if self.routers is None:
+            return head + "; no split of these workers among routers carries it"
+        share = math.ceil(self.workers / self.routers)
+        return (f"{head}; {self.routers} routers carry it, each in front of about {share} workers (its own prefill "
+                f"and decode pools when disaggregated), with the clients split across them")
+
+
+def routers_needed(rate: float, workers: int, ceiling) -> int | None:
+    """The fewest routers, each in front of ceil(workers / k) workers, whose ceilings add up to `rate`."""
+    for k in range(1, workers + 1):
+        if k * ceiling(math.ceil(workers / k)) >= rate:
+            return k
+    return None
+
+
+def check(mode: str, workers: int, rate: float, router_rps: float | None = None) -> RouterCheck:
+    """`router_rps`: one router's ceiling whatever the workers (else `MEASURED`'s, which falls as they grow)."""
+    ceiling = (lambda w: router_rps) if router_rps else MEASURED[mode].ceiling
+    return RouterCheck(mode, workers, rate, ceiling(workers), routers_needed(rate, workers, ceiling))
+
+
+def plan_checks(plan) -> list[RouterCheck]:
+    """Each worker count and mode of a plan (scripts/planner/plan.py's Plan) at each rate it simulated."""
+    rates = sorted({p.rate for points in plan.results.values() for p in points})
+    modes = sorted({"colocated" if "colocated" in name else "disagg" for name in plan.results})
+    workers = sorted({plan.config.gpus // profile.tp for profile in plan.profiles})
+    return [check(mode, n, rate, plan.config.router_rps) for n in workers for mode in modes for rate in rates]
+
+
+def summary(checks: list[RouterCheck]) -> list[str]:
+    """What a plan's report says of its router: one line when one router carries every rate, else one per mode and
+    worker count, at the lowest rate that needs more."""
+    over = [c for c in checks if c.exceeded]
+    if not over:
+        top = max(checks, key=lambda c: c.rate / c.ceiling)
+        return [f"router: one router carries every rate here (at most {100 * top.rate / top.ceiling:.0f}% of its "
+                f"ceiling, about {top.ceiling:.0f} req/s for {top.mode} with {top.workers} workers)"]
+    first: dict[tuple[str, int], RouterCheck] = {}
+    for c in sorted(over, key=lambda c: c.rate):
+        first.setdefault((c.mode, c.workers), c)
+    return ["router: " + c.advice() for c in first.values()]
