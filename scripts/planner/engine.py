@@ -3,8 +3,12 @@
 step's duration taken from the profile instead of a GPU.
 
 A step is schedule -> advance, then at its end resolve with a sampled token for every row that completes one.
-Steps do not overlap (the real engine schedules the next step before the last one's tokens are known; that
-saves host time the profile's `host_launch_s` stands for).
+A step has two parts: the host's, launching it (`host_seconds`: `host_launch_s` for a decode-only step, which
+replays a CUDA graph; plus the prefill floor `prefill.base_s` for a step with prompt tokens, which runs eagerly and
+whose floor is its kernel launches), then the rest on the GPU. Alone on a GPU they add up to the profile's step.
+Overlapped scheduling (common/engine/llm_engine.py `step`) launches the next step before it collects this one's
+tokens, so they reach the worker when the next step's launch ends (`launch_end`); scripts/planner/sim.py
+delivers them then.
 
 Fast-forward: a decode-only batch with nothing waiting repeats identically until a sequence finishes or one
 arrives, so its steps run in bulk (`FastRun`): token counts and blocks advance for all of them at once, the time
@@ -95,6 +99,7 @@ class SimEngine:
         self.busy_until: float | None = None  # end of the step (or fast run) in flight
         self.generation = 0  # bumped when a fast run is cut: its old end event is stale
         self.step_time = self.step_end = 0.0
+        self.started = self.launch_end = 0.0  # when the step in flight began, and when its launch ends
         self.busy_seconds = 0.0
         self.steps = 0
         self.prefill_tokens_run = 0
@@ -169,6 +174,11 @@ class SimEngine:
                 seconds += p.mixed_step_s
         return seconds
 
+    def host_seconds(self, batch: ScheduledBatch) -> float:
+        """The host's part of a step, launching it: an eager step (prompt tokens) launches its kernels one by one,
+        the prefill floor of the profile (the least step, launch-bound); a decode-only step replays a graph."""
+        return self.profile.host_launch_s + (0.0 if batch.decode_only else self.profile.prefill.base_s)
+
     def start(self, now: float, fast: bool = True) -> float | None:
         """Starts the next step (or fast run, if `fast`), if there is work; returns when it ends."""
         batch = self.scheduler.schedule()
@@ -181,9 +191,11 @@ class SimEngine:
                 first = self.step_seconds(batch)
                 growth = self.profile.decode.per_seq_context_s * len(batch.seqs)
                 self.batch, self.fast = batch, FastRun(now, k, first, growth)
+                self.started, self.launch_end = now, now + self.profile.host_launch_s
                 self.busy_until = now + self.fast.elapsed(k)
                 return self.busy_until
         self.step_time = self.step_seconds(batch)
+        self.started, self.launch_end = now, now + min(self.host_seconds(batch), self.step_time)
         self.batch, self.olds = batch, self.scheduler.advance(batch)
         self.busy_until = self.step_end = now + self.step_time
         return self.busy_until
