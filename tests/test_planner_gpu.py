@@ -1,10 +1,11 @@
-"""Engines sharing a GPU in the planner's simulator (scripts/planner/gpu.py): one step at a time on the GPU, first
-come first served, each engine with its memory share of the KV blocks; fast-forward agrees with stepping."""
+"""Engines sharing a GPU in the planner's simulator (scripts/planner/gpu.py): time-sliced (graph decode steps at
+1/n of the GPU while n engines have steps in flight, eager launch-bound steps at their host's pace), each engine
+with its memory share of the KV blocks; fast-forward agrees with stepping."""
 from __future__ import annotations
 
 import pytest
 
-from scripts.planner.gpu import pack
+from scripts.planner.gpu import Gpu, pack
 from scripts.planner.sim import Layout, Simulation, Workload, simulate
 from tests.test_planner import make_profile, workload
 
@@ -17,9 +18,10 @@ def test_engines_are_packed_onto_gpus_in_launch_order():
 
 
 @pytest.mark.parametrize("fast_forward", [True, False])
-def test_two_engines_on_one_gpu_take_turns_step_by_step(fast_forward):
-    """Two colocated replicas on one GPU, one request each, both at 0: the prefills run one after the other, then
-    the decode steps alternate, so each request's times are sums of the other's steps too."""
+def test_two_engines_on_one_gpu_time_slice_it(fast_forward):
+    """Two colocated replicas on one GPU, one request each, both at 0: their prefills are eager steps, launch-bound,
+    and go at their hosts' pace side by side; then both decode at once, each decode step (a graph replay, GPU-bound)
+    at half its pace alone, so every decode step takes twice as long as on a GPU of its own."""
     profile = make_profile()
     prompt, output = 300, 20
     load = Workload([0.0, 0.0], [list(range(prompt)), list(range(10_000, 10_000 + prompt))], [output] * 2,
@@ -29,13 +31,25 @@ def test_two_engines_on_one_gpu_take_turns_step_by_step(fast_forward):
     decodes = [launch + profile.decode.seconds(1, prompt + i) for i in range(output - 1)]
 
     alone = simulate(profile, Layout(colocated=2), load, fast_forward=fast_forward)
-    assert [r.first for r in alone] == pytest.approx([prefill, prefill], rel=1e-12)
+    assert [r.first for r in alone] == pytest.approx([prefill + launch] * 2, rel=1e-12)  # once the next launched
     assert [r.done for r in alone] == pytest.approx([prefill + sum(decodes)] * 2, rel=1e-12)
 
     shared = simulate(profile, Layout(colocated=2, gpus_per_engine=0.5), load, fast_forward=fast_forward)
-    assert sorted(r.first for r in shared) == pytest.approx([prefill, 2 * prefill], rel=1e-12)
-    last = 2 * prefill + 2 * sum(decodes)  # the second engine's last step ends the alternation
-    assert sorted(r.done for r in shared) == pytest.approx([last - decodes[-1], last], rel=1e-12)
+    assert [r.first for r in shared] == pytest.approx([prefill + launch] * 2, rel=1e-12)
+    assert [r.done for r in shared] == pytest.approx([prefill + 2 * sum(decodes)] * 2, rel=1e-12)
+
+
+def test_a_decode_step_beside_an_eager_step_goes_at_half_pace_until_that_step_ends():
+    """Processor sharing, by hand: a decode step of d seconds alone that starts while the other engine's eager
+    step has e < d / 2 seconds left runs at half pace for e, then alone: it ends after e + (d - e / 2)."""
+    gpu = Gpu(0, shared=True)
+    prefill, decode = object(), object()
+    gpu.add(prefill, 0.010, 0.0, host_paced=True)
+    gpu.add(decode, 0.004, 0.009)  # the eager step has 1 ms left
+    ends = gpu.ends(0.009)
+    assert ends[prefill] == pytest.approx(0.010) and ends[decode] == pytest.approx(0.009 + 2 * 0.004)
+    gpu.remove(prefill, 0.010)
+    assert gpu.ends(0.010)[decode] == pytest.approx(0.010 + 0.004 - 0.001 / 2)
 
 
 def test_each_engine_on_a_shared_gpu_holds_its_share_of_the_kv_blocks():

@@ -81,6 +81,16 @@ class FastRun:
         return min(k, self.steps)
 
 
+@dataclass
+class Done:
+    """A step (or fast run) that ended, its tokens still to collect."""
+
+    batch: ScheduledBatch
+    olds: list[int]
+    seqs: list[Sequence] | None  # None: still to resolve
+    first_end: float
+
+
 class SimEngine:
     def __init__(self, name: str, role: str, profile: Profile, max_prefill_tokens: int | None = None,
                  fast_forward: bool = True, prefix_caching: bool = True, spares: BlockPool | None = None,
@@ -229,23 +239,33 @@ class SimEngine:
         self.busy_until = run.start + run.elapsed(k)
         return self.busy_until
 
-    def finish(self) -> tuple[list[Sequence], float]:
-        """The step (or fast run) in flight ended: the sequences that got tokens (none of a fast run's finish),
-        and when the first of its steps ended (a sequence's first token, if it got one)."""
+    def finish(self) -> Done:
+        """The step (or fast run) in flight ended. A fast run's tokens are applied now (none of its sequences
+        finish); a step's wait for `collect`, as the engine with overlapped scheduling schedules and launches its
+        next step before it resolves this one."""
         batch, run = self.batch, self.fast
         self.batch, self.fast, self.busy_until = None, None, None
         if run is not None:
             self._apply_fast(batch, run.steps)
             self.busy_seconds += run.elapsed(run.steps)
             self.steps += run.steps
-            return list(batch.seqs), run.start + run.first
+            # its first step's tokens came back once its second step was launched (a graph replay)
+            first = run.start + run.first + (self.profile.host_launch_s if run.steps > 1 else 0.0)
+            return Done(batch, [], list(batch.seqs), first)
         self.busy_seconds += self.step_time
         self.steps += 1
         self.prefill_tokens_run += sum(batch.num_new_tokens[batch.num_decodes:])
         if not batch.decode_only:
             self.prompt_steps += 1
             self.prompt_seconds += self.step_time
-        return self.scheduler.resolve(batch, self.olds, [TOKEN] * len(batch.seqs)), self.step_end
+        return Done(batch, self.olds, None, self.step_end)
+
+    def collect(self, done: Done) -> tuple[list[Sequence], float]:
+        """The sequences that got tokens from the step `done` (resolved now), and when its first step ended (the
+        first token of a sequence that got one)."""
+        if done.seqs is None:
+            done.seqs = self.scheduler.resolve(done.batch, done.olds, [TOKEN] * len(done.batch.seqs))
+        return done.seqs, done.first_end
 
     def _apply_fast(self, batch: ScheduledBatch, k: int) -> None:
         """k decode steps on every sequence of the batch: what k rounds of schedule/advance/resolve do to them."""

@@ -243,14 +243,17 @@ class Simulation:
             self.push(end, "step", engine, engine.generation)
 
     def _step_done(self, engine: SimEngine) -> int:
-        seqs, first_end = engine.finish()
+        done = engine.finish()
         gpu = self.gpu_of[engine.name]
         if gpu.shared:
             gpu.remove(engine, self.now)
             self._retime(gpu)  # the other engine's step has the GPU to itself until this one's next starts
-        # Overlapped scheduling: the engine launches its next step, then collects this one's tokens
+        # Overlapped scheduling (LLMEngine.step): the engine schedules and launches its next step, then collects
+        # this one's tokens (the sequences that get their last token still hold their seats and blocks meanwhile)
         self._kick(engine)
-        collected = engine.launch_end if engine.busy_until is not None and engine.started == self.now else self.now
+        launched = engine.busy_until is not None and engine.started == self.now
+        seqs, first_end = engine.collect(done)
+        collected = engine.launch_end if launched else self.now
         finished = 0
         for seq in seqs:
             req = self.by_rid[seq.request_id]
@@ -259,7 +262,7 @@ class Simulation:
                 self.push(collected + handoff, "land", req)
                 continue
             if req.first is None:
-                req.first = first_end if first_end < self.now else collected
+                req.first = first_end if first_end < self.now else collected  # a fast run's first step: earlier
                 req.router.first_token()
                 if req.estimate is not None:
                     self.disagg.observe_first_token(req.estimate, req.first - req.dispatched)
@@ -267,6 +270,8 @@ class Simulation:
                 req.done = collected
                 req.router.end()
                 finished += 1
+        if not launched:
+            self._kick(engine)  # what waited for a seat or blocks those sequences held
         if self.queue:
             self._dispatch()
         return finished
