@@ -1,10 +1,11 @@
 """One GPU that one or more simulated engines run on (`pdcluster serve --gpus-per-worker 0.5` puts two on one).
 
-Two processes on one GPU (no MPS) time-slice it: the GPU switches between their contexts, so while both have a
-step in flight each progresses at about half the pace it has alone, and a step alone runs at full pace. That is
-processor sharing: each step in flight is its profile time of work, done at 1/n of the GPU while n engines have
-a step in flight; a step's end moves whenever another engine's step starts or ends (scripts/planner/sim.py
-re-times them). Each engine on it holds its memory share of the GPU's KV blocks.
+Two processes on one GPU (no MPS) time-slice it: processor sharing. While n engines have a step in flight there,
+each step's GPU-bound work goes at 1/n of its pace alone. An eager step (prompt tokens) first has its launch-bound
+floor (`SimEngine.host_seconds`: the host launching kernels one by one, the GPU mostly idle), which goes at the
+host's pace whatever the other engine does, though the step counts as in flight (its kernels take time slices from
+the other's); then its compute, shared. A step's end moves whenever another engine's step starts or ends
+(scripts/planner/sim.py re-times them). Each engine on it holds its memory share of the GPU's KV blocks.
 """
 from __future__ import annotations
 
@@ -16,31 +17,41 @@ class Gpu:
     index: int
     shared: bool = False  # more than one engine on it
     work: dict = field(default_factory=dict)  # engine -> seconds its step in flight still needs of a whole GPU
-    host_paced: set = field(default_factory=set)  # engines whose step in flight goes at its host's pace
-    since: float = 0.0  # when `work` was last brought up to date
+    host: dict = field(default_factory=dict)  # engine -> seconds of its step's launch still to go, at its own pace
+    since: float = 0.0  # when `work` and `host` were last brought up to date
 
-    def share(self, engine: object) -> float:
-        """The pace of `engine`'s step now, as a share of its pace alone."""
-        return 1.0 if engine in self.host_paced else 1.0 / len(self.work)
+    @property
+    def share(self) -> float:
+        """The pace of a GPU-bound step now, as a share of its pace alone."""
+        return 1.0 / len(self.work) if self.work else 1.0
 
     def advance(self, now: float) -> None:
+        dt, share = now - self.since, self.share
         for engine in self.work:
-            self.work[engine] -= (now - self.since) * self.share(engine)
+            launch = self.host.get(engine, 0.0)
+            if launch >= dt:
+                self.host[engine] = launch - dt
+            else:
+                self.host[engine] = 0.0
+                self.work[engine] -= (dt - launch) * share
         self.since = now
 
-    def add(self, engine: object, seconds: float, now: float, host_paced: bool = False) -> None:
-        """`engine` starts a step of `seconds` (its time alone on the GPU); `host_paced`: launch-bound."""
+    def add(self, engine: object, seconds: float, now: float, host_seconds: float = 0.0) -> None:
+        """`engine` starts a step of `seconds` alone: first `host_seconds` of launch-bound work at its own pace,
+        then the rest at the GPU's share."""
         self.advance(now)
-        self.work[engine] = seconds
-        (self.host_paced.add if host_paced else self.host_paced.discard)(engine)
+        self.host[engine] = min(host_seconds, seconds)
+        self.work[engine] = seconds - self.host[engine]
 
     def remove(self, engine: object, now: float) -> None:
         self.advance(now)
         self.work.pop(engine, None)
+        self.host.pop(engine, None)
 
     def ends(self, now: float) -> dict[object, float]:
         """When each step in flight ends if none starts or ends before."""
-        return {engine: now + max(0.0, work) / self.share(engine) for engine, work in self.work.items()}
+        share = self.share
+        return {engine: now + self.host[engine] + max(0.0, work) / share for engine, work in self.work.items()}
 
 
 def pack(fractions: list[float]) -> list[int]:

@@ -231,7 +231,8 @@ class Simulation:
         if end is None:
             return
         if gpu.shared:
-            gpu.add(engine, engine.step_time, self.now, host_paced=not engine.batch.decode_only)
+            launch = 0.0 if engine.batch.decode_only else engine.launch_end - self.now  # an eager step's floor
+            gpu.add(engine, engine.step_time, self.now, launch)
             self._retime(gpu)
         else:
             self.push(end, "step", engine, engine.generation)
