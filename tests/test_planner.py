@@ -109,7 +109,7 @@ def test_a_fixed_batch_finishes_when_its_decode_steps_add_up(fast_forward):
     now, steps = 0.0, 0
     while (end := engine.start(now)) is not None:
         now = end
-        seqs, _ = engine.finish()
+        seqs, _ = engine.collect(engine.finish())
     steps = output - 1  # the first token came with the handoff
     expected = sum(profile.host_launch_s + profile.decode.seconds(batch, batch * (prompt + i)) for i in range(steps))
     assert now == pytest.approx(expected, rel=1e-12)
@@ -118,15 +118,34 @@ def test_a_fixed_batch_finishes_when_its_decode_steps_add_up(fast_forward):
 
 
 def test_an_unloaded_request_takes_prefill_handoff_and_one_decode_step():
+    """With overlapped scheduling a step's token comes back once the next step is launched: the first decode
+    step's once the second (a graph replay: the host's launch work) is; the last step's at its end."""
     profile = make_profile()
     input_len, output = 700, 20
     requests = simulate(profile, Layout(prefill=1, decode=1), workload(1, 1.0, input_len, output))
     launch = profile.host_launch_s
     expected = (launch + profile.prefill.seconds(input_len, 0) + profile.handoff_seconds(input_len)
-                + launch + profile.decode.seconds(1, input_len))
+                + launch + profile.decode.seconds(1, input_len) + launch)
     assert requests[0].ttft == pytest.approx(expected, rel=1e-12)
     tpot = [launch + profile.decode.seconds(1, input_len + 1 + i) for i in range(output - 2)]
-    assert requests[0].tpot == pytest.approx(sum(tpot) / (output - 1), rel=1e-12)
+    assert requests[0].tpot == pytest.approx((sum(tpot) - launch) / (output - 1), rel=1e-12)
+
+
+def test_a_steps_tokens_come_back_once_the_next_step_is_launched():
+    """Two prompts that fit one prefill step each, sent together to a prefill worker: the first one's KV leaves
+    when the second one's step has been launched, an eager step whose launch is the prefill floor
+    (LLMEngine.step: launch the next step, then collect this one)."""
+    input_len = 500
+    profile = make_profile(max_num_batched_tokens=input_len)
+    load = workload(2, 1.0, input_len, 2)
+    load.arrivals = [0.0, 0.0]
+    first, second = simulate(profile, Layout(prefill=1, decode=1), load)
+    launch = profile.host_launch_s
+    step = launch + profile.prefill.seconds(input_len, 0)
+    decode = launch + profile.decode.seconds(1, input_len)
+    assert first.first == pytest.approx(step + launch + profile.prefill.base_s + profile.handoff_seconds(input_len)
+                                        + decode, rel=1e-12)
+    assert second.first == pytest.approx(2 * step + profile.handoff_seconds(input_len) + decode, rel=1e-12)
 
 
 def test_fast_forward_changes_no_prediction():

@@ -1,10 +1,11 @@
-"""Engines sharing a GPU in the planner's simulator (scripts/planner/gpu.py): one step at a time on the GPU, first
-come first served, each engine with its memory share of the KV blocks; fast-forward agrees with stepping."""
+"""Engines sharing a GPU in the planner's simulator (scripts/planner/gpu.py): time-sliced (while n engines have
+steps in flight, each goes at 1/n of the GPU, except an eager step's launch-bound floor, at its host's pace), each
+engine with its memory share of the KV blocks; fast-forward agrees with stepping."""
 from __future__ import annotations
 
 import pytest
 
-from scripts.planner.gpu import pack
+from scripts.planner.gpu import Gpu, pack
 from scripts.planner.sim import Layout, Simulation, Workload, simulate
 from tests.test_planner import make_profile, workload
 
@@ -17,25 +18,42 @@ def test_engines_are_packed_onto_gpus_in_launch_order():
 
 
 @pytest.mark.parametrize("fast_forward", [True, False])
-def test_two_engines_on_one_gpu_take_turns_step_by_step(fast_forward):
-    """Two colocated replicas on one GPU, one request each, both at 0: the prefills run one after the other, then
-    the decode steps alternate, so each request's times are sums of the other's steps too."""
+def test_two_engines_on_one_gpu_time_slice_it(fast_forward):
+    """Two colocated replicas on one GPU, one request each, both at 0: each prefill's launch-bound floor goes at its
+    host's pace, side by side, and the rest at half the GPU; then both decode at once, each decode step (a graph
+    replay, GPU-bound) at half its pace alone: twice as long as on a GPU of its own."""
     profile = make_profile()
     prompt, output = 300, 20
     load = Workload([0.0, 0.0], [list(range(prompt)), list(range(10_000, 10_000 + prompt))], [output] * 2,
                     shared_prefixes=False)
     launch = profile.host_launch_s
     prefill = launch + profile.prefill.seconds(prompt, 0)
+    floor = launch + profile.prefill.base_s
     decodes = [launch + profile.decode.seconds(1, prompt + i) for i in range(output - 1)]
 
     alone = simulate(profile, Layout(colocated=2), load, fast_forward=fast_forward)
-    assert [r.first for r in alone] == pytest.approx([prefill, prefill], rel=1e-12)
+    assert [r.first for r in alone] == pytest.approx([prefill + launch] * 2, rel=1e-12)  # once the next launched
     assert [r.done for r in alone] == pytest.approx([prefill + sum(decodes)] * 2, rel=1e-12)
 
     shared = simulate(profile, Layout(colocated=2, gpus_per_engine=0.5), load, fast_forward=fast_forward)
-    assert sorted(r.first for r in shared) == pytest.approx([prefill, 2 * prefill], rel=1e-12)
-    last = 2 * prefill + 2 * sum(decodes)  # the second engine's last step ends the alternation
-    assert sorted(r.done for r in shared) == pytest.approx([last - decodes[-1], last], rel=1e-12)
+    prefilled = floor + 2 * (prefill - floor)
+    assert [r.first for r in shared] == pytest.approx([prefilled + launch] * 2, rel=1e-12)
+    assert [r.done for r in shared] == pytest.approx([prefilled + 2 * sum(decodes)] * 2, rel=1e-12)
+
+
+def test_a_decode_step_beside_an_eager_step_goes_at_half_pace_until_that_step_ends():
+    """Processor sharing, by hand: an eager step of 10 ms, 8 of them its launch-bound floor, from 0; a decode step of
+    4 ms from 9 ms, when the eager step has 1 ms of GPU work left. Both then go at half pace: the eager step ends at
+    11 ms, and the decode step, 1 ms of its work done by then, at 11 + 3 = 14 ms."""
+    gpu = Gpu(0, shared=True)
+    prefill, decode = object(), object()
+    gpu.add(prefill, 0.010, 0.0, host_seconds=0.008)
+    assert gpu.ends(0.0)[prefill] == pytest.approx(0.010)
+    gpu.add(decode, 0.004, 0.009)
+    ends = gpu.ends(0.009)
+    assert ends[prefill] == pytest.approx(0.011) and ends[decode] == pytest.approx(0.017)
+    gpu.remove(prefill, 0.011)
+    assert gpu.ends(0.011)[decode] == pytest.approx(0.014)
 
 
 def test_each_engine_on_a_shared_gpu_holds_its_share_of_the_kv_blocks():

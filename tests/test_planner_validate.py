@@ -19,7 +19,7 @@ from scripts.benchmark import BenchConfig, arrivals
 from scripts.planner.profile import DecodeCost, Profile, save_profile
 from scripts.planner.report import records
 from scripts.planner.sim import Layout, Workload, simulate
-from scripts.planner.validate import METRICS, ValidationError, beyond, markdown, table, validate
+from scripts.planner.validate import METRICS, ValidationError, beyond, markdown, shifted, table, validate
 from tests.test_planner import make_profile
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -37,14 +37,22 @@ class FakeServe:
         return 0
 
 
-def simulated_bench(tmp_path: Path, monkeypatch, truth: Profile, modes: str = "disagg,colocated") -> dict:
+def simulated_bench(tmp_path: Path, monkeypatch, truth: Profile, modes: str = "disagg,colocated",
+                    late: float = 0.0, unloaded_requests: int = 0) -> dict:
     """`pdcluster bench` on one GPU (1P+1D at half a GPU each, one colocated replica on all of it), each cluster
-    answering as the simulator does under `truth`; returns results.json as written."""
+    answering as the simulator does under `truth`, every token `late` seconds later; returns results.json as
+    written."""
     async def fake_cluster(cfg, run, server, points, workloads, warmup, unloaded, slo=None):
+        if unloaded:
+            load = Workload([10.0 * i for i in range(len(unloaded))], [r.prompt_ids for r in unloaded],
+                            [r.output_len for r in unloaded], False)
+            recs = records(shifted(simulate(truth, LAYOUTS[run["mode"]], load), late))
+            run["unloaded"] = {"load": {"label": "unloaded"}, "summary": asdict(summarize(recs, slo)),
+                               "requests": [r.to_json() for r in recs]}
         for i, (point, requests) in enumerate(zip(points, workloads)):
             sent = arrivals(cfg, point, i, requests)
             load = Workload(sent, [r.prompt_ids for r in requests], [r.output_len for r in requests], False)
-            recs = records(simulate(truth, LAYOUTS[run["mode"]], load))
+            recs = records(shifted(simulate(truth, LAYOUTS[run["mode"]], load), late))
             run["points"].append({"load": point.to_json(), "summary": asdict(summarize(recs, slo)),
                                   "requests": [r.to_json() for r in recs]})
 
@@ -59,7 +67,8 @@ def simulated_bench(tmp_path: Path, monkeypatch, truth: Profile, modes: str = "d
     cfg = BenchConfig(out=str(tmp_path / "bench"), model=str(model), modes=modes, device="cuda",
                       rates=",".join(map(str, RATES)), num_requests=150, input_len="100:400", output_len="20:60",
                       prefill_workers=1, decode_workers=1, gpus_per_worker=0.5, workers=1,
-                      colocated_gpus_per_worker=1, slo_ttft=0.3, slo_tpot=0.02, unloaded_requests=0)
+                      colocated_gpus_per_worker=1, slo_ttft=0.3, slo_tpot=0.02,
+                      unloaded_requests=unloaded_requests)
     benchmark.run_benchmark(cfg)
     return json.loads((tmp_path / "bench" / "results.json").read_text())
 
@@ -78,6 +87,24 @@ def test_the_true_profile_predicts_the_bench_exactly(tmp_path, monkeypatch):
     assert rows[1].measured.ttft_p90 > 2 * rows[0].measured.ttft_p50
     text = table(rows)
     assert "!" not in text and text.count("(+0.0%)") == len(rows) * len(METRICS)
+
+
+def test_a_fixed_delay_outside_the_steps_is_found_from_the_unloaded_requests(tmp_path, monkeypatch):
+    """A cluster whose every token reaches the client 7 ms after the simulator's (messages): the unloaded
+    requests show the offset, and the load points then agree exactly; without them, TTFT is off."""
+    truth, late = make_profile(), 0.007
+    results = simulated_bench(tmp_path, monkeypatch, truth, late=late, unloaded_requests=6)
+    rows = validate(results, truth)
+    for row in rows:
+        assert row.offset_s == pytest.approx(late, abs=1e-9)
+        for _, key in METRICS:
+            assert row.error(key) == pytest.approx(0.0, abs=1e-9), (row.mode, row.load, key)
+    assert "+7.0 ms" in table(rows)
+    for run in results["runs"]:
+        run["unloaded"] = None
+    for row in validate(results, truth):
+        assert row.offset_s == 0
+        assert row.measured.ttft_p50 - row.predicted.ttft_p50 == pytest.approx(late, abs=1e-9)
 
 
 def test_a_wrong_profile_shows_large_errors_and_they_are_marked(tmp_path, monkeypatch):

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from scripts.planner.fit import (DecodePoint, HandoffPoint, PrefillPoint, fit_decode, fit_handoff, fit_prefill,
-                                 fit_relative, nnls)
+from scripts.planner.fit import (DecodePoint, HandoffPoint, MixedPoint, PrefillPoint, apart_seconds, fit_decode,
+                                 fit_handoff, fit_mixed, fit_prefill, fit_relative, nnls)
 from scripts.planner.profile import DecodeCost, HandoffCost, PrefillCost, load_profile
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -44,6 +44,19 @@ def test_decode_and_handoff_fits_recover_known_coefficients():
     link = HandoffCost(base_s=1e-3, bytes_per_s=2.5e10)
     cost, fit = fit_handoff([HandoffPoint(n, link.seconds(n)) for n in (1 << 20, 1 << 24, 1 << 28)])
     assert close(cost.base_s, link.base_s) and close(cost.bytes_per_s, link.bytes_per_s) and fit.worst_error < 1e-9
+
+
+def test_the_mixed_step_fit_is_what_mixed_steps_take_beyond_their_parts_apart():
+    prefill, decode, host = PrefillCost(base_s=4e-3, per_token_s=3e-5), DecodeCost(base_s=2e-3, per_seq_s=1e-5), 3e-4
+    extra = 6e-3
+    points = [MixedPoint(b, b * 512, 256, host + prefill.seconds(256) + decode.seconds(b, b * 512) + extra)
+              for b in (1, 16, 64)]
+    value, fit = fit_mixed(points, host, prefill, decode)
+    assert close(value, extra) and fit.worst_error < 1e-9
+    assert all(close(apart_seconds(p, host, prefill, decode) + value, p.seconds) for p in points)
+    faster = [MixedPoint(p.batch, p.total_context, p.tokens, p.seconds - 2 * extra) for p in points]
+    assert fit_mixed(faster, host, prefill, decode)[0] == 0.0  # never below 0
+    assert fit_mixed([], host, prefill, decode)[0] == 0.0
 
 
 def test_noisy_points_give_coefficients_near_the_truth():
@@ -76,7 +89,7 @@ def test_a_poor_fit_warns_in_one_line():
 # ---- what is measured ---------------------------------------------------------------------------------
 
 def test_grids_fit_the_step_budget_the_model_length_and_the_kv_pool():
-    from scripts.planner.measure.steps import Grid, decode_growth, decode_plan, prefill_plan
+    from scripts.planner.measure.steps import Grid, decode_growth, decode_plan, mixed_plan, prefill_plan
 
     for quick in (True, False):
         grid = Grid.make(quick)
@@ -90,6 +103,10 @@ def test_grids_fit_the_step_budget_the_model_length_and_the_kv_pool():
             assert b <= 256 and b * -(-(c + decode_growth(grid, b, c, 8192)) // 16) <= 20000
         assert skipped and all("KV blocks" in s for s in skipped)  # 256 x 4096 tokens do not fit 320k slots
         assert len({c for _, c in points}) >= 2 and len({b for b, _ in points}) >= 3
+        mixed = mixed_plan(grid, max_num_seqs=256, budget=8192, max_len=40960, num_blocks=20000, block_size=16)
+        assert len(mixed) >= 2 and all(b + n <= 8192 and b < 256 for b, _, n in mixed)
+        small = mixed_plan(grid, max_num_seqs=16, budget=256, max_len=1024, num_blocks=20000, block_size=16)
+        assert small and all(b < 16 and b + n <= 256 for b, _, n in small)
 
 
 # ---- the command --------------------------------------------------------------------------------------
@@ -108,18 +125,18 @@ def one_error_line(proc: subprocess.CompletedProcess) -> str:
 
 
 @pytest.fixture(scope="module")
-def profiled(tiny_qwen3_dir, tmp_path_factory) -> tuple[Path, str]:
+def profiled(tiny_qwen3_dir, tmp_path_factory) -> tuple[Path, str, str]:
     out = tmp_path_factory.mktemp("profile") / "tiny.json"
     proc = pdcluster("profile", "--model", str(tiny_qwen3_dir), "--device", "cpu", "--quick", "--max-num-seqs", "16",
                      "--max-num-batched-tokens", "256", "--max-model-len", "1024", "--model-name", "tiny-qwen3",
                      "--out", str(out))
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "profile: prefill" in proc.stderr and "profile: decode" in proc.stderr  # progress on stderr
-    return out, proc.stdout
+    return out, proc.stdout, proc.stderr
 
 
 def test_the_command_writes_a_profile_of_the_engine_it_built(profiled):
-    out, stdout = profiled
+    out, stdout, stderr = profiled
     profile = load_profile(out)
     assert profile.machine.startswith("CPU: ") and profile.model == "tiny-qwen3" and profile.tp == 1
     assert "measured by `pdcluster profile` on" in profile.note and "--quick" in profile.note
@@ -128,14 +145,15 @@ def test_the_command_writes_a_profile_of_the_engine_it_built(profiled):
     assert profile.num_kv_blocks == (2 << 30) // (16 * profile.kv_bytes_per_token)  # the CPU pool's default 2 GiB
     assert set(profile.handoff) == {"host"} and "skipped: handoff cuda_ipc" in stdout
     assert profile.prefill.per_token_s > 0 and profile.host_launch_s > 0
-    for name in ("prefill", "decode", "handoff host"):
+    assert profile.mixed_step_s >= 0 and "profile: mixed" in stderr
+    for name in ("prefill", "decode", "mixed", "handoff host"):
         assert re.search(rf"^{name}: worst relative error [0-9.]+%", stdout, re.M), stdout
     assert f"wrote {out}" in stdout
 
 
 def test_its_coefficients_predict_its_own_points(profiled):
     """Loosely: CPU timings on a shared machine are noisy, so the median point is held to 50%."""
-    out, stdout = profiled
+    out, stdout, _ = profiled
     profile, host = load_profile(out), load_profile(out).host_launch_s
     lines = stdout.splitlines()
 
@@ -161,7 +179,7 @@ def test_its_coefficients_predict_its_own_points(profiled):
 
 
 def test_plan_runs_with_the_measured_profile(profiled, tmp_path):
-    out, _ = profiled
+    out, _, _ = profiled
     proc = pdcluster("plan", "--profile", str(out), "--gpus", "2", "--rates", "2", "--num-requests", "20",
                      "--input-len", "32:128", "--output-len", "4:16", "--disagg-policies", "always")
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -30,6 +30,7 @@ def progress(line: str) -> None:
 def run(args: argparse.Namespace) -> None:
     cfg = dataclass_from_args(ProfileConfig, args, exclude=NOT_FLAGS)
     from scripts.planner.measure.run import measure_profile  # torch loads only when a profile is measured
+    from scripts.planner.fit import apart_seconds
     from scripts.planner.profile import save_profile
 
     start = time.perf_counter()
@@ -50,6 +51,14 @@ def run(args: argparse.Namespace) -> None:
         print(f"{d.batch:>12} {d.total_context // d.batch:>9} {d.seconds * 1e3:>12.3f} "
               f"{(h + profile.decode.seconds(d.batch, d.total_context)) * 1e3:>9.3f}")
     print(measured.fits["decode"].summary("decode"))
+    if measured.mixed:
+        print(f"\n{'mixed: decodes':>14} {'mean ctx':>9} {'prompt':>7} {'measured ms':>12} {'apart ms':>9} "
+              f"{'fit ms':>9}")
+        for m in measured.mixed:
+            apart = apart_seconds(m, h, profile.prefill, profile.decode)
+            print(f"{m.batch:>14} {m.total_context // m.batch:>9} {m.tokens:>7} {m.seconds * 1e3:>12.3f} "
+                  f"{apart * 1e3:>9.3f} {(apart + profile.mixed_step_s) * 1e3:>9.3f}")
+        print(measured.fits["mixed"].summary("mixed"))
     for name, points in measured.handoff.items():
         print(f"\n{'handoff ' + name:>16} {'MB':>9} {'measured ms':>12} {'fit ms':>9}")
         for pt in points:
@@ -62,6 +71,7 @@ def run(args: argparse.Namespace) -> None:
     print(f"\nprefill: base_s {pc.base_s:.3e}, per_token_s {pc.per_token_s:.3e}, per_token_context_s "
           f"{pc.per_token_context_s:.3e}")
     print(f"decode: base_s {dc.base_s:.3e}, per_seq_s {dc.per_seq_s:.3e}, per_seq_context_s {dc.per_seq_context_s:.3e}")
+    print(f"mixed_step_s {profile.mixed_step_s:.3e}: added to a step with prompt tokens and decodes")
     for name, cost in profile.handoff.items():
         print(f"handoff {name}: base_s {cost.base_s:.3e}, bytes_per_s {cost.bytes_per_s:.3e}")
     save_profile(profile, cfg.out)

@@ -3,8 +3,12 @@
 step's duration taken from the profile instead of a GPU.
 
 A step is schedule -> advance, then at its end resolve with a sampled token for every row that completes one.
-Steps do not overlap (the real engine schedules the next step before the last one's tokens are known; that
-saves host time the profile's `host_launch_s` stands for).
+A step has two parts: the host's, launching it (`host_seconds`: `host_launch_s` for a decode-only step, which
+replays a CUDA graph; plus the prefill floor `prefill.base_s` for a step with prompt tokens, which runs eagerly and
+whose floor is its kernel launches), then the rest on the GPU. Alone on a GPU they add up to the profile's step.
+Overlapped scheduling (common/engine/llm_engine.py `step`) launches the next step before it collects this one's
+tokens, so they reach the worker when the next step's launch ends (`launch_end`); scripts/planner/sim.py
+delivers them then.
 
 Fast-forward: a decode-only batch with nothing waiting repeats identically until a sequence finishes or one
 arrives, so its steps run in bulk (`FastRun`): token counts and blocks advance for all of them at once, the time
@@ -77,6 +81,16 @@ class FastRun:
         return min(k, self.steps)
 
 
+@dataclass
+class Done:
+    """A step (or fast run) that ended, its tokens still to collect."""
+
+    batch: ScheduledBatch
+    olds: list[int]
+    seqs: list[Sequence] | None  # None: still to resolve
+    first_end: float
+
+
 class SimEngine:
     def __init__(self, name: str, role: str, profile: Profile, max_prefill_tokens: int | None = None,
                  fast_forward: bool = True, prefix_caching: bool = True, spares: BlockPool | None = None,
@@ -95,6 +109,7 @@ class SimEngine:
         self.busy_until: float | None = None  # end of the step (or fast run) in flight
         self.generation = 0  # bumped when a fast run is cut: its old end event is stale
         self.step_time = self.step_end = 0.0
+        self.started = self.launch_end = 0.0  # when the step in flight began, and when its launch ends
         self.busy_seconds = 0.0
         self.steps = 0
         self.prefill_tokens_run = 0
@@ -169,6 +184,11 @@ class SimEngine:
                 seconds += p.mixed_step_s
         return seconds
 
+    def host_seconds(self, batch: ScheduledBatch) -> float:
+        """The host's part of a step, launching it: an eager step (prompt tokens) launches its kernels one by one,
+        the prefill floor of the profile (the least step, launch-bound); a decode-only step replays a graph."""
+        return self.profile.host_launch_s + (0.0 if batch.decode_only else self.profile.prefill.base_s)
+
     def start(self, now: float, fast: bool = True) -> float | None:
         """Starts the next step (or fast run, if `fast`), if there is work; returns when it ends."""
         batch = self.scheduler.schedule()
@@ -181,9 +201,11 @@ class SimEngine:
                 first = self.step_seconds(batch)
                 growth = self.profile.decode.per_seq_context_s * len(batch.seqs)
                 self.batch, self.fast = batch, FastRun(now, k, first, growth)
+                self.started, self.launch_end = now, now + self.profile.host_launch_s
                 self.busy_until = now + self.fast.elapsed(k)
                 return self.busy_until
         self.step_time = self.step_seconds(batch)
+        self.started, self.launch_end = now, now + min(self.host_seconds(batch), self.step_time)
         self.batch, self.olds = batch, self.scheduler.advance(batch)
         self.busy_until = self.step_end = now + self.step_time
         return self.busy_until
@@ -217,23 +239,33 @@ class SimEngine:
         self.busy_until = run.start + run.elapsed(k)
         return self.busy_until
 
-    def finish(self) -> tuple[list[Sequence], float]:
-        """The step (or fast run) in flight ended: the sequences that got tokens (none of a fast run's finish),
-        and when the first of its steps ended (a sequence's first token, if it got one)."""
+    def finish(self) -> Done:
+        """The step (or fast run) in flight ended. A fast run's tokens are applied now (none of its sequences
+        finish); a step's wait for `collect`, as the engine with overlapped scheduling schedules and launches its
+        next step before it resolves this one."""
         batch, run = self.batch, self.fast
         self.batch, self.fast, self.busy_until = None, None, None
         if run is not None:
             self._apply_fast(batch, run.steps)
             self.busy_seconds += run.elapsed(run.steps)
             self.steps += run.steps
-            return list(batch.seqs), run.start + run.first
+            # its first step's tokens came back once its second step was launched (a graph replay)
+            first = run.start + run.first + (self.profile.host_launch_s if run.steps > 1 else 0.0)
+            return Done(batch, [], list(batch.seqs), first)
         self.busy_seconds += self.step_time
         self.steps += 1
         self.prefill_tokens_run += sum(batch.num_new_tokens[batch.num_decodes:])
         if not batch.decode_only:
             self.prompt_steps += 1
             self.prompt_seconds += self.step_time
-        return self.scheduler.resolve(batch, self.olds, [TOKEN] * len(batch.seqs)), self.step_end
+        return Done(batch, self.olds, None, self.step_end)
+
+    def collect(self, done: Done) -> tuple[list[Sequence], float]:
+        """The sequences that got tokens from the step `done` (resolved now), and when its first step ended (the
+        first token of a sequence that got one)."""
+        if done.seqs is None:
+            done.seqs = self.scheduler.resolve(done.batch, done.olds, [TOKEN] * len(done.batch.seqs))
+        return done.seqs, done.first_end
 
     def _apply_fast(self, batch: ScheduledBatch, k: int) -> None:
         """k decode steps on every sequence of the batch: what k rounds of schedule/advance/resolve do to them."""

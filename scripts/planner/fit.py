@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import statistics
 from dataclasses import dataclass
 
 from scripts.planner.profile import DecodeCost, HandoffCost, PrefillCost
@@ -29,6 +30,16 @@ class DecodePoint:
     batch: int
     total_context: int  # the batch's contexts added up
     seconds: float  # one decode step, as measured
+
+
+@dataclass(frozen=True)
+class MixedPoint:
+    """A step with a prompt of `tokens` beside a decode batch (the engine runs it eagerly, no decode graph)."""
+
+    batch: int
+    total_context: int  # the decodes' contexts added up
+    tokens: int
+    seconds: float  # the whole step, as measured
 
 
 @dataclass(frozen=True)
@@ -131,3 +142,21 @@ def fit_handoff(points: list[HandoffPoint]) -> tuple[HandoffCost, Fit]:
         per_byte = largest.seconds / largest.num_bytes
         fit = Fit([base, per_byte], worst_error(features, seconds, [base, per_byte]))
     return HandoffCost(base_s=base, bytes_per_s=1.0 / per_byte), fit
+
+
+def apart_seconds(p: MixedPoint, host_launch_s: float, prefill: PrefillCost, decode: DecodeCost) -> float:
+    """What the simulator charges a mixed step before `mixed_step_s`: its decode part and its prompt part, each
+    as its own fit says (both bases), and the host's work once."""
+    return host_launch_s + prefill.seconds(p.tokens) + decode.seconds(p.batch, p.total_context)
+
+
+def fit_mixed(points: list[MixedPoint], host_launch_s: float, prefill: PrefillCost, decode: DecodeCost
+              ) -> tuple[float, Fit]:
+    """`mixed_step_s`: the median of what each mixed step took beyond its two parts apart, at least 0 (a
+    constant: the points print beside it, to show whether it grows with the batch)."""
+    if not points:
+        return 0.0, Fit([0.0], 0.0)
+    apart = [apart_seconds(p, host_launch_s, prefill, decode) for p in points]
+    extra = max(0.0, statistics.median(p.seconds - a for p, a in zip(points, apart)))
+    worst = max(abs(a + extra - p.seconds) / p.seconds for p, a in zip(points, apart))
+    return extra, Fit([extra], worst)

@@ -1,41 +1,57 @@
 """One GPU that one or more simulated engines run on (`pdcluster serve --gpus-per-worker 0.5` puts two on one).
 
-A GPU runs one engine's step at a time: an engine whose step is ready while another's runs waits its turn, first
-come first served, and schedules its batch when it gets the GPU (so it takes whatever arrived while it waited).
-Each engine on it holds its memory share of the GPU's KV blocks. Real processes time-slice a GPU less neatly:
-kernels of two processes can overlap a little, and switching costs a little; neither is modelled.
+Two processes on one GPU (no MPS) time-slice it: processor sharing. While n engines have a step in flight there,
+each step's GPU-bound work goes at 1/n of its pace alone. An eager step (prompt tokens) first has its launch-bound
+floor (`SimEngine.host_seconds`: the host launching kernels one by one, the GPU mostly idle), which goes at the
+host's pace whatever the other engine does, though the step counts as in flight (its kernels take time slices from
+the other's); then its compute, shared. A step's end moves whenever another engine's step starts or ends
+(scripts/planner/sim.py re-times them). Each engine on it holds its memory share of the GPU's KV blocks.
 """
 from __future__ import annotations
 
-from collections import deque
 from dataclasses import dataclass, field
 
 
 @dataclass(eq=False)
 class Gpu:
     index: int
-    holder: object = None  # the engine whose step (or fast run) is in flight here
-    waiting: deque = field(default_factory=deque)  # engines with a step ready, oldest first
+    shared: bool = False  # more than one engine on it
+    work: dict = field(default_factory=dict)  # engine -> seconds its step in flight still needs of a whole GPU
+    host: dict = field(default_factory=dict)  # engine -> seconds of its step's launch still to go, at its own pace
+    since: float = 0.0  # when `work` and `host` were last brought up to date
 
-    def take(self, engine: object) -> bool:
-        """Whether `engine` may start a step now; if not, it waits its turn (once, however often it asks)."""
-        if self.holder is None or self.holder is engine:
-            self.holder = engine
-            return True
-        if engine not in self.waiting:
-            self.waiting.append(engine)
-        return False
+    @property
+    def share(self) -> float:
+        """The pace of a GPU-bound step now, as a share of its pace alone."""
+        return 1.0 / len(self.work) if self.work else 1.0
 
-    def release(self, engine: object) -> None:
-        if self.holder is engine:
-            self.holder = None
+    def advance(self, now: float) -> None:
+        dt, share = now - self.since, self.share
+        for engine in self.work:
+            launch = self.host.get(engine, 0.0)
+            if launch >= dt:
+                self.host[engine] = launch - dt
+            else:
+                self.host[engine] = 0.0
+                self.work[engine] -= (dt - launch) * share
+        self.since = now
 
-    def next_waiting(self) -> object | None:
-        """The engine whose turn it is, now that the GPU is free (it holds the GPU); None when none waits."""
-        if self.holder is not None or not self.waiting:
-            return None
-        self.holder = self.waiting.popleft()
-        return self.holder
+    def add(self, engine: object, seconds: float, now: float, host_seconds: float = 0.0) -> None:
+        """`engine` starts a step of `seconds` alone: first `host_seconds` of launch-bound work at its own pace,
+        then the rest at the GPU's share."""
+        self.advance(now)
+        self.host[engine] = min(host_seconds, seconds)
+        self.work[engine] = seconds - self.host[engine]
+
+    def remove(self, engine: object, now: float) -> None:
+        self.advance(now)
+        self.work.pop(engine, None)
+        self.host.pop(engine, None)
+
+    def ends(self, now: float) -> dict[object, float]:
+        """When each step in flight ends if none starts or ends before."""
+        share = self.share
+        return {engine: now + self.host[engine] + max(0.0, work) / share for engine, work in self.work.items()}
 
 
 def pack(fractions: list[float]) -> list[int]:

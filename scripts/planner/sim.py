@@ -132,7 +132,8 @@ class Simulation:
         self.engines: dict[str, SimEngine] = {}
         self.infos: dict[str, WorkerInfo] = {}
         self.num_blocks = max(1, int(profile.num_kv_blocks * min(1.0, layout.gpus_per_engine)))
-        self.gpus = [Gpu(i) for i in range(max(layout.gpus(), default=-1) + 1)]
+        placed = layout.gpus()
+        self.gpus = [Gpu(i, shared=placed.count(i) > 1) for i in range(max(placed, default=-1) + 1)]
         self.gpu_of: dict[str, Gpu] = {}
         layout_rec = KVLayout(block_size=profile.block_size, num_layers=1, num_kv_heads=1, head_dim=1,
                               dtype="bfloat16")
@@ -221,49 +222,57 @@ class Simulation:
             self.push(end, "step", engine, engine.generation)
 
     def _start(self, engine: SimEngine) -> None:
-        """The engine's next step, if it has work and its GPU is free; else it waits its turn for the GPU, and a
-        fast run holding the GPU ends with its step in flight (stepping, the waiting engine would go next)."""
+        """The engine's next step, if it has work. On a GPU it shares, the step is a share of the GPU's work
+        (scripts/planner/gpu.py), stepped one by one: every start and end re-times the steps in flight there."""
         if not engine.scheduler.has_unfinished():
             return
         gpu = self.gpu_of[engine.name]
-        if not gpu.take(engine):
-            self._cut(gpu.holder)
+        end = engine.start(self.now, fast=not gpu.shared)
+        if end is None:
             return
-        end = engine.start(self.now, fast=not gpu.waiting)
-        if end is not None:
-            self.push(end, "step", engine, engine.generation)
+        if gpu.shared:
+            launch = 0.0 if engine.batch.decode_only else engine.launch_end - self.now  # an eager step's floor
+            gpu.add(engine, engine.step_time, self.now, launch)
+            self._retime(gpu)
         else:
-            gpu.release(engine)
+            self.push(end, "step", engine, engine.generation)
 
-    def _hand_over(self, gpu: Gpu) -> None:
-        """The GPU is free: the engines waiting for it start, oldest first, until one runs a step."""
-        while gpu.holder is None and gpu.waiting:
-            engine = gpu.waiting.popleft()
-            self._start(engine)
-            self._sync(engine)
+    def _retime(self, gpu: Gpu) -> None:
+        for engine, end in gpu.ends(self.now).items():
+            engine.generation += 1  # its old end event is stale
+            engine.busy_until = engine.step_end = end
+            self.push(end, "step", engine, engine.generation)
 
     def _step_done(self, engine: SimEngine) -> int:
-        seqs, first_end = engine.finish()
+        done = engine.finish()
         gpu = self.gpu_of[engine.name]
-        gpu.release(engine)
-        self._hand_over(gpu)  # before this engine's next step: it asks for the GPU after those waiting
+        if gpu.shared:
+            gpu.remove(engine, self.now)
+            self._retime(gpu)  # the other engine's step has the GPU to itself until this one's next starts
+        # Overlapped scheduling (LLMEngine.step): the engine schedules and launches its next step, then collects
+        # this one's tokens (the sequences that get their last token still hold their seats and blocks meanwhile)
+        self._kick(engine)
+        launched = engine.busy_until is not None and engine.started == self.now
+        seqs, first_end = engine.collect(done)
+        collected = engine.launch_end if launched else self.now
         finished = 0
         for seq in seqs:
             req = self.by_rid[seq.request_id]
             if seq.prefill_only:
                 handoff = self.profile.handoff_seconds(seq.num_prompt_tokens)
-                self.push(self.now + handoff, "land", req)
+                self.push(collected + handoff, "land", req)
                 continue
             if req.first is None:
-                req.first = first_end
+                req.first = first_end if first_end < self.now else collected  # a fast run's first step: earlier
                 req.router.first_token()
                 if req.estimate is not None:
                     self.disagg.observe_first_token(req.estimate, req.first - req.dispatched)
             if seq.is_finished:
-                req.done = self.now
+                req.done = collected
                 req.router.end()
                 finished += 1
-        self._kick(engine)
+        if not launched:
+            self._kick(engine)  # what waited for a seat or blocks those sequences held
         if self.queue:
             self._dispatch()
         return finished

@@ -10,6 +10,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import random
+import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,7 +20,7 @@ from scripts.bench_config import DEFAULT_NUM_REQUESTS, POLICY_VARIANTS, BenchCon
 from scripts.bench_hardware import tensor_parallel_size
 from scripts.bench_metrics import SLO, RequestRecord, summarize
 from scripts.bench_workloads import read_trace
-from scripts.benchmark import point_requests
+from scripts.benchmark import build_requests, point_requests
 from scripts.planner.config import DEFAULT_VOCAB
 from scripts.planner.profile import Profile
 from scripts.planner.report import Point, point
@@ -43,6 +45,7 @@ class Row:
     load: str
     predicted: Point
     measured: Point
+    offset_s: float = 0.0  # the mode's unloaded offset, added to every predicted request (`unloaded_offset`)
 
     def error(self, key: str) -> float:
         """(predicted - measured) / measured; 0 when both are 0, inf when only the measurement is."""
@@ -112,6 +115,37 @@ def workload_of(results: dict, cfg: BenchConfig, index: int, records: list[Reque
                     cfg.workload == "shared-prefix")
 
 
+def unloaded_offset(results: dict, run: dict, cfg: BenchConfig, profile: Profile, layout: Layout) -> float:
+    """What a request meets outside the simulated steps, from the bench's unloaded reference (requests one at a
+    time): the median of measured minus simulated TTFT, at least 0. It holds the client -> router -> worker messages
+    and the streamed token back, disaggregated the reserve round trip and the `kv_handoff` message, and how far this
+    run's eager prefill floor lies from the profile's (it varies by some milliseconds from run to run). 0 when
+    the run has no unloaded requests."""
+    unloaded = run.get("unloaded") or {}
+    records = sorted((RequestRecord.from_json(r) for r in unloaded.get("requests", [])), key=lambda r: r.index)
+    records = [r for r in records if r.ttft is not None]
+    if not records or cfg.trace:
+        return 0.0
+    requests = build_requests(cfg, random.Random(f"{cfg.seed}:unloaded"), cfg.unloaded_requests,
+                              vocab_size(results, cfg), None)
+    if [len(r.prompt_ids) for r in requests][:len(records)] != [r.prompt_len for r in records]:
+        raise ValidationError("the unloaded requests differ from the recorded ones (prompt lengths)")
+    apart = 60.0  # one at a time: each far past the one before's end
+    load = Workload([apart * i for i in range(len(records))], [r.prompt_ids for r in requests[:len(records)]],
+                    [r.output_len for r in requests[:len(records)]], shared_prefixes=False)
+    simulated = simulate(profile, layout, load)
+    return max(0.0, statistics.median(m.ttft - s.ttft for m, s in zip(records, simulated)))
+
+
+def shifted(requests: list, offset: float) -> list:
+    """Every request's first and last token `offset` later (what the client sees of them)."""
+    for req in requests:
+        if req.first is not None:
+            req.first += offset
+            req.done += offset
+    return requests
+
+
 # ---- predictions beside measurements ------------------------------------------------------------
 def validate(results: dict, profile: Profile) -> list[Row]:
     cfg = bench_config(results)
@@ -120,6 +154,7 @@ def validate(results: dict, profile: Profile) -> list[Row]:
     rows = []
     for run in results["runs"]:
         layout = layout_of(run, cfg, profile)
+        offset = unloaded_offset(results, run, cfg, profile, layout)
         for i, measured in enumerate(run["points"]):
             records = [RequestRecord.from_json(r) for r in measured["requests"]]
             load = measured["load"]
@@ -127,9 +162,9 @@ def validate(results: dict, profile: Profile) -> list[Row]:
             if i not in workloads:  # the same requests in every mode (their prefix keys computed once)
                 workloads[i] = workload_of(results, cfg, i, records)
             sent = [r.start for r in sorted(records, key=lambda r: r.index)]  # each mode at its own send times
-            sim = simulate(profile, layout, dataclasses.replace(workloads[i], arrivals=sent))
+            sim = shifted(simulate(profile, layout, dataclasses.replace(workloads[i], arrivals=sent)), offset)
             rows.append(Row(run["mode"], str(layout), load["label"], predict_summary(str(layout), rate, sim, slo),
-                            point(run["mode"], rate, summarize(records, slo))))
+                            point(run["mode"], rate, summarize(records, slo)), offset))
     return rows
 
 
@@ -150,6 +185,10 @@ def cell(row: Row, key: str) -> str:
             f"({_error(row.error(key))})")
 
 
+def label(row: Row) -> str:
+    return f"{row.mode} ({row.layout}; +{1e3 * row.offset_s:.1f} ms)"
+
+
 def beyond(row: Row, key: str, tolerance: float) -> bool:
     return not abs(row.error(key)) <= tolerance
 
@@ -161,7 +200,7 @@ def headers() -> list[str]:
 
 def table(rows: list[Row], tolerance: float = TOLERANCE) -> str:
     """The text table: each cell predicted / measured (error), `!` where the error is beyond `tolerance`."""
-    body = [[f"{r.mode} ({r.layout})", r.load] + [cell(r, k) + ("!" if beyond(r, k, tolerance) else " ")
+    body = [[label(r), r.load] + [cell(r, k) + ("!" if beyond(r, k, tolerance) else " ")
                                                  for _, k in METRICS] for r in rows]
     widths = [max(len(line[i]) for line in [headers(), *body]) for i in range(len(headers()))]
     lines = ["  ".join(h.ljust(w) for h, w in zip(headers(), widths))]
@@ -178,12 +217,12 @@ def markdown(rows: list[Row], profile: Profile, source: str, tolerance: float = 
              "| " + " | ".join(headers()) + " |", "|---|---|" + "---:|" * len(METRICS)]
     for r in rows:
         cells = [f"**{cell(r, k)}**" if beyond(r, k, tolerance) else cell(r, k) for _, k in METRICS]
-        lines.append(f"| {r.mode} ({r.layout}) | {r.load} | " + " | ".join(cells) + " |")
+        lines.append(f"| {label(r)} | {r.load} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 
 def to_json(rows: list[Row], tolerance: float = TOLERANCE) -> list[dict]:
-    return [{"mode": r.mode, "layout": r.layout, "load": r.load,
+    return [{"mode": r.mode, "layout": r.layout, "load": r.load, "unloaded_offset_s": r.offset_s,
              "metrics": {k: {"predicted": _finite(getattr(r.predicted, k)), "measured": _finite(getattr(r.measured, k)),
                              "error": _finite(r.error(k)), "beyond": beyond(r, k, tolerance)} for _, k in METRICS},
              "attainment": {"predicted": r.predicted.attainment, "measured": r.measured.attainment}}

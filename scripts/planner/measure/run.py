@@ -6,6 +6,8 @@ What the simulator charges (docs/planner.md) and what is measured for it:
 - a prefill-only step: host_launch_s + prefill cost, fitted to single prompts' steps with and without a cached
   prefix;
 - a decode-only step: host_launch_s + decode cost, fitted to steady decode steps over a grid of batch and context;
+- a step mixing a prompt with decodes: both parts, plus `mixed_step_s`, what such steps (a prompt beside a few
+  decode batch sizes) took beyond their parts apart: their decodes run eagerly, not as a CUDA graph;
 - a handoff: base + bytes / rate per transport, fitted to handoffs of a few prompt sizes.
 """
 from __future__ import annotations
@@ -26,9 +28,11 @@ import torch
 from common.config import ConfigError, EngineConfig
 from common.engine.llm import LLM
 from common.protocol.kv import DTYPE_BYTES
-from scripts.planner.fit import DecodePoint, Fit, HandoffPoint, PrefillPoint, fit_decode, fit_handoff, fit_prefill
+from scripts.planner.fit import (DecodePoint, Fit, HandoffPoint, MixedPoint, PrefillPoint, fit_decode, fit_handoff,
+                                 fit_mixed, fit_prefill)
 from scripts.planner.measure.handoff import handoff_sizes, measure_handoffs
-from scripts.planner.measure.steps import Grid, Prompts, host_launch_seconds, measure_decode, measure_prefill
+from scripts.planner.measure.steps import (Grid, Prompts, host_launch_seconds, measure_decode, measure_mixed,
+                                           measure_prefill)
 from scripts.planner.profile import Profile
 from scripts.planner.profile_config import ProfileConfig
 
@@ -41,6 +45,7 @@ class Measured:
 
     prefill: list[PrefillPoint] = field(default_factory=list)
     decode: list[DecodePoint] = field(default_factory=list)
+    mixed: list[MixedPoint] = field(default_factory=list)
     handoff: dict[str, list[HandoffPoint]] = field(default_factory=dict)
     fits: dict[str, Fit] = field(default_factory=dict)  # "prefill", "decode", "handoff.NAME"
     skipped: list[str] = field(default_factory=list)  # points or transports left out, and why
@@ -77,6 +82,7 @@ def measure_profile(cfg: ProfileConfig, progress: Callable[[str], None]) -> tupl
         measured.decode = [d.point for d in decodes]
         measured.skipped += [f"decode {s}" for s in skipped]
         host_launch_s = host_launch_seconds(decodes)
+        measured.mixed = measure_mixed(engine, grid, prompts, progress)
     finally:
         llm.close()
         del llm, engine
@@ -93,13 +99,15 @@ def measure_profile(cfg: ProfileConfig, progress: Callable[[str], None]) -> tupl
 
     prefill, measured.fits["prefill"] = fit_prefill(measured.prefill, host_launch_s)
     decode, measured.fits["decode"] = fit_decode(measured.decode, host_launch_s)
+    mixed_step_s, measured.fits["mixed"] = fit_mixed(measured.mixed, host_launch_s, prefill, decode)
     handoff = {}
     for name, points in measured.handoff.items():
         handoff[name], measured.fits[f"handoff.{name}"] = fit_handoff(points)
     profile = Profile(machine=machine_name(device, cfg.tp), model=model_name(cfg), tp=cfg.tp,
                       note=note(cfg, device), block_size=ec.block_size, num_kv_blocks=num_blocks,
                       kv_bytes_per_token=kv_bytes_per_token, max_num_batched_tokens=ec.max_num_batched_tokens,
-                      max_num_seqs=ec.max_num_seqs, host_launch_s=host_launch_s, prefill=prefill, decode=decode,
+                      max_num_seqs=ec.max_num_seqs, host_launch_s=host_launch_s, mixed_step_s=mixed_step_s,
+                      prefill=prefill, decode=decode,
                       handoff=handoff)
     profile.check()
     return profile, measured

@@ -1,6 +1,6 @@
 """Engine steps, timed warm on the engine `serve` would run (CUDA graphs, warm-up, overlapped scheduling as
-configured): prefill steps against prompt tokens and a cached prefix, decode steps against batch and context, and
-the host's own work in each decode step.
+configured): prefill steps against prompt tokens and a cached prefix, decode steps against batch and context,
+steps that mix a prompt with a decode batch, and the host's own work in each decode step.
 
 Every figure is a whole step as the engine runs it, host work included; the fit (scripts/planner/fit.py) splits
 off `host_launch_s`, the simulator adds it back to every step.
@@ -19,7 +19,7 @@ import torch
 from common.config import ConfigError
 from common.engine.llm_engine import LLMEngine
 from common.sampling_params import SamplingParams
-from scripts.planner.fit import DecodePoint, PrefillPoint
+from scripts.planner.fit import DecodePoint, MixedPoint, PrefillPoint
 
 WARM_DECODE_STEPS = 3  # decode steps run, untimed, before a decode point's timed ones
 
@@ -36,14 +36,16 @@ class Grid:
     decode_steps: int  # timed steps per point
     handoff_tokens: tuple[int, ...]
     handoff_reps: int  # timed handoffs per size, after one untimed
+    mixed_batches: tuple[int, ...] = (1, 16, 64)  # decode batches a prompt joins (mixed steps)
+    mixed_share: float = 1 / 32  # the prompt's tokens, as a share of the step budget
 
     @classmethod
     def make(cls, quick: bool) -> Grid:
         if quick:
             return cls((1 / 64, 1 / 8, 1 / 2, 1.0), (0, 2048), 3, (1, 16, 64, 256), (256, 2048), 12,
-                       (512, 4096, 16384), 3)
+                       (512, 4096, 16384), 3, (1, 32))
         return cls((1 / 128, 1 / 32, 1 / 8, 1 / 4, 1 / 2, 1.0), (0, 1024, 4096), 5, (1, 8, 32, 64, 128, 256),
-                   (128, 1024, 4096), 20, (256, 1024, 4096, 16384), 5)
+                   (128, 1024, 4096), 20, (256, 1024, 4096, 16384), 5, (1, 16, 64))
 
 
 def device_now(device: torch.device) -> float:
@@ -243,3 +245,64 @@ def host_launch_seconds(results: list[DecodeResult]) -> float:
     the batch (what does grow is in the decode fit's per-sequence cost, as measured)."""
     smallest = min(r.point.batch for r in results)
     return statistics.median(r.host_s for r in results if r.point.batch == smallest)
+
+
+# ---- a prompt beside a decode batch -----------------------------------------------------------------
+
+def mixed_plan(grid: Grid, max_num_seqs: int, budget: int, max_len: int, num_blocks: int, block_size: int
+               ) -> list[tuple[int, int, int]]:
+    """(batch, context, prompt tokens) for the mixed steps: the grid's batches that fit max_num_seqs (one seat
+    left for the prompt) and the KV pool, at the smallest decode context, the prompt within the step budget."""
+    context = min(grid.decode_contexts)
+    grown = context + decode_growth(grid, max(grid.mixed_batches), context, budget) + 3 * (grid.prefill_reps + 1)
+    tokens = max(16, round(budget * grid.mixed_share))
+    plan = []
+    for b in sorted(set(grid.mixed_batches)):
+        need = b * -(-grown // block_size) + -(-tokens // block_size) * (grid.prefill_reps + 1)
+        if b < max_num_seqs and b + tokens <= budget and grown + tokens < max_len and need <= 0.95 * num_blocks:
+            plan.append((b, context, tokens))
+    return plan
+
+
+def mixed_point(engine: LLMEngine, prompts: Prompts, grid: Grid, batch: int, context: int, tokens: int
+                ) -> MixedPoint:
+    """A prompt joins `batch` running decodes: the one step that computes it beside them (eager: it has prompt
+    tokens), synchronised as the prefill points are; the least of a few. Between reps the prompt's token comes
+    back and the decodes go on alone."""
+    device = engine.runner.device
+    growth = WARM_DECODE_STEPS + 3 * (grid.prefill_reps + 1) + 8
+    rids = start_decodes(engine, prompts, batch, context,
+                         decode_growth(grid, batch, context, engine.config.max_num_batched_tokens) + growth)
+    seqs = [engine.requests[r] for r in rids]
+    times, contexts = [], []
+    for rep in range(grid.prefill_reps + 1):
+        engine.add_request(f"profile-m{batch}-{rep}", prompts.make(tokens), SamplingParams(max_tokens=1,
+                                                                                             ignore_eos=True))
+        total = sum(s.num_computed_tokens for s in seqs)
+        start = device_now(device)
+        engine.step()
+        seconds = device_now(device) - start
+        step = engine.last_step
+        if step.num_prefill_tokens != tokens or step.num_decode_tokens != batch:
+            raise RuntimeError(f"profile: a {tokens}-token prompt beside {batch} decodes ran {step}")
+        for _ in range(2):  # the prompt's token comes back; the decodes go on alone
+            engine.step()
+        if rep:
+            times.append(seconds)
+            contexts.append(total)
+    for rid in rids:
+        engine.abort(rid)
+    drain(engine)
+    return MixedPoint(batch, round(statistics.mean(contexts)), tokens, min(times))
+
+
+def measure_mixed(engine: LLMEngine, grid: Grid, prompts: Prompts, progress: Callable[[str], None]
+                  ) -> list[MixedPoint]:
+    cfg = engine.config
+    points = []
+    for batch, context, tokens in mixed_plan(grid, cfg.max_num_seqs, cfg.max_num_batched_tokens, cfg.max_model_len,
+                                             engine.block_manager.num_blocks, cfg.block_size):
+        points.append(mixed_point(engine, prompts, grid, batch, context, tokens))
+        progress(f"mixed: {tokens} prompt tokens beside {batch:>4} decodes of context {context:>6}: "
+                 f"{points[-1].seconds * 1e3:9.3f} ms")
+    return points
