@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from collections import deque
+
 from common.engine.block_manager import BlockManager
 from common.engine.scheduler import Scheduler
 from common.engine.sequence import PENDING, Sequence, SequenceStatus
@@ -175,3 +177,49 @@ def test_overlap_preemption_drops_the_pending_token_and_recomputes():
     for q in seqs:
         assert q.finish_reason == "length" and q.completion_token_ids == [7] * 12
     assert bm.num_free_blocks == bm.num_blocks
+
+
+# ---- handed-off sequences (disaggregated decode): they wait in `waiting` holding their prompt's blocks --------
+def hand_off(s: Scheduler, bm: BlockManager, rid: str, n: int, max_tokens: int, token: int = 7) -> Sequence | None:
+    """LLMEngine.reserve then admit_prefilled: blocks for the prompt outside the scheduler, then (the KV in) the
+    sequence joins `waiting` with its prompt computed and its first token. None if the blocks are not free."""
+    seq = Sequence(rid, list(range(1, n + 1)), SamplingParams(max_tokens=max_tokens))
+    if not bm.allocate(seq, seq.num_tokens, use_cache=False):
+        return None
+    seq.status = SequenceStatus.WAITING
+    seq.num_computed_tokens = seq.num_prompt_tokens
+    bm.commit(seq, 0)
+    seq.token_ids.append(token)
+    s.add(seq)
+    return seq
+
+
+def test_overlap_preempted_head_does_not_deadlock_handed_off_sequences_behind_it():
+    """A decode worker under overload: b is preempted while its step is in flight (scheduled in N, preempted
+    scheduling N+1, then N resolved), and the router reserves the blocks it freed (and a's, once a finishes)
+    for handed-off prompts that land behind b in `waiting`, holding them. b needs more blocks than are left, so
+    it cannot be admitted, and nothing runs to free any: the sequences that hold their KV must pass it. (The
+    planner's simulator stalled so: scripts/planner/sim.py, 29P:3D, long-short at 2048 req/s.)"""
+    s, bm = make(num_blocks=6, block_size=4)
+    pending = deque([("a", 11, 4), ("b", 7, 8), ("c", 7, 6), ("d", 11, 4)])
+    landed: list[Sequence] = []
+    in_flight = None
+    for _ in range(100):
+        while pending and (seq := hand_off(s, bm, *pending[0])):  # the router reserves whatever is free
+            landed.append(seq)
+            pending.popleft()
+        batch = s.schedule()
+        launched = (batch, s.advance(batch), [7] * len(batch.seqs)) if batch else None
+        if in_flight:
+            s.resolve(*in_flight)
+        in_flight = launched
+        if in_flight is None and not s.has_unfinished() and not pending:
+            break
+    else:
+        raise AssertionError(f"stalled: waiting {[q.request_id for q in s.waiting]}, "
+                             f"{bm.num_free_blocks} of {bm.num_blocks} blocks free, nothing running")
+    a, b, c, d = landed
+    assert b.num_preemptions == 1  # recomputed: its prompt and first token as a prompt
+    for q in landed:
+        assert q.finish_reason == "length" and q.completion_token_ids == [7] * q.sampling.max_tokens
+    assert bm.num_free_blocks == bm.num_blocks  # no block leaked
