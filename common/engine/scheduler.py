@@ -85,14 +85,23 @@ class Scheduler:
                 budget -= n
                 if prefill:
                     prefill_budget -= n
-        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs and not preempted:
-            seq = self.waiting[0]
+        # Admission is first come, first served, but a sequence that already holds its prompt's blocks (handed off,
+        # its KV in) passes one that waits for blocks: behind a head needing more blocks than are free (a
+        # preempted sequence, a long prompt), the handed-off ones would hold theirs forever with nothing running
+        # to free any.
+        blocked = False  # a sequence ahead waits for blocks
+        for seq in list(self.waiting) if budget > 0 and not preempted else ():
+            if budget <= 0 or len(self.running) >= self.max_num_seqs:
+                break
             prefill = seq.num_uncomputed() > 1  # not a handed-off prompt (its KV is in) waiting to decode
+            if blocked and (prefill or not seq.block_table):
+                continue
             if prefill and prefill_budget <= 0:
                 break
             if not self.block_manager.allocate(seq, seq.num_tokens):
-                break
-            self.waiting.popleft()
+                blocked = True
+                continue
+            self.waiting.remove(seq)
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
             n = min(seq.num_uncomputed(), budget, prefill_budget if prefill else budget)
