@@ -31,9 +31,9 @@ class Scheduler:
     """Continuous batching with chunked prefill under a token budget and preemption by recompute.
 
     Each step serves running sequences first (decodes before unfinished prefills), then admits waiting
-    ones while the budget, `max_num_seqs` and free blocks allow. A sequence's whole prompt gets its
-    blocks when it is admitted; decodes that need a new block preempt the most recently admitted
-    sequence when none is free.
+    ones in order while the budget, `max_num_seqs` and free blocks allow (a handed-off one, holding its
+    prompt's blocks, passes one that waits for blocks). A sequence's whole prompt gets its blocks when it
+    is admitted; decodes that need a new block preempt the most recently admitted sequence when none is free.
     """
 
     def __init__(self, block_manager: BlockManager, max_num_seqs: int, max_num_batched_tokens: int,
