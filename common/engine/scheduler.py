@@ -89,19 +89,22 @@ class Scheduler:
         # its KV in) passes one that waits for blocks: behind a head needing more blocks than are free (a
         # preempted sequence, a long prompt), the handed-off ones would hold theirs forever with nothing running
         # to free any.
+        # The head is taken in O(1) on every step; only behind a blocked head does the loop walk further.
         blocked = False  # a sequence ahead waits for blocks
-        for seq in list(self.waiting) if budget > 0 and not preempted else ():
-            if budget <= 0 or len(self.running) >= self.max_num_seqs:
-                break
+        i = 0
+        while i < len(self.waiting) and budget > 0 and len(self.running) < self.max_num_seqs and not preempted:
+            seq = self.waiting[i]
             prefill = seq.num_uncomputed() > 1  # not a handed-off prompt (its KV is in) waiting to decode
             if blocked and (prefill or not seq.block_table):
+                i += 1
                 continue
             if prefill and prefill_budget <= 0:
                 break
             if not self.block_manager.allocate(seq, seq.num_tokens):
                 blocked = True
+                i += 1
                 continue
-            self.waiting.remove(seq)
+            del self.waiting[i]
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
             n = min(seq.num_uncomputed(), budget, prefill_budget if prefill else budget)
