@@ -145,6 +145,10 @@ class EngineConfig:
     num_kv_blocks: int | None = _opt(None, "fix the KV pool's block count instead of sizing it from memory")
     enable_prefix_caching: bool = _opt(True, "reuse KV blocks of shared prompt prefixes")
     enforce_eager: bool = _opt(False, "never use CUDA graphs")
+    cuda_graph_max_bs: int | None = _opt(None, "largest decode batch that replays a CUDA graph (default: "
+                                               "max_num_seqs, at most 512; 0: decode steps run eagerly)")
+    prefill_graph_max_tokens: int = _opt(2048, "prompt steps of up to this many tokens (after padding) replay a CUDA "
+                                               "graph instead of an eager forward's launches; 0: none")
     overlap_scheduling: bool = _opt(True, "schedule step N+1 while the device runs step N")
     late_launch: bool = _opt(True, "with overlap, a server launches step N+1 just before step N ends (not as soon "
                                    "as N is queued), so requests arriving meanwhile join N+1 (launch_clock.py)")
@@ -170,6 +174,9 @@ class EngineConfig:
         self.max_model_len = min(self.max_model_len or limit, limit)
         if self.max_num_batched_tokens is None and self.device in DEVICES:
             self.max_num_batched_tokens = STEP_TOKENS[self.device]
+        for name in ("cuda_graph_max_bs", "prefill_graph_max_tokens"):
+            if (getattr(self, name) or 0) < 0:
+                raise ConfigError(f"{name}: must be 0 or more, got {getattr(self, name)}")
         for name in ("block_size", "max_num_seqs", "max_num_batched_tokens", "tensor_parallel_size"):
             value = getattr(self, name)  # max_num_batched_tokens is None only until the device is decided
             if value is not None and value <= 0:

@@ -28,7 +28,7 @@ class PrefillWorker(KVWorker):
 
     def __init__(self, config: WorkerConfig, engine_config: EngineConfig):
         # Its batches are prompts only: decode CUDA graphs would cost memory and start-up time for nothing.
-        super().__init__(config, dataclasses.replace(engine_config, enforce_eager=True))
+        super().__init__(config, dataclasses.replace(engine_config, cuda_graph_max_bs=0))
         self.handlers[P.PrefillTask] = self.on_prefill_task
 
     # ---- router -> prefill -> KV blocks --------------------------------------------------------------

@@ -23,3 +23,10 @@ def test_a_step_budget_below_the_batch_is_refused_once_known(tiny_qwen3_dir):
         EngineConfig(model=str(tiny_qwen3_dir), device="cpu", max_num_batched_tokens=0)
     with pytest.raises(ConfigError, match="at least max_num_seqs"):
         EngineConfig(model=str(tiny_qwen3_dir), max_num_seqs=1024).on_device("cpu")
+
+
+@pytest.mark.parametrize("name", ["cuda_graph_max_bs", "prefill_graph_max_tokens"])
+def test_graph_limits_take_zero_for_none_and_refuse_negatives(tiny_qwen3_dir, name):
+    assert getattr(EngineConfig(model=str(tiny_qwen3_dir), **{name: 0}), name) == 0
+    with pytest.raises(ConfigError, match=f"{name}: must be 0 or more, got -1"):
+        EngineConfig(model=str(tiny_qwen3_dir), **{name: -1})

@@ -165,6 +165,31 @@ def test_graphs_equal_eager_as_batches_shrink_and_grow_and_blocks_are_reused(tin
     assert tokens["graphs"] == tokens["eager"]
 
 
+def test_prefill_graphs_equal_eager(tiny_qwen3_dir):
+    """tests/test_prefill_graph.py's arrivals with real prompt graphs (FlashAttention and the paged prefill kernel
+    under the graphs' upper bounds) against eager steps: fresh and cached prompts, alone and beside decodes, steps
+    that fill fewer sequences and tokens than the one before, a step too large for a graph. bf16: FlashAttention
+    takes half precision only (in float32 no prompt graph is captured)."""
+    from tests.test_prefill_graph import arrivals, generate as generate_greedy
+
+    tokens, replays = {}, []
+    for name, kw in {"graphs": {"prefill_graph_max_tokens": 128}, "eager": {"enforce_eager": True}}.items():
+        llm = LLM(str(tiny_qwen3_dir), device="cuda", dtype="bfloat16", max_num_seqs=8, max_num_batched_tokens=256,
+                  num_kv_blocks=96, **kw)
+        runner = llm.engine.runner
+        try:
+            if name == "graphs":
+                graphs = runner.prefill_graphs
+                assert graphs.sizes == [64, 128] and graphs.max_seqs == 8
+                replay = graphs.replay
+                graphs.replay = lambda inputs, t: replays.append((t, graphs.variant(inputs))) or replay(inputs, t)
+            tokens[name] = generate_greedy(llm, arrivals())
+        finally:
+            llm.close()
+    assert tokens["graphs"] == tokens["eager"]
+    assert {v for _, v in replays} == {"fresh", "cached"} and {t for t, _ in replays} == {64, 128}
+
+
 def test_prefix_cache_and_preemption_on_gpu(qwen3_06b_dir):
     # float32: random weights leave tiny logit gaps, and in bf16 a different batching flips some argmaxes.
     shared = "You are a helpful assistant. Answer briefly and precisely. " * 8

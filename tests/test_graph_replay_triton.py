@@ -37,3 +37,27 @@ def test_triton_graph_replays_give_the_eager_tokens(tiny_qwen3_dir, monkeypatch,
     assert {b for b, _, n in replays if n < b}, "no replay had padding rows"
     if scenario is long_among_short:
         assert any(v == SPLIT for _, v, _ in replays)
+
+
+@pytest.mark.skipif(not INTERPRETED, reason="runs in the interpreter suite; on a GPU, test_gpu_engine.py")
+def test_triton_prefill_graph_replays_give_the_eager_tokens(tiny_qwen3_dir, monkeypatch):
+    """The store and paged prefill kernels under a prompt graph's upper bounds: empty sequence slots, a longest
+    prompt as long as the bucket, offsets an earlier step left (test_prefill_graph.py's arrivals)."""
+    from tests.test_prefill_graph import arrivals, generate as generate_greedy, with_prefill_graphs
+
+    ops = AttentionOps(triton_ops.store_kvcache, triton_ops.paged_decode_attention, varlen_prefill,
+                       triton_ops.paged_prefill_attention)
+    tokens, replays = {}, []
+    for graphs in (False, True):
+        llm = LLM(str(tiny_qwen3_dir), device="cpu", max_num_seqs=8, max_num_batched_tokens=256, num_kv_blocks=96)
+        try:
+            if graphs:
+                with_graphs(llm, monkeypatch, ops)
+                replays = with_prefill_graphs(llm, monkeypatch, max_tokens=128, max_seqs=4)
+            else:
+                use_triton_backend(llm, ops)
+            tokens[graphs] = generate_greedy(llm, arrivals())
+        finally:
+            llm.close()
+    assert tokens[True] == tokens[False]
+    assert {v for _, v, _ in replays} == {"fresh", "cached"}

@@ -10,13 +10,14 @@ import torch.distributed as dist
 from common.config import EngineConfig
 from common.engine.attention.choice import create_backend
 from common.engine.context import forward_context
-from common.engine.cuda_graph import GraphRunner
+from common.engine.cuda_graph import GraphRunner, block_table_width
 from common.engine.device import torch_dtype
 from common.engine.in_flight import InFlight
 from common.engine.kv_pool import KVPool
 from common.engine.layers.sampler import SamplingBatch, sample, seeded_generators
 from common.engine.loader import init_dummy_weights, load_weights
 from common.engine.models.llama import CausalLM
+from common.engine.prefill_graph import MAX_SEQS, PrefillGraphRunner, prefill_graph_sizes
 from common.engine.scheduler import ScheduledBatch
 from common.engine.sequence import Sequence
 from common.engine.step_inputs import (HEADER_SIZE, STOP, PackedStep, StepHeader, StepInputs, pack_step,
@@ -63,7 +64,9 @@ class ModelRunner:
         self.backend = create_backend(config.attention_backend, self.device, attn_layers[0].num_kv_heads)
         for layer in attn_layers:
             layer.backend = self.backend
-        self.graphs: GraphRunner | None = None
+        self.graphs: GraphRunner | None = None  # decode steps'
+        self.prefill_graphs: PrefillGraphRunner | None = None  # prompt steps'
+        self.pads_steps = self.device.type == "cuda"  # steps with prefills run at a padded token count (_pad)
         self._launches = 0
         self._last_tokens: torch.Tensor | None = None
         self._copy_stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
@@ -73,10 +76,22 @@ class ModelRunner:
         for i, layer in enumerate(attn_layers):
             layer.k_cache, layer.v_cache = self.kv_pool.k_cache(i), self.kv_pool.v_cache(i)
         if config.device == "cuda" and not config.enforce_eager and self.backend.supports_graphs:
-            max_len = min(config.max_model_len, self.num_blocks * config.block_size)
-            self.graphs = GraphRunner(self.model, self.backend, config.max_num_seqs, max_len, config.block_size,
-                                      mc.hidden_size, self.dtype, self.device)
+            self._capture_graphs()
+
+    def _capture_graphs(self) -> None:
+        cfg = self.config
+        max_len = min(cfg.max_model_len, self.num_blocks * cfg.block_size)
+        max_bs = cfg.max_num_seqs if cfg.cuda_graph_max_bs is None else min(cfg.max_num_seqs, cfg.cuda_graph_max_bs)
+        if max_bs:
+            self.graphs = GraphRunner(self.model, self.backend, max_bs, max_len, cfg.block_size,
+                                      cfg.model_config.hidden_size, self.dtype, self.device)
             self.graphs.capture()
+        sizes = prefill_graph_sizes(cfg.max_num_batched_tokens, cfg.prefill_graph_max_tokens)
+        if sizes and self.backend.supports_prefill_graphs(self.dtype):
+            self.prefill_graphs = PrefillGraphRunner(
+                self.model, sizes, min(MAX_SEQS, cfg.max_num_seqs), block_table_width(max_len, cfg.block_size),
+                max_len, cfg.model_config.hidden_size, self.dtype, self.device)
+            self.prefill_graphs.capture()
 
     @property
     def num_blocks(self) -> int:
@@ -158,11 +173,12 @@ class ModelRunner:
     def pack(self, batch: ScheduledBatch) -> PackedStep:
         """The step's inputs on the host (rank 0)."""
         return pack_step(batch, self.config.block_size, self._launches, self._plan,
-                         self._pad if self.device.type == "cuda" else None)
+                         self._pad if self.pads_steps else None)
 
     def _pad(self, num_tokens: int, num_decodes: int) -> int:
-        """A step with prefills runs its prompt tokens at a padded count: all of its tokens when it runs eagerly,
-        the prompts' alone when its decodes replay a graph (`execute`)."""
+        """A step with prefills runs its prompt tokens at a padded count (a prompt graph's size, or a GEMM shape
+        warm-up met): all of its tokens when it runs eagerly, the prompts' alone when its decodes replay a graph
+        (`execute`)."""
         split = num_decodes if self._graph_bucket(num_decodes) else 0
         return split + padded_tokens(num_tokens - split, self.config.max_num_batched_tokens)
 
@@ -193,9 +209,11 @@ class ModelRunner:
         return dev
 
     def execute(self, inputs: StepInputs) -> torch.Tensor:
-        """The step's logits, a row a sequence (decodes first). Decodes replay their CUDA graph even beside prompts:
-        a step with prompts runs them eagerly on their own, so running decodes keep their graph's pace."""
+        """The step's logits, a row a sequence (decodes first). Decodes replay their CUDA graph even beside prompts,
+        and the prompts run on their own (`_prompts`), so running decodes keep their graph's pace."""
         attn = inputs.attn
+        if not attn.num_decodes:
+            return self.model.compute_logits(self._prompts(inputs))
         bucket = self._graph_bucket(attn.num_decodes)
         if bucket is None:
             return self.model.compute_logits(self._eager(inputs))
@@ -203,7 +221,12 @@ class ModelRunner:
             return self.model.compute_logits(self.graphs.replay(inputs, bucket))
         decodes, prompts = split_step(inputs)
         hidden = self.graphs.replay(decodes, bucket)
-        return self.model.compute_logits(torch.cat([hidden, self._eager(prompts)]))
+        return self.model.compute_logits(torch.cat([hidden, self._prompts(prompts)]))
+
+    def _prompts(self, inputs: StepInputs) -> torch.Tensor:
+        """The hidden states of a prompt step's last new tokens: its CUDA graph replayed where one holds it."""
+        t = self.prefill_graphs.bucket(inputs) if self.prefill_graphs is not None else None
+        return self._eager(inputs) if t is None else self.prefill_graphs.replay(inputs, t)
 
     def _eager(self, inputs: StepInputs) -> torch.Tensor:
         """The hidden states of each sequence's last new token, from a forward without a graph."""
@@ -233,14 +256,14 @@ class ModelRunner:
     def _leave_group(self) -> None:
         """Destroy the tensor-parallel group, after the CUDA graphs that captured its all-reduces: destroying
         it under live graphs hung every rank (2xH200)."""
-        self.graphs = None
+        self.graphs = self.prefill_graphs = None
         gc.collect()
         dist.destroy_process_group()
 
     def close(self) -> None:
         """Stop TP workers and give this runner's GPU memory back (weights, KV pool, graphs and their buffers)."""
         self.stop_workers()
-        self.graphs = self.model = self.kv_pool = self.backend = None
+        self.graphs = self.prefill_graphs = self.model = self.kv_pool = self.backend = None
         gc.collect()
         if self.device.type == "cuda":
             torch.cuda.empty_cache()

@@ -61,6 +61,11 @@ class AttentionBackend:
         return None
 
     # ---- CUDA graphs --------------------------------------------------------------------------------
+    def supports_prefill_graphs(self, dtype: torch.dtype) -> bool:
+        """Whether its prefill kernels run in a prompt CUDA graph for this dtype: they take the graph's upper bounds
+        (empty sequences, a longest prompt as long as the graph) and read no offset on the host."""
+        return False
+
     def graph_variants(self, batch: int) -> tuple[str, ...]:
         """The graphs a batch bucket needs, one per way the step's metadata changes the kernels launched."""
         raise NotImplementedError(f"the {self.name} attention backend runs no CUDA graphs")

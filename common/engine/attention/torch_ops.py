@@ -38,7 +38,8 @@ def varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
     out = torch.empty_like(q)
     bounds = cu_seqlens.tolist()
     for start, end in zip(bounds[:-1], bounds[1:]):
-        out[start:end] = _attend(q[start:end], k[start:end], v[start:end], scale)
+        if end > start:  # an empty sequence: a CUDA graph's unused slot (prefill_graph.py)
+            out[start:end] = _attend(q[start:end], k[start:end], v[start:end], scale)
     return out
 
 
@@ -48,6 +49,8 @@ def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
     out = torch.empty_like(q)
     bounds, lens = query_start_loc.tolist(), seq_lens.tolist()
     for i, (start, end) in enumerate(zip(bounds[:-1], bounds[1:])):
+        if end == start:  # an empty sequence: a CUDA graph's unused slot (prefill_graph.py)
+            continue
         k = gather_kv(k_cache, block_tables[i], lens[i])
         v = gather_kv(v_cache, block_tables[i], lens[i])
         out[start:end] = _attend(q[start:end], k, v, scale)

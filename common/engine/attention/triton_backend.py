@@ -57,6 +57,11 @@ class TritonBackend(AttentionBackend):
         return DecodePlan(step.plan.view(PLAN_ROWS, size // PLAN_ROWS).int(), True)
 
     # ---- CUDA graphs --------------------------------------------------------------------------------
+    def supports_prefill_graphs(self, dtype: torch.dtype) -> bool:
+        # FlashAttention takes half precision only; other prompts fall back to torch's reference, which reads the
+        # sequences' offsets on the host.
+        return dtype in (torch.float16, torch.bfloat16)
+
     def graph_variants(self, batch: int) -> tuple[str, ...]:
         return SPLIT, WHOLE
 

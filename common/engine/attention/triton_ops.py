@@ -22,7 +22,7 @@ _LOG2E = 1.4426950408889634
 # views that start wherever its decodes end).
 
 
-@triton.jit
+@triton.jit(do_not_specialize_on_alignment=["slot_ptr"])
 def _store_kvcache_kernel(key_ptr, value_ptr, k_cache_ptr, v_cache_ptr, slot_ptr,
                           stride_kt, stride_kh, stride_vt, stride_vh,
                           stride_ckb, stride_ckt, stride_ckh, stride_cvb, stride_cvt, stride_cvh,

@@ -115,7 +115,9 @@ def _rope_k_store(base, stride_h, w_ptr, cos_sin_ptr, pos_ptr, token, eps, v_bas
             tl.store(v_cache_ptr + page * stride_cvb + offset * stride_cvt + heads * stride_cvh + dims, v, mask=mask)
 
 
-@triton.jit
+# Positions and slots are read an int a token, from views that start wherever a mixed step's decodes end: their
+# alignment is not specialized on, or each step's decode count would pick a variant (warmup.py).
+@triton.jit(do_not_specialize_on_alignment=["pos_ptr", "slot_ptr"])
 def _qk_norm_rope_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, cos_sin_ptr, qw_ptr, kw_ptr, k_cache_ptr, v_cache_ptr,
                          slot_ptr, stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
                          stride_ckb, stride_ckt, stride_ckh, stride_cvb, stride_cvt, stride_cvh, eps,
