@@ -63,6 +63,8 @@ def test_the_example_profile_loads_and_says_it_is_an_example(tmp_path):
     (lambda d: d.update(mixed_step_s=-0.01), "mixed_step_s"),
     (lambda d: d.update(surprise=1), "surprise"),
     (lambda d: d.pop("prefill"), "prefill"),
+    (lambda d: d.update(prefill_graph_max_tokens=-1), "prefill_graph_max_tokens"),
+    (lambda d: d.update(prefill_eager={"base_s": -1.0, "per_token_s": 0.0}), "prefill_eager.base_s"),
 ])
 def test_a_bad_profile_is_refused_naming_the_field(tmp_path, change, message):
     data = json.loads(EXAMPLE.read_text())
@@ -235,6 +237,40 @@ def test_a_step_mixing_prompt_tokens_with_decodes_costs_its_eager_decodes_more()
     assert step["eager"](mixed) == pytest.approx(step["plain"](mixed) + 0.02)
     assert step["eager"](alone) == step["plain"](alone)  # nothing to replay in a graph anyway
     assert step["eager"](ScheduledBatch([decode], [1])) == step["plain"](ScheduledBatch([decode], [1]))
+
+
+def test_prompt_steps_are_costed_padded_graphed_up_to_the_graphs_and_eager_past_them():
+    """A profile of an engine with prompt graphs: a step's prompt tokens are costed at the count the engine pads
+    them to, on `prefill`'s line with only a graph's launch on the host up to `prefill_graph_max_tokens`, on
+    `prefill_eager`'s with its launch-bound floor on the host past it."""
+    eager_cost = PrefillCost(base_s=0.02, per_token_s=2e-4)
+    graphs = make_profile(prefill_graph_max_tokens=2048, prefill_eager=eager_cost)
+    engine, launch = SimEngine("p0", "prefill", graphs), graphs.host_launch_s
+
+    def prompt(n: int) -> ScheduledBatch:
+        return ScheduledBatch([Sequence("p", [2] * n, SamplingParams())], [n])
+    assert engine.step_seconds(prompt(600)) == pytest.approx(launch + graphs.prefill.seconds(768))  # padded to 768
+    assert engine.host_seconds(prompt(600)) == launch
+    assert engine.step_seconds(prompt(2048)) == pytest.approx(launch + graphs.prefill.seconds(2048))
+    assert engine.step_seconds(prompt(3000)) == pytest.approx(launch + eager_cost.seconds(3072))
+    assert engine.host_seconds(prompt(3000)) == pytest.approx(launch + eager_cost.base_s)
+    old = SimEngine("p0", "prefill", make_profile())  # measured before prompt graphs: unpadded, every step eager
+    assert old.step_seconds(prompt(600)) == pytest.approx(launch + old.profile.prefill.seconds(600))
+    assert old.host_seconds(prompt(600)) == pytest.approx(launch + old.profile.prefill.base_s)
+
+
+def test_prefill_points_are_fitted_as_two_lines_at_the_graphs_limit():
+    from scripts.planner.fit import PrefillPoint, fit_prefill_costs
+
+    graphed, eager = PrefillCost(base_s=0.002, per_token_s=3e-6), PrefillCost(base_s=0.012, per_token_s=4e-6)
+    points = [PrefillPoint(n, 0, 0.0001 + (graphed if n <= 2048 else eager).seconds(n))
+              for n in (64, 256, 1024, 2048, 4096, 8192)]
+    prefill, prefill_eager, fits = fit_prefill_costs(points, 0.0001, 2048)
+    assert prefill.base_s == pytest.approx(0.002) and prefill.per_token_s == pytest.approx(3e-6)
+    assert prefill_eager.base_s == pytest.approx(0.012) and prefill_eager.per_token_s == pytest.approx(4e-6)
+    assert set(fits) == {"prefill", "prefill_eager"} and fits["prefill"].worst_error < 1e-9
+    one, none, fits = fit_prefill_costs(points, 0.0001, 0)  # no prompt graphs: one line through every point
+    assert none is None and set(fits) == {"prefill"} and fits["prefill"].worst_error > 0.05
 
 
 def tpot_and_ttft(requests) -> tuple[float, float]:

@@ -9,7 +9,8 @@ import torch
 from common.engine.cuda_graph import block_table_width
 from common.engine.llm import LLM
 from common.engine.prefill_graph import CACHED, FRESH, PrefillGraphRunner, prefill_graph_sizes
-from common.engine.step_inputs import token_buckets, unpack_step
+from common.engine.step_inputs import unpack_step
+from common.engine.step_sizes import token_buckets
 from common.sampling_params import SamplingParams
 from tests.test_cuda_graph_shapes import with_graphs
 

@@ -118,7 +118,7 @@ def test_every_section_starts_16_byte_aligned_whatever_the_step_sizes(num_tokens
 
 
 def test_padded_step_sizes_are_few_and_never_past_the_budget():
-    from common.engine.step_inputs import padded_tokens, token_buckets
+    from common.engine.step_sizes import padded_tokens, token_buckets
 
     assert [padded_tokens(n, 8192) for n in (1, 64, 65, 512, 513, 4096, 4097, 8192)] == \
         [64, 64, 128, 512, 768, 4096, 5120, 8192]
@@ -129,7 +129,7 @@ def test_padded_step_sizes_are_few_and_never_past_the_budget():
 
 
 def test_a_padded_step_adds_tokens_no_sequence_owns_and_that_store_nothing():
-    from common.engine.step_inputs import padded_tokens
+    from common.engine.step_sizes import padded_tokens
 
     decode = seq([5, 6, 7], 2, [6])
     prompt = seq(list(range(1, 11)), 0, [1, 2, 3])

@@ -93,7 +93,8 @@ def test_padded_prefill_steps_generate_what_unpadded_ones_do(llm):
     """On a GPU a step with prefills runs at a padded token count (step_inputs.padded_tokens); the padding tokens
     must change nothing a request sees. The CPU engine pads here on purpose, through the same pack_step."""
 
-    from common.engine.step_inputs import pack_step, padded_tokens
+    from common.engine.step_inputs import pack_step
+    from common.engine.step_sizes import padded_tokens
 
     prompts = [[5, 6, 7, 8, 9, 10, 11], list(range(20, 97)), [3] * 40]
     sampling = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)

@@ -21,7 +21,8 @@ from common.engine.prefill_graph import MAX_SEQS, PrefillGraphRunner, prefill_gr
 from common.engine.scheduler import ScheduledBatch
 from common.engine.sequence import Sequence
 from common.engine.step_inputs import (HEADER_SIZE, STOP, PackedStep, StepHeader, StepInputs, pack_step,
-                                       padded_tokens, split_step, unpack_step, warmup_step)
+                                       split_step, unpack_step, warmup_step)
+from common.engine.step_sizes import padded_tokens
 from common.protocol import KVLayout
 
 log = logging.getLogger(__name__)

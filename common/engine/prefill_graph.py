@@ -3,7 +3,7 @@
 (a Python call and a launch for each of a dozen kernels in every layer).
 
 A graph is captured at upper bounds that the attention kernels take as such (docs/design.md, "Kernel contracts"):
-T tokens (the bucket, `step_inputs.padded_tokens`), MAX_SEQS sequences, a longest prompt of T tokens. A replayed
+T tokens (the bucket, `step_sizes.padded_tokens`), MAX_SEQS sequences, a longest prompt of T tokens. A replayed
 step's unused sequences are empty (their query_start_loc repeats the last offset), and its padding tokens belong
 to no sequence and store nothing (slot -1), as in an eager step.
 
@@ -18,7 +18,8 @@ import torch
 
 from common.engine.attention.metadata import AttentionMetadata
 from common.engine.context import forward_context
-from common.engine.step_inputs import StepInputs, token_buckets
+from common.engine.step_inputs import StepInputs
+from common.engine.step_sizes import token_buckets
 
 log = logging.getLogger(__name__)
 

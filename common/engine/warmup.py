@@ -12,7 +12,7 @@ scheduler once each:
   sampler), then without the top-k/top-p row (the fused Gumbel sampler);
 - short decodes beside a new prefill (the decode kernel, one program a sequence);
 - decode-only steps (CUDA-graph replays captured at start, or eager ones with --enforce-eager);
-- on a GPU, one forward at each size a step with prefills is padded to (step_inputs.padded_tokens), so that cuBLAS
+- on a GPU, one forward at each size a step with prefills is padded to (step_sizes.padded_tokens), so that cuBLAS
   has chosen every GEMM shape's algorithm before the first request.
 
 The prefix cache is emptied afterwards and the engine's step totals reset: warm-up leaves no trace a user or a
@@ -25,7 +25,7 @@ import time
 from dataclasses import dataclass
 
 from common.engine.compile_watch import CompileWatch
-from common.engine.step_inputs import token_buckets
+from common.engine.step_sizes import token_buckets
 from common.sampling_params import SamplingParams
 
 log = logging.getLogger(__name__)
@@ -82,7 +82,7 @@ def warm_up(engine) -> WarmupReport:
         run(steps=3)
         add(_prompt(short_len + 1, 20, vocab), greedy)
         run()
-        if cfg.device == "cuda":  # each padded step size's GEMM shapes, met once now (step_inputs.padded_tokens)
+        if cfg.device == "cuda":  # each padded step size's GEMM shapes, met once now (step_sizes.padded_tokens)
             for n in token_buckets(cfg.max_num_batched_tokens):
                 engine.runner.forward_fresh(n)
     engine.reset_after_warmup()

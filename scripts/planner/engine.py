@@ -4,8 +4,9 @@ step's duration taken from the profile instead of a GPU.
 
 A step is schedule -> advance, then at its end resolve with a sampled token for every row that completes one.
 A step has two parts: the host's, launching it (`host_seconds`: `host_launch_s` for a decode-only step, which
-replays a CUDA graph; plus the prefill floor `prefill.base_s` for a step with prompt tokens, which runs eagerly and
-whose floor is its kernel launches), then the rest on the GPU. Alone on a GPU they add up to the profile's step.
+replays a CUDA graph, and for prompts that replay a prompt graph; plus the eager prefill floor `prefill_eager.base_s`
+for prompt tokens past the graphs, which run eagerly and whose floor is their kernel launches), then the rest on the
+GPU. Alone on a GPU they add up to the profile's step. Prompt tokens are costed padded, as the engine runs them.
 Overlapped scheduling (common/engine/llm_engine.py `step`) launches the next step before it collects this one's
 tokens, so they reach the worker when the next step's launch ends (`launch_end`); scripts/planner/sim.py
 delivers them then.
@@ -26,6 +27,7 @@ from common import protocol as P
 from common.engine.block_manager import BlockManager
 from common.engine.scheduler import ScheduledBatch, Scheduler
 from common.engine.sequence import Sequence, SequenceStatus
+from common.engine.step_sizes import padded_tokens
 from common.sampling_params import SamplingParams
 from scripts.planner.profile import Profile
 
@@ -178,16 +180,28 @@ class SimEngine:
         tokens = batch.num_new_tokens[d:]
         if tokens:
             context = sum(n * s.num_computed_tokens for s, n in zip(batch.seqs[d:], tokens))
-            pc = p.prefill
-            seconds += pc.base_s + pc.per_token_s * sum(tokens) + pc.per_token_context_s * context
+            padded = self._padded(sum(tokens))
+            pc, _ = p.prefill_cost(padded)
+            seconds += pc.base_s + pc.per_token_s * padded + pc.per_token_context_s * context
             if d:
                 seconds += p.mixed_step_s
         return seconds
 
     def host_seconds(self, batch: ScheduledBatch) -> float:
-        """The host's part of a step, launching it: an eager step (prompt tokens) launches its kernels one by one,
-        the prefill floor of the profile (the least step, launch-bound); a decode-only step replays a graph."""
-        return self.profile.host_launch_s + (0.0 if batch.decode_only else self.profile.prefill.base_s)
+        """The host's part of a step, launching it: prompts that run eagerly launch their kernels one by one (the
+        floor of their cost, launch-bound); a decode-only step, and prompts that replay a prompt graph, launch a
+        graph."""
+        if batch.decode_only:
+            return self.profile.host_launch_s
+        pc, graphed = self.profile.prefill_cost(self._padded(sum(batch.num_new_tokens[batch.num_decodes:])))
+        return self.profile.host_launch_s + (0.0 if graphed else pc.base_s)
+
+    def _padded(self, tokens: int) -> int:
+        """A step's prompt tokens as the engine runs them (step_sizes.padded_tokens). A profile of an engine before
+        prompt graphs was fitted to unpadded counts."""
+        if not self.profile.prefill_graph_max_tokens:
+            return tokens
+        return padded_tokens(tokens, self.profile.max_num_batched_tokens)
 
     def start(self, now: float, fast: bool = True) -> float | None:
         """Starts the next step (or fast run, if `fast`), if there is work; returns when it ends."""

@@ -125,6 +125,20 @@ def fit_prefill(points: list[PrefillPoint], host_launch_s: float = 0.0) -> tuple
     return PrefillCost(base_s=base, per_token_s=per_token, per_token_context_s=per_context), fit
 
 
+def fit_prefill_costs(points: list[PrefillPoint], host_launch_s: float, graph_max: int
+                      ) -> tuple[PrefillCost, PrefillCost | None, dict[str, Fit]]:
+    """`Profile.prefill` and `prefill_eager`: prompt steps of up to `graph_max` tokens replay a graph, those past it
+    run eagerly, launch-bound, so each side has its own line. One line for all (and None) when one side has no
+    points."""
+    graphed = [p for p in points if p.tokens <= graph_max]
+    eager = [p for p in points if p.tokens > graph_max]
+    if not (graphed and eager):
+        prefill, fit = fit_prefill(points, host_launch_s)
+        return prefill, None, {"prefill": fit}
+    (prefill, fit), (prefill_eager, eager_fit) = fit_prefill(graphed, host_launch_s), fit_prefill(eager, host_launch_s)
+    return prefill, prefill_eager, {"prefill": fit, "prefill_eager": eager_fit}
+
+
 def fit_decode(points: list[DecodePoint], host_launch_s: float = 0.0) -> tuple[DecodeCost, Fit]:
     """A decode-only step: the simulator charges host_launch_s + DecodeCost.seconds(batch, total_context)."""
     fit = fit_relative([[1.0, p.batch, p.total_context] for p in points], [p.seconds for p in points],

@@ -82,8 +82,20 @@ class Profile(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # worker prefilling prompts itself, --disagg-policy never/auto; colocated replicas).
     mixed_step_s: float = 0.0
     prefill: PrefillCost
+    # Prompt steps padded past this many tokens run eagerly, at `prefill_eager`'s cost, their floor the host launching
+    # kernels; those up to it replay a CUDA graph (common/engine/prefill_graph.py) at `prefill`'s. 0 and None: one
+    # cost for every prompt step, and each an eager launch (profiles measured before prompt graphs).
+    prefill_graph_max_tokens: int = 0
+    prefill_eager: PrefillCost | None = None
     decode: DecodeCost
     handoff: dict[str, HandoffCost]  # by KV transport name
+
+    def prefill_cost(self, padded_tokens: int) -> tuple[PrefillCost, bool]:
+        """The cost of a prompt step of `padded_tokens` (its tokens as the engine pads them), and whether it replays
+        a graph."""
+        if padded_tokens <= self.prefill_graph_max_tokens:
+            return self.prefill, True
+        return self.prefill_eager or self.prefill, False
 
     def check(self) -> None:
         for name in ("tp", "block_size", "num_kv_blocks", "kv_bytes_per_token", "max_num_batched_tokens",
@@ -97,6 +109,10 @@ class Profile(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         if not self.handoff:
             raise ProfileError("handoff: needs at least one transport")
         self.prefill.check("prefill")
+        if self.prefill_graph_max_tokens < 0:
+            raise ProfileError(f"prefill_graph_max_tokens: must be >= 0, got {self.prefill_graph_max_tokens}")
+        if self.prefill_eager is not None:
+            self.prefill_eager.check("prefill_eager")
         self.decode.check("decode")
         for name, cost in self.handoff.items():
             cost.check(f"handoff.{name}")

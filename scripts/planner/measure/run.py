@@ -29,7 +29,7 @@ from common.config import ConfigError, EngineConfig
 from common.engine.llm import LLM
 from common.protocol.kv import DTYPE_BYTES
 from scripts.planner.fit import (DecodePoint, Fit, HandoffPoint, MixedPoint, PrefillPoint, fit_decode, fit_handoff,
-                                 fit_mixed, fit_prefill)
+                                 fit_mixed, fit_prefill_costs)
 from scripts.planner.measure.handoff import handoff_sizes, measure_handoffs
 from scripts.planner.measure.steps import (Grid, Prompts, host_launch_seconds, measure_decode, measure_mixed,
                                            measure_prefill)
@@ -83,6 +83,8 @@ def measure_profile(cfg: ProfileConfig, progress: Callable[[str], None]) -> tupl
         measured.skipped += [f"decode {s}" for s in skipped]
         host_launch_s = host_launch_seconds(decodes)
         measured.mixed = measure_mixed(engine, grid, prompts, progress)
+        graphs = engine.runner.prefill_graphs
+        graph_max = graphs.sizes[-1] if graphs is not None else 0
     finally:
         llm.close()
         del llm, engine
@@ -97,7 +99,8 @@ def measure_profile(cfg: ProfileConfig, progress: Callable[[str], None]) -> tupl
                                                  grid.handoff_reps, progress, scale)
     measured.skipped += [f"handoff {s}" for s in skipped]
 
-    prefill, measured.fits["prefill"] = fit_prefill(measured.prefill, host_launch_s)
+    prefill, prefill_eager, fits = fit_prefill_costs(measured.prefill, host_launch_s, graph_max)
+    measured.fits.update(fits)
     decode, measured.fits["decode"] = fit_decode(measured.decode, host_launch_s)
     mixed_step_s, measured.fits["mixed"] = fit_mixed(measured.mixed, host_launch_s, prefill, decode)
     handoff = {}
@@ -107,8 +110,8 @@ def measure_profile(cfg: ProfileConfig, progress: Callable[[str], None]) -> tupl
                       note=note(cfg, device), block_size=ec.block_size, num_kv_blocks=num_blocks,
                       kv_bytes_per_token=kv_bytes_per_token, max_num_batched_tokens=ec.max_num_batched_tokens,
                       max_num_seqs=ec.max_num_seqs, host_launch_s=host_launch_s, mixed_step_s=mixed_step_s,
-                      prefill=prefill, decode=decode,
-                      handoff=handoff)
+                      prefill=prefill, prefill_graph_max_tokens=graph_max, prefill_eager=prefill_eager,
+                      decode=decode, handoff=handoff)
     profile.check()
     return profile, measured
 
