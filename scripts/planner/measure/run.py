@@ -83,8 +83,8 @@ def measure_profile(cfg: ProfileConfig, progress: Callable[[str], None]) -> tupl
         measured.skipped += [f"decode {s}" for s in skipped]
         host_launch_s = host_launch_seconds(decodes)
         measured.mixed = measure_mixed(engine, grid, prompts, progress)
-        graphs = engine.runner.prefill_graphs
-        graph_max = graphs.sizes[-1] if graphs is not None else 0
+        # An int, not the graph runner: a reference to it would keep the model and its KV pool alive past close().
+        graph_max = engine.runner.prefill_graphs.sizes[-1] if engine.runner.prefill_graphs is not None else 0
     finally:
         llm.close()
         del llm, engine
