@@ -43,9 +43,15 @@ def run(args: argparse.Namespace) -> None:
     h = profile.host_launch_s
     print(f"\n{'prefill tokens':>14} {'cached':>7} {'measured ms':>12} {'fit ms':>9}")
     for p in measured.prefill:
-        print(f"{p.tokens:>14} {p.context:>7} {p.seconds * 1e3:>12.3f} "
-              f"{(h + profile.prefill.seconds(p.tokens, p.context)) * 1e3:>9.3f}")
-    print(measured.fits["prefill"].summary("prefill"))
+        cost, _ = profile.prefill_cost(p.tokens)
+        fit = h + cost.seconds(p.tokens, p.context)
+        print(f"{p.tokens:>14} {p.context:>7} {p.seconds * 1e3:>12.3f} {fit * 1e3:>9.3f}")
+    if profile.prefill_graph_max_tokens:
+        print(f"(up to {profile.prefill_graph_max_tokens} tokens a prompt step replays a graph: the prefill fit; "
+              "past it, the prefill_eager fit)")
+    for name in ("prefill", "prefill_eager"):
+        if name in measured.fits:
+            print(measured.fits[name].summary(name))
     print(f"\n{'decode batch':>12} {'mean ctx':>9} {'measured ms':>12} {'fit ms':>9}")
     for d in measured.decode:
         print(f"{d.batch:>12} {d.total_context // d.batch:>9} {d.seconds * 1e3:>12.3f} "
@@ -68,8 +74,10 @@ def run(args: argparse.Namespace) -> None:
     for line in measured.skipped:
         print(f"skipped: {line}")
     pc, dc = profile.prefill, profile.decode
-    print(f"\nprefill: base_s {pc.base_s:.3e}, per_token_s {pc.per_token_s:.3e}, per_token_context_s "
-          f"{pc.per_token_context_s:.3e}")
+    for name, cost in (("prefill", pc), ("prefill_eager", profile.prefill_eager)):
+        if cost is not None:
+            print(f"\n{name}: base_s {cost.base_s:.3e}, per_token_s {cost.per_token_s:.3e}, per_token_context_s "
+                  f"{cost.per_token_context_s:.3e}")
     print(f"decode: base_s {dc.base_s:.3e}, per_seq_s {dc.per_seq_s:.3e}, per_seq_context_s {dc.per_seq_context_s:.3e}")
     print(f"mixed_step_s {profile.mixed_step_s:.3e}: added to a step with prompt tokens and decodes")
     for name, cost in profile.handoff.items():
