@@ -119,6 +119,24 @@ def test_a_fixed_batch_finishes_when_its_decode_steps_add_up(fast_forward):
     assert engine.free_blocks == profile.num_kv_blocks
 
 
+@pytest.mark.parametrize("fast_forward", [True, False])
+def test_a_prompt_whose_last_chunk_is_one_token_is_handed_off_once(fast_forward):
+    """A prefill worker's step of one-token chunks looks decode-only; it is the prompts' last step, not the first
+    of a run of decodes (a 32-GPU plan handed such a prompt off once a step, and the decode worker took it thrice)."""
+    budget = 256
+    profile = make_profile(max_num_batched_tokens=budget)
+    engine = SimEngine("p0", "prefill", profile, fast_forward=fast_forward)
+    engine.scheduler.add(Sequence("0", list(range(budget + 1)), SamplingParams(max_tokens=50), prefill_only=True))
+    handed_off, now, batches = [], 0.0, []
+    while (end := engine.start(now)) is not None:
+        batches.append(list(engine.batch.num_new_tokens))
+        now = end
+        seqs, _ = engine.collect(engine.finish())
+        handed_off += [s.request_id for s in seqs if s.prefill_only]
+    assert batches == [[budget], [1]]  # the second step looks decode-only
+    assert handed_off == ["0"] and engine.steps == 2
+
+
 def test_an_unloaded_request_takes_prefill_handoff_and_one_decode_step():
     """With overlapped scheduling a step's token comes back once the next step is launched: the first decode
     step's once the second (a graph replay: the host's launch work) is; the last step's at its end."""

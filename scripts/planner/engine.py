@@ -209,7 +209,8 @@ class SimEngine:
         if batch is None:
             return None
         if fast and self.fast_forward and batch.decode_only and not self.scheduler.waiting:
-            k = min(s.sampling.max_tokens - s.num_completion_tokens for s in batch.seqs) - 1
+            # A prefill worker's prompt whose last chunk is one token looks like a decode, but that step is its last.
+            k = min(1 if s.prefill_only else s.sampling.max_tokens - s.num_completion_tokens for s in batch.seqs) - 1
             k = min(k, self._steps_with_blocks(batch, k))
             if k >= MIN_FAST_STEPS:
                 first = self.step_seconds(batch)
