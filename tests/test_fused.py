@@ -11,8 +11,10 @@ import torch
 from tests.triton_interp import INTERPRETED, device, interpreter_suite  # noqa: F401 (device: a fixture)
 
 fused = pytest.importorskip("common.engine.layers.fused")
+gemv = pytest.importorskip("common.engine.layers.gemv")
 
 from common.engine.layers.activation import SiluAndMul  # noqa: E402
+from common.engine.layers.linear import ColumnParallelLinear, RowParallelLinear  # noqa: E402
 from common.engine.layers.norm import RMSNorm  # noqa: E402
 from common.engine.layers.rotary import RotaryEmbedding  # noqa: E402
 
@@ -121,6 +123,31 @@ def test_silu_and_mul(device: str, dtype: torch.dtype, n: int) -> None:
     close(fused.silu_and_mul(x.to(device)), SiluAndMul()(x))
 
 
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("shape", [(64, 32), (24, 48), (1024, 576)], ids=["pow2", "odd", "smollm2-o"])
+@pytest.mark.parametrize("rows", range(1, gemv.MAX_ROWS + 1))
+def test_gemv_matches_linear(device: str, dtype: torch.dtype, shape: tuple[int, int], rows: int) -> None:
+    torch.manual_seed(rows)
+    n, k = shape
+    w, b = (torch.randn(n, k) / k ** 0.5).to(dtype), torch.randn(n).to(dtype)
+    x, gate_up = torch.randn(rows, k).to(dtype), (3 * torch.randn(rows, 2 * k)).to(dtype)
+    assert gemv.fits(x, w)
+    wd, bd = w.to(device), b.to(device)
+    close(gemv.gemv(x.to(device), wd), torch.nn.functional.linear(x, w))
+    close(gemv.gemv(x.to(device), wd, bd), torch.nn.functional.linear(x, w, b))
+    # with silu: SiLU-and-mul of [gate | up] as it loads x, rounded as the separate kernel rounds
+    close(gemv.gemv(gate_up.to(device), wd, silu=True), torch.nn.functional.linear(SiluAndMul()(gate_up), w))
+
+
+def test_gemv_serves_only_a_few_rows_of_a_weight_it_can_hold() -> None:
+    w = torch.empty(64, 1024)
+    assert gemv.fits(torch.empty(gemv.MAX_ROWS, 1024), w)
+    assert not gemv.fits(torch.empty(gemv.MAX_ROWS + 1, 1024), w)
+    assert not gemv.fits(torch.empty(0, 1024), w)
+    assert not gemv.fits(torch.empty(1, 4 * gemv.SLICE_ELEMENTS), torch.empty(64, 4 * gemv.SLICE_ELEMENTS))
+    assert not gemv.fits(torch.empty(1, 2048)[:, ::2], w)  # strided rows
+
+
 def test_empty_batch(device: str) -> None:
     x = torch.empty(0, 64, device=device)
     assert fused.rms_norm(x, torch.ones(64, device=device), 1e-6).shape == (0, 64)
@@ -140,6 +167,13 @@ def test_layers_dispatch_to_fused_on_cuda(device: str, dtype: torch.dtype) -> No
     got = norm.cuda()(x.cuda(), r.cuda())
     close(got[0], want[0])
     close(got[1], want[1])
+    up, down = ColumnParallelLinear(1024, 512).to(dtype), RowParallelLinear(256, 1024).to(dtype)
+    for p in (up.weight, down.weight):
+        p.data = (torch.randn(p.shape) / p.shape[1] ** 0.5).to(dtype)
+    for rows in (1, gemv.MAX_ROWS, gemv.MAX_ROWS + 1):  # gemv, then cuBLAS
+        h = up.cuda()(x[:rows].cuda())
+        close(h, up.cpu()(x[:rows]))
+        close(down.cuda()(h, silu_and_mul=True), down.cpu()(h.cpu(), silu_and_mul=True))
 
 
 def test_gumbel_argmax_greedy_rows_are_argmax(device: str) -> None:

@@ -16,7 +16,7 @@ except ImportError:  # an older Triton: the GPU host runs these kernels anyway
     pytest.skip("this Triton cannot compile ahead of time", allow_module_level=True)
 
 from common.engine.attention import triton_ops  # noqa: E402
-from common.engine.layers import fused  # noqa: E402
+from common.engine.layers import fused, gemv  # noqa: E402
 from kvtransfer import block_copy  # noqa: E402
 
 HOPPER = GPUTarget("cuda", 90, 32)
@@ -28,20 +28,25 @@ TYPES = {"slot_ptr": "*i64", "pos_ptr": "*i64", "seeds_ptr": "*i64", "best_idx_p
          "src_ids_ptr": "*i64", "dst_ids_ptr": "*i64"}
 ROPE = dict(NUM_Q_HEADS=16, NUM_KV_HEADS=8, BLOCK_Q=16, BLOCK_KV=8, HEAD_DIM=128, PAGE=16)
 CASES = {  # name: (kernel, constexprs)
-    "rms_norm": (fused._rms_norm_kernel, dict(N=1024, BLOCK=1024, HAS_RESIDUAL=True)),
-    "rms_norm-576": (fused._rms_norm_kernel, dict(N=576, BLOCK=1024, HAS_RESIDUAL=False)),
-    "qk_norm_rope_store": (fused._qk_norm_rope_kernel, dict(ROPE, HAS_NORM=True, STORE=True)),
-    "qk_norm_rope": (fused._qk_norm_rope_kernel, dict(ROPE, HAS_NORM=True, STORE=False)),
+    "rms_norm": (fused._rms_norm_kernel, dict(N=1024, BLOCK=1024, HAS_RESIDUAL=True, PDL=True)),
+    "rms_norm-576": (fused._rms_norm_kernel, dict(N=576, BLOCK=1024, HAS_RESIDUAL=False, PDL=False)),
+    "qk_norm_rope_store": (fused._qk_norm_rope_kernel, dict(ROPE, HAS_NORM=True, STORE=True, PDL=True)),
+    "qk_norm_rope": (fused._qk_norm_rope_kernel, dict(ROPE, HAS_NORM=True, STORE=False, PDL=False)),
     "rope_store-smollm2": (fused._qk_norm_rope_kernel, dict(NUM_Q_HEADS=9, NUM_KV_HEADS=3, BLOCK_Q=16, BLOCK_KV=4,
-                                                            HEAD_DIM=64, PAGE=256, HAS_NORM=False, STORE=True)),
+                                                            HEAD_DIM=64, PAGE=256, HAS_NORM=False, STORE=True,
+                                                            PDL=True)),
+    "gemv-qkv": (gemv._gemv_kernel, dict(N=4096, K=1024, BLOCK_N=8, BLOCK_K=1024, SILU=False, HAS_BIAS=True,
+                                         PDL=True)),
+    "gemv-down-silu": (gemv._gemv_kernel, dict(N=1024, K=3072, BLOCK_N=2, BLOCK_K=4096, SILU=True, HAS_BIAS=False,
+                                               PDL=False)),
     "silu_and_mul": (fused._silu_and_mul_kernel, dict(N=3072, BLOCK=1024)),
     "gumbel_argmax": (fused._gumbel_argmax_kernel, dict(V=151936, SPLIT=6144, BLOCK=2048)),
     "store_kvcache": (triton_ops._store_kvcache_kernel, dict(NUM_HEADS=8, HEAD_DIM=128, BLOCK_H=8, PAGE=16)),
     "decode-split": (triton_ops._decode_kernel, dict(GROUP=2, BLOCK_G=16, HEAD_DIM=128, PAGE=16, BLOCK_N=64,
-                                                     DIRECT=False, PRECISION="tf32")),
+                                                     DIRECT=False, PRECISION="tf32", PDL=True)),
     "decode-direct": (triton_ops._decode_kernel, dict(GROUP=4, BLOCK_G=16, HEAD_DIM=128, PAGE=256, BLOCK_N=64,
-                                                      DIRECT=True, PRECISION="tf32")),
-    "decode_reduce": (triton_ops._decode_reduce_kernel, dict(HEAD_DIM=128, BLOCK_S=16)),
+                                                      DIRECT=True, PRECISION="tf32", PDL=False)),
+    "decode_reduce": (triton_ops._decode_reduce_kernel, dict(HEAD_DIM=128, BLOCK_S=16, PDL=True)),
     "prefill": (triton_ops._prefill_kernel, dict(GROUP=2, HEAD_DIM=128, PAGE=16, BLOCK_M=128, BLOCK_N=64,
                                                  PRECISION="tf32")),
     "copy_blocks": (block_copy._copy_blocks_kernel, dict(BLOCK=block_copy.WORDS_PER_PROGRAM)),

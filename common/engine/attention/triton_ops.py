@@ -14,6 +14,7 @@ import triton
 import triton.language as tl
 
 from common.engine.attention.decode_plan import MAX_UNITS_PER_SEQ, PLAN_ROWS, DecodePlan, plan_decode
+from common.engine.pdl import launch_kwargs
 
 _LOG2E = 1.4426950408889634
 # What changes from step to step is not specialized on, so that warm-up (warmup.py) can make every variant ready:
@@ -80,10 +81,13 @@ def _decode_kernel(q_ptr, k_ptr, v_ptr, block_tables_ptr, seq_lens_ptr, plan_ptr
                    qk_scale, stride_qb, stride_qh, stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh,
                    stride_btb, stride_ob, stride_oh, stride_plan, stride_pu, stride_ph, stride_lu,
                    GROUP: tl.constexpr, BLOCK_G: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE: tl.constexpr,
-                   BLOCK_N: tl.constexpr, DIRECT: tl.constexpr, PRECISION: tl.constexpr):
+                   BLOCK_N: tl.constexpr, DIRECT: tl.constexpr, PRECISION: tl.constexpr, PDL: tl.constexpr):
     """Grid (units, kv_heads). DIRECT: unit i is all of sequence i. Else the plan (`plan_decode`) names each
     unit's sequence and context range; a unit that is all of its sequence writes the output, the others a
     partial and its lse for the reduce kernel."""
+    if PDL:  # before any return: the kernel must not end before the one it follows (common/engine/pdl.py)
+        tl.extra.cuda.gdc_launch_dependents()
+        tl.extra.cuda.gdc_wait()
     unit = tl.program_id(0)
     kv_head = tl.program_id(1)
     if DIRECT:
@@ -138,9 +142,13 @@ def _decode_kernel(q_ptr, k_ptr, v_ptr, block_tables_ptr, seq_lens_ptr, plan_ptr
 
 @triton.jit(do_not_specialize=["stride_plan"], do_not_specialize_on_alignment=["plan_ptr"])
 def _decode_reduce_kernel(part_o_ptr, part_lse_ptr, plan_ptr, out_ptr, stride_plan, stride_pu, stride_ph, stride_lu,
-                          stride_ob, stride_oh, HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr):
+                          stride_ob, stride_oh, HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr,
+                          PDL: tl.constexpr):
     """Grid (batch, q_heads): combine a split sequence's partial outputs weighted by their log-sum-exp,
     BLOCK_S units at a time. A sequence of one unit is written already; one of none (padding) gets 0."""
+    if PDL:
+        tl.extra.cuda.gdc_launch_dependents()
+        tl.extra.cuda.gdc_wait()
     seq = tl.program_id(0)
     head = tl.program_id(1)
     num_units = tl.load(plan_ptr + 4 * stride_plan + seq)
@@ -310,11 +318,11 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         out.stride(0), out.stride(1), *strides,
         GROUP=group, BLOCK_G=max(16, triton.next_power_of_2(group)), HEAD_DIM=head_dim, PAGE=page,
         BLOCK_N=launch.block_n, DIRECT=not plan.split, PRECISION=_precision(q.dtype), num_warps=launch.num_warps,
-        num_stages=launch.num_stages)
+        num_stages=launch.num_stages, **launch_kwargs(q.device))
     if plan.split:
         _decode_reduce_kernel[(batch, num_heads)](
             part_o, part_lse, units, out, *strides, out.stride(0), out.stride(1),
-            HEAD_DIM=head_dim, BLOCK_S=16, num_warps=4)
+            HEAD_DIM=head_dim, BLOCK_S=16, num_warps=4, **launch_kwargs(q.device))
     return out
 
 

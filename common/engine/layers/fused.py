@@ -10,13 +10,19 @@ import torch
 import triton
 import triton.language as tl
 
+from common.engine.pdl import launch_kwargs
+
 
 @triton.jit
 def _rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, stride_x, stride_r, stride_o, eps,
-                     N: tl.constexpr, BLOCK: tl.constexpr, HAS_RESIDUAL: tl.constexpr):
+                     N: tl.constexpr, BLOCK: tl.constexpr, HAS_RESIDUAL: tl.constexpr, PDL: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     mask = cols < N
+    w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    if PDL:
+        tl.extra.cuda.gdc_launch_dependents()
+        tl.extra.cuda.gdc_wait()
     x = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0)
     if HAS_RESIDUAL:  # the pre-norm block's residual add, rounded to the model dtype as torch does
         x = (x.to(tl.float32) + tl.load(res_ptr + row * stride_r + cols, mask=mask, other=0.0).to(tl.float32))
@@ -25,7 +31,6 @@ def _rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, stride_x, stride_r, stride_
     xf = x.to(tl.float32)
     rstd = 1.0 / tl.sqrt(tl.sum(xf * xf, axis=0) / N + eps)
     y = (xf * rstd).to(out_ptr.dtype.element_ty).to(tl.float32)
-    w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
     tl.store(out_ptr + row * stride_o + cols, (w * y).to(out_ptr.dtype.element_ty), mask=mask)
 
 
@@ -39,7 +44,8 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
     res2 = residual.view(-1, n) if residual is not None else x2
     if x2.shape[0]:
         _rms_norm_kernel[(x2.shape[0],)](x2, res2, weight, out, x2.stride(0), res2.stride(0), out.stride(0), eps,
-                                         N=n, BLOCK=triton.next_power_of_2(n), HAS_RESIDUAL=residual is not None)
+                                         N=n, BLOCK=triton.next_power_of_2(n), HAS_RESIDUAL=residual is not None,
+                                         **launch_kwargs(x.device))
     out = out.view(x.shape)
     return out if residual is None else (out, residual)
 
@@ -123,10 +129,13 @@ def _qk_norm_rope_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, cos_sin_ptr, qw_ptr, kw_p
                          stride_ckb, stride_ckt, stride_ckh, stride_cvb, stride_cvt, stride_cvh, eps,
                          NUM_Q_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr, BLOCK_Q: tl.constexpr,
                          BLOCK_KV: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE: tl.constexpr,
-                         HAS_NORM: tl.constexpr, STORE: tl.constexpr):
+                         HAS_NORM: tl.constexpr, STORE: tl.constexpr, PDL: tl.constexpr):
     """Grid (tokens, 2): program 0 of a token rotates its q heads, program 1 its k heads and, with STORE,
     writes k and v into the paged cache at the token's slot (slot < 0: not stored). Every load that does not
     wait on the position is issued before the position's angles: a decode step is latency, not bytes."""
+    if PDL:
+        tl.extra.cuda.gdc_launch_dependents()
+        tl.extra.cuda.gdc_wait()
     token = tl.program_id(0).to(tl.int64)
     if tl.program_id(1) == 0:
         _rope_q(q_ptr + token * stride_qt, stride_qh, qw_ptr, cos_sin_ptr, pos_ptr, token, eps, NUM_Q_HEADS,
@@ -164,7 +173,8 @@ def qk_norm_rope_(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cos
         slot_mapping if store else positions, q.stride(0), q.stride(1), k.stride(0), k.stride(1),
         v.stride(0) if store else 0, v.stride(1) if store else 0, *cache_strides, eps,
         NUM_Q_HEADS=hq, NUM_KV_HEADS=hkv, BLOCK_Q=triton.next_power_of_2(hq), BLOCK_KV=triton.next_power_of_2(hkv),
-        HEAD_DIM=d, PAGE=k_cache.shape[1] if store else 1, HAS_NORM=has_norm, STORE=store, num_warps=4)
+        HEAD_DIM=d, PAGE=k_cache.shape[1] if store else 1, HAS_NORM=has_norm, STORE=store, num_warps=4,
+        **launch_kwargs(q.device))
 
 
 @triton.jit

@@ -1,20 +1,30 @@
-"""The Triton fusions (fused.py) for the layers' CUDA paths, imported the first time a CUDA tensor asks for
-them: an engine on CPU never imports triton, even where it is installed."""
+"""The Triton kernels of the layers' CUDA paths (fused.py, gemv.py), imported the first time a CUDA tensor asks
+for them: an engine on CPU never imports triton, even where it is installed."""
 from __future__ import annotations
 
+import importlib
 from types import ModuleType
 
-_NOT_LOADED = object()
-_fused: ModuleType | None | object = _NOT_LOADED
+_loaded: dict[str, ModuleType | None] = {}
+
+
+def _triton_module(name: str) -> ModuleType | None:
+    """`common.engine.layers.<name>`, or None where triton cannot be imported (then the torch paths serve)."""
+    if name not in _loaded:
+        try:
+            _loaded[name] = importlib.import_module(f"common.engine.layers.{name}")
+        except ImportError:
+            _loaded[name] = None
+    return _loaded[name]
 
 
 def fused_kernels() -> ModuleType | None:
-    """`common.engine.layers.fused`, or None where triton cannot be imported (then the torch paths serve)."""
-    global _fused
-    if _fused is _NOT_LOADED:
-        try:
-            from common.engine.layers import fused
-        except ImportError:
-            fused = None
-        _fused = fused
-    return _fused
+    """common.engine.layers.fused: the elementwise fusions."""
+    return _triton_module("fused")
+
+
+def skinny_gemm(x, weight) -> ModuleType | None:
+    """common.engine.layers.gemv where it serves `F.linear(x, weight)` (a few rows of x on CUDA), else None."""
+    if not x.is_cuda or (gemv := _triton_module("gemv")) is None:
+        return None
+    return gemv if gemv.fits(x, weight) else None

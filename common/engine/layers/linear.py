@@ -6,6 +6,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from common.engine.distributed import all_reduce, tp_rank, tp_size
+from common.engine.layers.activation import silu_and_mul as silu_and_mul_
+from common.engine.layers.fusion import skinny_gemm
 
 
 def _param(*shape: int) -> nn.Parameter:
@@ -31,6 +33,8 @@ class ColumnParallelLinear(nn.Module):
         param.data.copy_(loaded.narrow(0, self.tp_rank * size, size))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if (gemv := skinny_gemm(x, self.weight)) is not None:
+            return gemv.gemv(x, self.weight, self.bias)
         return F.linear(x, self.weight, self.bias)
 
 
@@ -92,6 +96,13 @@ class RowParallelLinear(nn.Module):
         size = param.shape[1]
         param.data.copy_(loaded.narrow(1, self.tp_rank * size, size))
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = F.linear(x, self.weight, self.bias if self.tp_rank == 0 else None)
-        return all_reduce(y)
+    def forward(self, x: torch.Tensor, silu_and_mul: bool = False) -> torch.Tensor:
+        """With `silu_and_mul`, x is [gate | up] and the layer computes down(silu(gate) * up): for a few rows
+        one kernel (gemv.py), else the activation's kernel first."""
+        bias = self.bias if self.tp_rank == 0 else None
+        if (gemv := skinny_gemm(x, self.weight)) is not None:
+            return all_reduce(gemv.gemv(x, self.weight, bias, silu=silu_and_mul))
+        if silu_and_mul:
+            x = silu_and_mul_(x)
+        return all_reduce(F.linear(x, self.weight, bias))
+

@@ -5,7 +5,6 @@ import torch
 from torch import nn
 
 from common.config import ModelConfig
-from common.engine.layers.activation import SiluAndMul
 from common.engine.layers.attention import Attention
 from common.engine.layers.embedding import ParallelLMHead, VocabParallelEmbedding
 from common.engine.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
@@ -39,10 +38,10 @@ class MLP(nn.Module):
         super().__init__()
         self.gate_up_proj = MergedColumnParallelLinear(c.hidden_size, [c.intermediate_size] * 2)
         self.down_proj = RowParallelLinear(c.intermediate_size, c.hidden_size)
-        self.act = SiluAndMul()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(self.act(self.gate_up_proj(x)))
+        # down(silu(gate) * up): the down projection applies the activation (for a few rows, as it loads x)
+        return self.down_proj(self.gate_up_proj(x), silu_and_mul=True)
 
 
 class DecoderLayer(nn.Module):
