@@ -65,6 +65,8 @@ def test_the_example_profile_loads_and_says_it_is_an_example(tmp_path):
     (lambda d: d.pop("prefill"), "prefill"),
     (lambda d: d.update(prefill_graph_max_tokens=-1), "prefill_graph_max_tokens"),
     (lambda d: d.update(prefill_eager={"base_s": -1.0, "per_token_s": 0.0}), "prefill_eager.base_s"),
+    (lambda d: d.update(decode_skinny_max_batch=-1), "decode_skinny_max_batch"),
+    (lambda d: d.update(decode_skinny={"base_s": 0.0, "per_seq_s": -1.0}), "decode_skinny.per_seq_s"),
 ])
 def test_a_bad_profile_is_refused_naming_the_field(tmp_path, change, message):
     data = json.loads(EXAMPLE.read_text())
@@ -289,6 +291,37 @@ def test_prefill_points_are_fitted_as_two_lines_at_the_graphs_limit():
     assert set(fits) == {"prefill", "prefill_eager"} and fits["prefill"].worst_error < 1e-9
     one, none, fits = fit_prefill_costs(points, 0.0001, 0)  # no prompt graphs: one line through every point
     assert none is None and set(fits) == {"prefill"} and fits["prefill"].worst_error > 0.05
+
+
+def test_decode_steps_of_a_few_sequences_are_costed_on_the_skinny_line():
+    """Decode steps of up to `decode_skinny_max_batch` sequences run the skinny GEMMs: their own line, far below the
+    one through larger batches; a profile without it costs every batch on `decode`."""
+    skinny = DecodeCost(base_s=0.0005, per_seq_s=1e-4)
+    profile = make_profile(decode_skinny_max_batch=2, decode_skinny=skinny)
+    engine, launch = SimEngine("d0", "decode", profile), profile.host_launch_s
+
+    def decodes(n: int) -> ScheduledBatch:
+        seqs = [Sequence(f"d{i}", [1] * 100, SamplingParams()) for i in range(n)]
+        for seq in seqs:
+            seq.num_computed_tokens = 100
+        return ScheduledBatch(seqs, [1] * n)
+    assert engine.step_seconds(decodes(2)) == pytest.approx(launch + skinny.seconds(2, 200))
+    assert engine.step_seconds(decodes(3)) == pytest.approx(launch + profile.decode.seconds(3, 300))
+    plain = SimEngine("d0", "decode", make_profile())
+    assert plain.step_seconds(decodes(1)) == pytest.approx(launch + plain.profile.decode.seconds(1, 100))
+
+
+def test_decode_points_are_fitted_as_two_lines_at_the_skinny_limit():
+    from scripts.planner.fit import DecodePoint, fit_decode_costs
+
+    skinny, wide = DecodeCost(base_s=0.0008, per_seq_s=2e-5), DecodeCost(base_s=0.0013, per_seq_s=6e-6)
+    points = [DecodePoint(b, b * c, 0.0001 + (skinny if b <= 2 else wide).seconds(b, b * c))
+              for b in (1, 2, 8, 32, 128) for c in (128, 1024)]
+    decode, decode_skinny, fits = fit_decode_costs(points, 0.0001, 2)
+    assert decode.base_s == pytest.approx(0.0013) and decode_skinny.base_s == pytest.approx(0.0008)
+    assert set(fits) == {"decode", "decode_skinny"} and fits["decode"].worst_error < 1e-9
+    one, none, fits = fit_decode_costs(points, 0.0001, 0)  # a CPU profile: one line through every point
+    assert none is None and set(fits) == {"decode"} and fits["decode"].worst_error > 0.05
 
 
 def tpot_and_ttft(requests) -> tuple[float, float]:

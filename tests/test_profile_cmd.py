@@ -51,12 +51,12 @@ def test_the_mixed_step_fit_is_what_mixed_steps_take_beyond_their_parts_apart():
     extra = 6e-3
     points = [MixedPoint(b, b * 512, 256, host + prefill.seconds(256) + decode.seconds(b, b * 512) + extra)
               for b in (1, 16, 64)]
-    value, fit = fit_mixed(points, host, prefill, decode)
+    value, fit = fit_mixed(points, host, prefill, lambda b: decode)
     assert close(value, extra) and fit.worst_error < 1e-9
-    assert all(close(apart_seconds(p, host, prefill, decode) + value, p.seconds) for p in points)
+    assert all(close(apart_seconds(p, host, prefill, lambda b: decode) + value, p.seconds) for p in points)
     faster = [MixedPoint(p.batch, p.total_context, p.tokens, p.seconds - 2 * extra) for p in points]
-    assert fit_mixed(faster, host, prefill, decode)[0] == 0.0  # never below 0
-    assert fit_mixed([], host, prefill, decode)[0] == 0.0
+    assert fit_mixed(faster, host, prefill, lambda b: decode)[0] == 0.0  # never below 0
+    assert fit_mixed([], host, prefill, lambda b: decode)[0] == 0.0
 
 
 def test_noisy_points_give_coefficients_near_the_truth():

@@ -55,13 +55,18 @@ def run(args: argparse.Namespace) -> None:
     print(f"\n{'decode batch':>12} {'mean ctx':>9} {'measured ms':>12} {'fit ms':>9}")
     for d in measured.decode:
         print(f"{d.batch:>12} {d.total_context // d.batch:>9} {d.seconds * 1e3:>12.3f} "
-              f"{(h + profile.decode.seconds(d.batch, d.total_context)) * 1e3:>9.3f}")
-    print(measured.fits["decode"].summary("decode"))
+              f"{(h + profile.decode_cost(d.batch).seconds(d.batch, d.total_context)) * 1e3:>9.3f}")
+    if profile.decode_skinny is not None:
+        print(f"(up to {profile.decode_skinny_max_batch} sequences a decode step runs the skinny GEMMs: the "
+              "decode_skinny fit; past it, the decode fit)")
+    for name in ("decode", "decode_skinny"):
+        if name in measured.fits:
+            print(measured.fits[name].summary(name))
     if measured.mixed:
         print(f"\n{'mixed: decodes':>14} {'mean ctx':>9} {'prompt':>7} {'measured ms':>12} {'apart ms':>9} "
               f"{'fit ms':>9}")
         for m in measured.mixed:
-            apart = apart_seconds(m, h, profile.prefill, profile.decode)
+            apart = apart_seconds(m, h, profile.prefill, profile.decode_cost)
             print(f"{m.batch:>14} {m.total_context // m.batch:>9} {m.tokens:>7} {m.seconds * 1e3:>12.3f} "
                   f"{apart * 1e3:>9.3f} {(apart + profile.mixed_step_s) * 1e3:>9.3f}")
         print(measured.fits["mixed"].summary("mixed"))

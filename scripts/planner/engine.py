@@ -176,7 +176,7 @@ class SimEngine:
     def step_seconds(self, batch: ScheduledBatch) -> float:
         p = self.profile
         d = batch.num_decodes
-        seconds = p.host_launch_s + p.decode.seconds(d, sum(s.num_computed_tokens for s in batch.seqs[:d]))
+        seconds = p.host_launch_s + p.decode_cost(d).seconds(d, sum(s.num_computed_tokens for s in batch.seqs[:d]))
         tokens = batch.num_new_tokens[d:]
         if tokens:
             context = sum(n * s.num_computed_tokens for s, n in zip(batch.seqs[d:], tokens))
@@ -214,7 +214,7 @@ class SimEngine:
             k = min(k, self._steps_with_blocks(batch, k))
             if k >= MIN_FAST_STEPS:
                 first = self.step_seconds(batch)
-                growth = self.profile.decode.per_seq_context_s * len(batch.seqs)
+                growth = self.profile.decode_cost(len(batch.seqs)).per_seq_context_s * len(batch.seqs)
                 self.batch, self.fast = batch, FastRun(now, k, first, growth)
                 self.started, self.launch_end = now, now + self.profile.host_launch_s
                 self.busy_until = now + self.fast.elapsed(k)

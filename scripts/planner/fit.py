@@ -8,6 +8,8 @@ whose coefficients are all >= 0.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import itertools
 import math
 import statistics
@@ -147,6 +149,20 @@ def fit_decode(points: list[DecodePoint], host_launch_s: float = 0.0) -> tuple[D
     return DecodeCost(base_s=base, per_seq_s=per_seq, per_seq_context_s=per_context), fit
 
 
+def fit_decode_costs(points: list[DecodePoint], host_launch_s: float, skinny_max: int
+                     ) -> tuple[DecodeCost, DecodeCost | None, dict[str, Fit]]:
+    """`Profile.decode` and `decode_skinny`: decode steps of up to `skinny_max` sequences run the skinny GEMMs, far
+    below the line through larger batches, so each side has its own line. One line (and None) when one side has
+    no points."""
+    skinny = [p for p in points if p.batch <= skinny_max]
+    rest = [p for p in points if p.batch > skinny_max]
+    if not (skinny and rest):
+        decode, fit = fit_decode(points, host_launch_s)
+        return decode, None, {"decode": fit}
+    (decode, fit), (decode_skinny, skinny_fit) = fit_decode(rest, host_launch_s), fit_decode(skinny, host_launch_s)
+    return decode, decode_skinny, {"decode": fit, "decode_skinny": skinny_fit}
+
+
 def fit_handoff(points: list[HandoffPoint]) -> tuple[HandoffCost, Fit]:
     features, seconds = [[1.0, p.num_bytes] for p in points], [p.seconds for p in points]
     fit = fit_relative(features, seconds)
@@ -158,19 +174,20 @@ def fit_handoff(points: list[HandoffPoint]) -> tuple[HandoffCost, Fit]:
     return HandoffCost(base_s=base, bytes_per_s=1.0 / per_byte), fit
 
 
-def apart_seconds(p: MixedPoint, host_launch_s: float, prefill: PrefillCost, decode: DecodeCost) -> float:
-    """What the simulator charges a mixed step before `mixed_step_s`: its decode part and its prompt part, each
-    as its own fit says (both bases), and the host's work once."""
-    return host_launch_s + prefill.seconds(p.tokens) + decode.seconds(p.batch, p.total_context)
+def apart_seconds(p: MixedPoint, host_launch_s: float, prefill: PrefillCost,
+                  decode_cost: Callable[[int], DecodeCost]) -> float:
+    """What the simulator charges a mixed step before `mixed_step_s`: its decode part (`decode_cost(batch)`, as
+    Profile.decode_cost) and its prompt part, each as its own fit says (both bases), and the host's work once."""
+    return host_launch_s + prefill.seconds(p.tokens) + decode_cost(p.batch).seconds(p.batch, p.total_context)
 
 
-def fit_mixed(points: list[MixedPoint], host_launch_s: float, prefill: PrefillCost, decode: DecodeCost
-              ) -> tuple[float, Fit]:
+def fit_mixed(points: list[MixedPoint], host_launch_s: float, prefill: PrefillCost,
+              decode_cost: Callable[[int], DecodeCost]) -> tuple[float, Fit]:
     """`mixed_step_s`: the median of what each mixed step took beyond its two parts apart, at least 0 (a
     constant: the points print beside it, to show whether it grows with the batch)."""
     if not points:
         return 0.0, Fit([0.0], 0.0)
-    apart = [apart_seconds(p, host_launch_s, prefill, decode) for p in points]
+    apart = [apart_seconds(p, host_launch_s, prefill, decode_cost) for p in points]
     extra = max(0.0, statistics.median(p.seconds - a for p, a in zip(points, apart)))
     worst = max(abs(a + extra - p.seconds) / p.seconds for p, a in zip(points, apart))
     return extra, Fit([extra], worst)

@@ -2,6 +2,7 @@
 
     prefill step seconds = base + per_token * tokens + per_token_context * tokens * context
     decode step seconds  = base + per_seq * batch + per_seq_context * batch * mean_context
+                           (a second line for the few-sequence steps of the skinny GEMMs: decode_skinny)
     handoff seconds      = base + bytes / bytes_per_s                      (one model per KV transport)
     host launch seconds  = the host's work per engine step, added to every step
     mixed step seconds   = added to a step that has both prompt tokens and decodes (its decodes run eagerly)
@@ -89,6 +90,11 @@ class Profile(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     prefill_eager: PrefillCost | None = None
     decode: DecodeCost
     handoff: dict[str, HandoffCost]  # by KV transport name
+    # Decode steps of up to this many sequences run the skinny GEMMs (common/engine/layers/gemv.py), at
+    # `decode_skinny`'s cost: far below the line through larger batches. 0 and None: one decode cost for every
+    # batch (profiles measured before them).
+    decode_skinny_max_batch: int = 0
+    decode_skinny: DecodeCost | None = None
 
     def prefill_cost(self, padded_tokens: int) -> tuple[PrefillCost, bool]:
         """The cost of a prompt step of `padded_tokens` (its tokens as the engine pads them), and whether it replays
@@ -96,6 +102,10 @@ class Profile(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         if padded_tokens <= self.prefill_graph_max_tokens:
             return self.prefill, True
         return self.prefill_eager or self.prefill, False
+
+    def decode_cost(self, batch: int) -> DecodeCost:
+        """The cost of a decode step of `batch` sequences."""
+        return decode_cost(batch, self.decode, self.decode_skinny, self.decode_skinny_max_batch)
 
     def check(self) -> None:
         for name in ("tp", "block_size", "num_kv_blocks", "kv_bytes_per_token", "max_num_batched_tokens",
@@ -114,6 +124,10 @@ class Profile(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         if self.prefill_eager is not None:
             self.prefill_eager.check("prefill_eager")
         self.decode.check("decode")
+        if self.decode_skinny_max_batch < 0:
+            raise ProfileError(f"decode_skinny_max_batch: must be >= 0, got {self.decode_skinny_max_batch}")
+        if self.decode_skinny is not None:
+            self.decode_skinny.check("decode_skinny")
         for name, cost in self.handoff.items():
             cost.check(f"handoff.{name}")
 
@@ -124,6 +138,11 @@ class Profile(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 
     def handoff_seconds(self, tokens: int, transport: str | None = None) -> float:
         return self.handoff[transport or self.transport].seconds(tokens * self.kv_bytes_per_token)
+
+
+def decode_cost(batch: int, decode: DecodeCost, skinny: DecodeCost | None, skinny_max_batch: int) -> DecodeCost:
+    """`skinny` for a step of at most `skinny_max_batch` sequences (where there is one), else `decode`."""
+    return skinny if skinny is not None and batch <= skinny_max_batch else decode
 
 
 def load_profile(path: str | Path) -> Profile:

@@ -28,12 +28,12 @@ import torch
 from common.config import ConfigError, EngineConfig
 from common.engine.llm import LLM
 from common.protocol.kv import DTYPE_BYTES
-from scripts.planner.fit import (DecodePoint, Fit, HandoffPoint, MixedPoint, PrefillPoint, fit_decode, fit_handoff,
-                                 fit_mixed, fit_prefill_costs)
+from scripts.planner.fit import (DecodePoint, Fit, HandoffPoint, MixedPoint, PrefillPoint, fit_decode_costs,
+                                 fit_handoff, fit_mixed, fit_prefill_costs)
 from scripts.planner.measure.handoff import handoff_sizes, measure_handoffs
 from scripts.planner.measure.steps import (Grid, Prompts, host_launch_seconds, measure_decode, measure_mixed,
                                            measure_prefill)
-from scripts.planner.profile import Profile
+from scripts.planner.profile import Profile, decode_cost
 from scripts.planner.profile_config import ProfileConfig
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -85,6 +85,7 @@ def measure_profile(cfg: ProfileConfig, progress: Callable[[str], None]) -> tupl
         measured.mixed = measure_mixed(engine, grid, prompts, progress)
         # An int, not the graph runner: a reference to it would keep the model and its KV pool alive past close().
         graph_max = engine.runner.prefill_graphs.sizes[-1] if engine.runner.prefill_graphs is not None else 0
+        skinny_max = skinny_max_batch(engine.runner.device)
     finally:
         llm.close()
         del llm, engine
@@ -101,8 +102,10 @@ def measure_profile(cfg: ProfileConfig, progress: Callable[[str], None]) -> tupl
 
     prefill, prefill_eager, fits = fit_prefill_costs(measured.prefill, host_launch_s, graph_max)
     measured.fits.update(fits)
-    decode, measured.fits["decode"] = fit_decode(measured.decode, host_launch_s)
-    mixed_step_s, measured.fits["mixed"] = fit_mixed(measured.mixed, host_launch_s, prefill, decode)
+    decode, decode_skinny, fits = fit_decode_costs(measured.decode, host_launch_s, skinny_max)
+    measured.fits.update(fits)
+    mixed_step_s, measured.fits["mixed"] = fit_mixed(measured.mixed, host_launch_s, prefill,
+                                                     lambda b: decode_cost(b, decode, decode_skinny, skinny_max))
     handoff = {}
     for name, points in measured.handoff.items():
         handoff[name], measured.fits[f"handoff.{name}"] = fit_handoff(points)
@@ -111,9 +114,19 @@ def measure_profile(cfg: ProfileConfig, progress: Callable[[str], None]) -> tupl
                       kv_bytes_per_token=kv_bytes_per_token, max_num_batched_tokens=ec.max_num_batched_tokens,
                       max_num_seqs=ec.max_num_seqs, host_launch_s=host_launch_s, mixed_step_s=mixed_step_s,
                       prefill=prefill, prefill_graph_max_tokens=graph_max, prefill_eager=prefill_eager,
-                      decode=decode, handoff=handoff)
+                      decode=decode, decode_skinny_max_batch=skinny_max if decode_skinny else 0,
+                      decode_skinny=decode_skinny, handoff=handoff)
     profile.check()
     return profile, measured
+
+
+def skinny_max_batch(device: torch.device) -> int:
+    """The most sequences whose decode step runs the skinny GEMMs (common/engine/layers/gemv.py): none on CPU."""
+    if device.type != "cuda":
+        return 0
+    from common.engine.layers import gemv  # triton: a CUDA machine has it
+
+    return gemv.MAX_ROWS
 
 
 def machine_name(device: torch.device, tp: int) -> str:
