@@ -5,6 +5,8 @@ from __future__ import annotations
 import importlib
 from types import ModuleType
 
+import torch
+
 _loaded: dict[str, ModuleType | None] = {}
 
 
@@ -23,7 +25,7 @@ def fused_kernels() -> ModuleType | None:
     return _triton_module("fused")
 
 
-def skinny_gemm(x, weight) -> ModuleType | None:
+def skinny_gemm(x: torch.Tensor, weight: torch.Tensor) -> ModuleType | None:
     """common.engine.layers.gemv where it serves `F.linear(x, weight)` (a few rows of x on CUDA), else None."""
     if not x.is_cuda or (gemv := _triton_module("gemv")) is None:
         return None
