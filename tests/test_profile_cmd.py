@@ -89,7 +89,8 @@ def test_a_poor_fit_warns_in_one_line():
 # ---- what is measured ---------------------------------------------------------------------------------
 
 def test_grids_fit_the_step_budget_the_model_length_and_the_kv_pool():
-    from scripts.planner.measure.steps import Grid, decode_growth, decode_plan, mixed_plan, prefill_plan
+    from scripts.planner.measure.steps import (Grid, decode_growth, decode_plan, mixed_plan, prefill_plan,
+                                               spread_contexts)
 
     for quick in (True, False):
         grid = Grid.make(quick)
@@ -100,13 +101,28 @@ def test_grids_fit_the_step_budget_the_model_length_and_the_kv_pool():
         points, skipped = decode_plan(grid, max_num_seqs=256, budget=8192, max_len=40960, num_blocks=20000,
                                       block_size=16)
         for b, c in points:
-            assert b <= 256 and b * -(-(c + decode_growth(grid, b, c, 8192)) // 16) <= 20000
+            growth = decode_growth(grid, b, c, 8192)
+            lengths = spread_contexts(b, c)
+            assert b <= 256 and sum(-(-(n + growth) // 16) for n in lengths) <= 20000
+            assert max(lengths) + growth <= 40960
         assert skipped and all("KV blocks" in s for s in skipped)  # 256 x 4096 tokens do not fit 320k slots
         assert len({c for _, c in points}) >= 2 and len({b for b, _ in points}) >= 3
         mixed = mixed_plan(grid, max_num_seqs=256, budget=8192, max_len=40960, num_blocks=20000, block_size=16)
         assert len(mixed) >= 2 and all(b + n <= 8192 and b < 256 for b, _, n in mixed)
         small = mixed_plan(grid, max_num_seqs=16, budget=256, max_len=1024, num_blocks=20000, block_size=16)
         assert small and all(b < 16 and b + n <= 256 for b, _, n in small)
+
+
+def test_decode_points_mix_context_lengths_around_their_mean():
+    """A serving batch mixes lengths, and the decode plan costs more over mixed ones: the profile's decode points
+    run contexts from a third to five thirds of the point's context, with that mean."""
+    from scripts.planner.measure.steps import spread_contexts
+
+    assert spread_contexts(1, 1024) == [1024]
+    for batch, context in ((2, 1024), (64, 1024), (7, 4096), (256, 128)):
+        lengths = spread_contexts(batch, context)
+        assert len(lengths) == batch and abs(sum(lengths) / batch - context) <= 1
+        assert min(lengths) == round(context / 3) and max(lengths) == round(5 * context / 3)
 
 
 # ---- the command --------------------------------------------------------------------------------------

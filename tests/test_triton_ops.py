@@ -7,6 +7,7 @@ garbage for bf16 operands.
 """
 from __future__ import annotations
 
+import random
 from dataclasses import dataclass
 
 import pytest
@@ -16,7 +17,7 @@ from tests.triton_interp import INTERPRETED, device, interpreter_suite  # noqa: 
 from common.engine.attention import torch_ops
 
 triton_ops = pytest.importorskip("common.engine.attention.triton_ops")
-from common.engine.attention.decode_plan import plan_decode, plan_units  # noqa: E402
+from common.engine.attention.decode_plan import plan_decode, plan_units, split_units  # noqa: E402
 
 DTYPES = [torch.float16, torch.float32] + ([] if INTERPRETED else [torch.bfloat16])
 TOL = {torch.float32: 1e-4, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
@@ -180,37 +181,49 @@ def covered(table, lens: list[int]) -> None:
 
 
 @pytest.mark.parametrize("lens, units, split", [
-    ([400] * 15 + [8192], [2] * 15 + [32], True),  # the long one is cut as finely as the short ones
-    ([500] * 63 + [32768], [1] * 63 + [32], True),  # was one program reading 32k tokens
+    ([400] * 15 + [8192], [3] * 15 + [43], True),  # the long one is cut as finely as the short ones
+    ([500] * 63 + [32768], [1] * 63 + [47], True),  # was one program reading 32k tokens
     ([1024] * 64, [1] * 64, False),  # 512 programs fill one wave already: no split, no reduce
-    ([520] * 64, [1] * 64, False),  # rounded to nearest: not 2 x 260
-    ([4096] * 16, [4] * 16, True),
+    ([520] * 64, [1] * 64, False),  # at one wave, 520 rounds to one unit: not 2 x 260
+    ([4096] * 16, [6] * 16, True),
     ([4096] * 256, [1] * 256, False),
     ([1024], [16], True),  # few programs: cut down to one 64-token tile ...
     ([65536], [64], True),  # ... and at most 64 units a sequence
-    ([100000] * 3, [22] * 3, True),
+    ([100000] * 3, [33] * 3, True),
     ([40, 0, 7], [1, 0, 1], False),  # padding (0) gets no unit
 ])
-def test_plan_fills_one_wave_whatever_the_lengths(lens: list[int], units: list[int], split: bool) -> None:
+def test_plan_cuts_units_of_a_wave_and_a_half(lens: list[int], units: list[int], split: bool) -> None:
     target = 4 * 132 // 8  # an H200, 8 KV heads
-    table, got_split = plan_units(lens, target, len(lens) + target)
+    table, got_split = plan_units(lens, target, len(lens) + split_units(target))
     assert got_split == split and (table is None) == (not split)  # no table: one unit a sequence
     if split:
         covered(table, lens)
         assert table[4, :len(lens)].tolist() == units
 
 
+def test_plan_units_of_mixed_lengths_stay_near_the_mean() -> None:
+    """Contexts of mixed lengths: no unit is much longer than the mean unit (the wave waits for the longest).
+    Rounded to nearest at one wave, units ran up to 1.5x the mean."""
+    rng = random.Random(0)
+    lens = [rng.randint(341, 1707) for _ in range(48)]
+    table, split = plan_units(lens, 66, 48 + split_units(66))
+    covered(table, lens)
+    used = int((table[0] >= 0).sum())
+    sizes = table[2, :used] - table[1, :used]
+    assert split and sizes.max() <= 1.35 * sum(lens) / used
+
+
 def test_plan_pads_to_the_graph_batch() -> None:
     """A graph's bucket is wider than the batch: the extra entries have no units."""
-    table, split = plan_units([5000, 3], 66, 16 + 66)
+    table, split = plan_units([5000, 3], 66, 16 + split_units(66))
     covered(table, [5000, 3] + [0] * 14)
-    assert split and table.shape == (5, 82) and (table[4, 2:] == 0).all()
+    assert split and table.shape == (5, 16 + 99) and (table[4, 2:] == 0).all()
 
 
 @pytest.mark.parametrize("lens", [[300, 2100, 5, 5000, 129], [200] * 9 + [9000], [100000, 1]])
 @pytest.mark.parametrize("target", [5, 66, 1000])
 def test_plan_never_exceeds_its_capacity(lens: list[int], target: int) -> None:
-    table, split = plan_units(lens, target, len(lens) + target)  # asserts the capacity itself
+    table, split = plan_units(lens, target, len(lens) + split_units(target))  # asserts the capacity itself
     assert split
     covered(table, lens)
 

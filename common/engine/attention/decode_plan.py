@@ -6,6 +6,7 @@ graph captures the plan's table, and each replay copies that step's table in.
 from __future__ import annotations
 
 import functools
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -15,9 +16,13 @@ import torch
 # the batch-1 decode step was faster with the finer units (docs/benchmarks.md, stop 12).
 MIN_UNIT_TOKENS = 64
 UNIT_GRANULE = 64  # unit lengths are multiples of this (the bf16/fp16 tile)
-# Programs per SM in one wave. The units fill about one wave: a partial second wave cost more than longer
-# units (bench_attention --sweep, H200).
+# Programs per SM in one wave. Whether to cut at all is judged against one wave: a batch whose sequences fill
+# it runs one program a sequence, with no reduce (bench_attention --sweep, H200).
 PROGRAMS_PER_SM = 4
+# Once a plan cuts, it cuts units of at most sum / (SPLIT_WAVES x a wave) tokens, rounding each sequence's count
+# up: with contexts of mixed lengths, the wave waits for its largest unit, and units rounded to nearest at one
+# wave ran up to 1.5x the mean (docs/gpu_runs/stop19_plan_probe.py).
+SPLIT_WAVES = 1.5
 MAX_UNITS_PER_SEQ = 64  # a sequence cut finer gains little and gives the reduce more partials
 PLAN_ROWS = 5
 
@@ -55,17 +60,23 @@ def wave_units(num_kv_heads: int, device: torch.device) -> int:
     return max(1, PROGRAMS_PER_SM * _num_sms(device) // num_kv_heads)
 
 
+def split_units(target: int) -> int:
+    """Units a split plan aims at, for `target` units a wave."""
+    return math.ceil(target * SPLIT_WAVES)
+
+
 def plan_capacity(batch: int, num_kv_heads: int, device: torch.device) -> int:
     """Units a plan for `batch` sequences may use at most (see plan_units): the grid of a split launch."""
-    return batch + wave_units(num_kv_heads, device)
+    return batch + split_units(wave_units(num_kv_heads, device))
 
 
 def plan_units(seq_lens: list[int], target: int, capacity: int,
                max_num_splits: int = MAX_UNITS_PER_SEQ) -> tuple[np.ndarray | None, bool]:
-    """Cut each context into units of about `sum(seq_lens) / target` tokens (at least
-    MIN_UNIT_TOKENS), the number of units per sequence rounded to nearest, at most
-    `max_num_splits`: one wave of equal work whatever the mix of lengths, so one long sequence among short
-    ones no longer runs alone in one program. Rounding to nearest keeps sum(units) <= target + len(seq_lens).
+    """Cut each context into units of at most `sum(seq_lens) / split_units(target)` tokens (at least
+    MIN_UNIT_TOKENS), at most `max_num_splits` a sequence: about equal work a program whatever the mix of
+    lengths, so one long sequence among short ones no longer runs alone in one program. No cut at all when
+    units of `sum / target` tokens, rounded to nearest, would leave every sequence whole (one wave holds
+    them). Rounding up keeps sum(units) <= split_units(target) + len(seq_lens), the capacity it needs.
 
     Returns the [5, capacity] table of DecodePlan (unused units -1) and whether any sequence is split; no
     table when none is (the common case of a large batch: decided without numpy, a step's host time counts).
@@ -74,10 +85,11 @@ def plan_units(seq_lens: list[int], target: int, capacity: int,
     max_num_splits = max(1, min(max_num_splits, MAX_UNITS_PER_SEQ))
     if max_num_splits == 1 or 2 * max(seq_lens, default=0) < 3 * chunk:  # every length rounds to one unit
         return None, False
+    chunk = _round_up(max(MIN_UNIT_TOKENS, _cdiv(sum(seq_lens), split_units(target))), UNIT_GRANULE)
     # Plain Python, a sequence at a time: for a step's few sequences it beats numpy's per-call overhead.
     seqs, starts, ends, firsts, counts = [], [], [], [], []
     for i, length in enumerate(seq_lens):
-        n = min(max((2 * length + chunk) // (2 * chunk), 1), max_num_splits)  # round half up, >= 1
+        n = min(max(_cdiv(length, chunk), 1), max_num_splits)
         per_unit = _round_up(max(_cdiv(length, n), 1), UNIT_GRANULE)
         n = _cdiv(length, per_unit)  # rounding up the unit length may leave fewer units; none for length 0
         firsts.append(len(seqs))
@@ -103,7 +115,7 @@ def plan_table(seq_lens: list[int], num_kv_heads: int, device: torch.device, *, 
     entries are empty; `target`: units per wave (default: what fills one on `device`)."""
     batch = len(seq_lens) if batch is None else batch
     target = wave_units(num_kv_heads, device) if target is None else target
-    return plan_units(seq_lens, target, batch + target, max_num_splits)[0]
+    return plan_units(seq_lens, target, batch + split_units(target), max_num_splits)[0]
 
 
 def plan_decode(seq_lens: list[int], num_kv_heads: int, device: torch.device, **kw) -> DecodePlan:

@@ -173,8 +173,9 @@ def decode_plan(grid: Grid, max_num_seqs: int, budget: int, max_len: int, num_bl
     plan, skipped = [], []
     for c in sorted(contexts):
         for b in batches:
-            grown = c + decode_growth(grid, b, c, budget)
-            need = b * -(-grown // block_size)
+            growth = decode_growth(grid, b, c, budget)
+            grown = max(spread_contexts(b, c)) + growth
+            need = sum(-(-(n + growth) // block_size) for n in spread_contexts(b, c))
             if grown > max_len:
                 skipped.append(f"batch {b} x context {c} (would grow past max_model_len {max_len})")
             elif need > 0.95 * num_blocks:
@@ -184,11 +185,20 @@ def decode_plan(grid: Grid, max_num_seqs: int, budget: int, max_len: int, num_bl
     return plan, skipped
 
 
+def spread_contexts(batch: int, context: int) -> list[int]:
+    """`batch` prompt lengths of mean `context`, evenly from context/3 to 5 context/3: a serving batch mixes lengths,
+    and the decode kernel's plan costs more over mixed lengths than over equal ones of the same total
+    (docs/gpu_runs/stop19_decode_spread.py)."""
+    if batch == 1:
+        return [context]
+    return [max(1, round(context * (1 + 2 * (2 * i - (batch - 1)) / (3 * (batch - 1))))) for i in range(batch)]
+
+
 def start_decodes(engine: LLMEngine, prompts: Prompts, batch: int, context: int, max_tokens: int) -> list[str]:
-    """`batch` sequences of `context` prompt tokens, all past their prefill and a few decode steps."""
+    """`batch` sequences of `spread_contexts` prompt tokens, all past their prefill and a few decode steps."""
     rids = [f"profile-d{batch}-{context}-{i}" for i in range(batch)]
-    for rid in rids:
-        engine.add_request(rid, prompts.make(context), SamplingParams(max_tokens=max_tokens, ignore_eos=True))
+    for rid, length in zip(rids, spread_contexts(batch, context)):
+        engine.add_request(rid, prompts.make(length), SamplingParams(max_tokens=max_tokens, ignore_eos=True))
     sched = engine.scheduler
     while sched.waiting or any(s.num_uncomputed() > 1 for s in sched.running):
         engine.step()
@@ -254,11 +264,13 @@ def mixed_plan(grid: Grid, max_num_seqs: int, budget: int, max_len: int, num_blo
     """(batch, context, prompt tokens) for the mixed steps: the grid's batches that fit max_num_seqs (one seat
     left for the prompt) and the KV pool, at the smallest decode context, the prompt within the step budget."""
     context = min(grid.decode_contexts)
-    grown = context + decode_growth(grid, max(grid.mixed_batches), context, budget) + 3 * (grid.prefill_reps + 1)
+    growth = decode_growth(grid, max(grid.mixed_batches), context, budget) + 3 * (grid.prefill_reps + 1)
     tokens = max(16, round(budget * grid.mixed_share))
     plan = []
     for b in sorted(set(grid.mixed_batches)):
-        need = b * -(-grown // block_size) + -(-tokens // block_size) * (grid.prefill_reps + 1)
+        grown = max(spread_contexts(b, context)) + growth
+        need = (sum(-(-(n + growth) // block_size) for n in spread_contexts(b, context))
+                + -(-tokens // block_size) * (grid.prefill_reps + 1))
         if b < max_num_seqs and b + tokens <= budget and grown + tokens < max_len and need <= 0.95 * num_blocks:
             plan.append((b, context, tokens))
     return plan
