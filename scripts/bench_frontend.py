@@ -2,6 +2,7 @@
 HTTP (`/v1/completions`) and through the ZMQ client, against a worker that answers at once.
 
     python -m scripts.bench_frontend --model DIR [--requests 2000] [--concurrency 1,64] [--tokens 16]
+    python -m scripts.bench_frontend --model DIR --prompt-tokens 1024 --stream   # aiperf's side against bench's
 
 Three kinds of process: the router (with `--http`), pinned to `--router-core`; an instant colocated worker (it
 answers each `generate_task` with `--tokens` tokens in one `token_batch`, no engine); and `--clients` load processes
@@ -9,11 +10,16 @@ answers each `generate_task` with `--tokens` tokens in one `token_batch`, no eng
 `concurrency / clients` requests at a time. The router's CPU time over each run is read from /proc: its CPU per request
 is the front end's cost whatever limits the measured req/s, and its inverse the requests/s one router core sustains
 (on a machine with few cores the load processes, not the router, may bound the measured req/s). Prints one table; docs/benchmarks.md keeps the figures.
+
+With --prompt-tokens N each request carries a prompt of N tokens: as text through HTTP (the router tokenizes it, as
+for aiperf's requests) and as the same token ids through ZMQ (as `pdcluster bench` sends them). With --stream the
+latency is to the first streamed token (a TTFT: the first SSE `data:` line with text, the first ZMQ delta).
 """
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import multiprocessing as mp
 import statistics
 import time
@@ -28,10 +34,25 @@ WARMUP = 20  # requests per load process before the clock starts
 # ---- the load ---------------------------------------------------------------------------------------------------
 
 
-def run_load(kind: str, target: str, model: str, requests: int, concurrency: int, tokens: int,
-             out: mp.Queue) -> None:
-    """`requests` requests, `concurrency` at a time; puts (latencies, wall seconds)."""
+def prompts(model: str, prompt_tokens: int) -> tuple[str, str | list[int]]:
+    """The prompt as HTTP and as ZMQ send it: PROMPT twice, or N tokens' text and its token ids."""
+    if not prompt_tokens:
+        return PROMPT, PROMPT
+    from common.prompt import load_tokenizer
+
+    tokenizer = load_tokenizer(model)
+    ids = tokenizer.encode(" ".join([PROMPT] * prompt_tokens), add_special_tokens=False)[:prompt_tokens]
+    text = tokenizer.decode(ids)
+    return text, tokenizer.encode(text, add_special_tokens=False)
+
+
+def run_load(kind: str, target: str, model: str, requests: int, concurrency: int, tokens: int, prompt_tokens: int,
+             stream: bool, out: mp.Queue) -> None:
+    """`requests` requests, `concurrency` at a time; puts (latencies, wall seconds): to the whole answer, or with
+    `stream` to its first token."""
     import uvloop
+
+    text, ids = prompts(model, prompt_tokens)
 
     async def main() -> tuple[list[float], float]:
         latencies: list[float] = []
@@ -41,24 +62,42 @@ def run_load(kind: str, target: str, model: str, requests: int, concurrency: int
 
             limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
             client = httpx.AsyncClient(base_url=target, limits=limits, timeout=60)
-            body = {"model": model, "prompt": PROMPT, "max_tokens": tokens, "temperature": 0}
+            body = {"model": model, "prompt": text, "max_tokens": tokens, "temperature": 0, "stream": stream}
 
-            async def one() -> None:
-                r = await client.post("/v1/completions", json=body)
-                assert r.status_code == 200, r.text
+            async def one() -> float:
+                t = time.perf_counter()
+                if not stream:
+                    r = await client.post("/v1/completions", json=body)
+                    assert r.status_code == 200, r.text
+                    return time.perf_counter() - t
+                first = None
+                async with client.stream("POST", "/v1/completions", json=body) as r:
+                    assert r.status_code == 200
+                    async for line in r.aiter_lines():
+                        if first is None and line.startswith("data:") and line[5:].strip() != "[DONE]":
+                            choices = json.loads(line[5:]).get("choices") or [{}]
+                            if choices[0].get("text"):
+                                first = time.perf_counter() - t
+                return first
         else:
             from router.client import AsyncClient
 
             client = AsyncClient(target, timeout=60)
 
-            async def one() -> None:
-                await client.generate(PROMPT, max_tokens=tokens, temperature=0)
+            async def one() -> float:
+                t = time.perf_counter()
+                if not stream:
+                    await client.generate(ids, max_tokens=tokens, temperature=0)
+                    return time.perf_counter() - t
+                first = None
+                async for _ in client.stream(ids, max_tokens=tokens, temperature=0):
+                    if first is None:
+                        first = time.perf_counter() - t
+                return first
 
         async def lane() -> None:
             for _ in left:
-                t = time.perf_counter()
-                await one()
-                latencies.append(time.perf_counter() - t)
+                latencies.append(await one())
 
         for _ in range(min(WARMUP, requests)):  # warm-up: connections, the router's first requests
             await one()
@@ -80,7 +119,8 @@ def measure(kind: str, target: str, args, concurrency: int, router_pid: int) -> 
     clients = min(args.clients, concurrency)
     per = [args.requests // clients + (i < args.requests % clients) for i in range(clients)]
     lanes = [concurrency // clients + (i < concurrency % clients) for i in range(clients)]
-    procs = [ctx.Process(target=run_load, args=(kind, target, args.model, n, c, args.tokens, out))
+    procs = [ctx.Process(target=run_load, args=(kind, target, args.model, n, c, args.tokens, args.prompt_tokens,
+                                                args.stream, out))
              for n, c in zip(per, lanes)]
     cpu0 = cpu_seconds(router_pid)
     for p in procs:
@@ -102,6 +142,9 @@ def main() -> None:
     p.add_argument("--requests", type=int, default=2000)
     p.add_argument("--concurrency", default="1,64", help="comma-separated")
     p.add_argument("--tokens", type=int, default=16, help="tokens each answer carries")
+    p.add_argument("--prompt-tokens", type=int, default=0, help="tokens each prompt carries (text through HTTP, "
+                                                                 "ids through ZMQ); 0: a short sentence")
+    p.add_argument("--stream", action="store_true", help="latency to the first streamed token")
     p.add_argument("--clients", type=int, default=2, help="load processes")
     p.add_argument("--router-core", type=int, default=0, help="CPU the router is pinned to (-1: not pinned)")
     args = p.parse_args()
@@ -114,12 +157,14 @@ def main() -> None:
         worker.start()
         time.sleep(1.5)  # the hello and a heartbeat
         try:
-            print(f"{'client':<6} {'conc':>5} {'p50 ms':>8} {'p99 ms':>8} {'req/s':>8} {'router CPU ms/req':>18} "
+            what = "TTFT" if args.stream else "latency"
+            print(f"{'client':<6} {'conc':>5} {what + ' p50 ms':>14} {what + ' p99 ms':>14} {'req/s':>8} "
+                  f"{'router CPU ms/req':>18} "
                   f"{'req/s per router core':>22}")
             for concurrency in [int(c) for c in args.concurrency.split(",")]:
                 for kind, target in (("zmq", spec.address), ("http", f"http://127.0.0.1:{http_port}")):
                     r = measure(kind, target, args, concurrency, router.pid)
-                    print(f"{kind:<6} {concurrency:>5} {r['p50_ms']:>8.2f} {r['p99_ms']:>8.2f} {r['rps']:>8.0f} "
+                    print(f"{kind:<6} {concurrency:>5} {r['p50_ms']:>14.2f} {r['p99_ms']:>14.2f} {r['rps']:>8.0f} "
                           f"{r['cpu_ms']:>18.3f} {1e3 / r['cpu_ms']:>22.0f}", flush=True)
         finally:
             stop.set()

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -40,3 +41,23 @@ def tiny_llama_dir(tmp_path_factory) -> Path:
     from scripts.model_prep import prepare_random
 
     return prepare_random("tiny-llama", tmp_path_factory.mktemp("models") / "tiny-llama", seed=0)
+
+
+# --- NVIDIA's aiperf, a load tool nobody here wrote ----------------------------------------------------------
+
+AIPERF_VERSION = "0.13.0"
+
+
+@pytest.fixture(scope="session")
+def aiperf() -> Path:
+    """aiperf in a venv of its own (it pins pyzmq, psutil and rich below ours): .cache/aiperf-venv, made once."""
+    venv = ROOT / ".cache" / "aiperf-venv"
+    exe = venv / "bin" / "aiperf"
+    if not exe.exists():
+        made = subprocess.run([sys.executable, "-m", "venv", str(venv)], capture_output=True, text=True)
+        if made.returncode == 0:
+            made = subprocess.run([str(venv / "bin" / "pip"), "install", "-q", f"aiperf=={AIPERF_VERSION}"],
+                                  capture_output=True, text=True, timeout=900)
+        if made.returncode != 0 or not exe.exists():
+            pytest.skip(f"cannot install aiperf=={AIPERF_VERSION} in {venv}: {made.stderr[-500:]}")
+    return exe

@@ -388,24 +388,6 @@ def test_metrics_parse_and_count_the_requests_sent(served, expected):
 
 # --- a load tool nobody here wrote ------------------------------------------------------------------------------
 
-AIPERF_VERSION = "0.13.0"
-
-
-@pytest.fixture(scope="session")
-def aiperf() -> Path:
-    """aiperf in a venv of its own (it pins pyzmq, psutil and rich below ours): .cache/aiperf-venv, made once."""
-    venv = ROOT / ".cache" / "aiperf-venv"
-    exe = venv / "bin" / "aiperf"
-    if not exe.exists():
-        made = subprocess.run([sys.executable, "-m", "venv", str(venv)], capture_output=True, text=True)
-        if made.returncode == 0:
-            made = subprocess.run([str(venv / "bin" / "pip"), "install", "-q", f"aiperf=={AIPERF_VERSION}"],
-                                  capture_output=True, text=True, timeout=900)
-        if made.returncode != 0 or not exe.exists():
-            pytest.skip(f"cannot install aiperf=={AIPERF_VERSION} in {venv}: {made.stderr[-500:]}")
-    return exe
-
-
 @pytest.mark.slow
 def test_aiperf_runs_against_the_http_front_end_without_errors(served, aiperf, tmp_path):
     endpoint = "completions" if served.mode == "disagg" else "chat"
@@ -489,3 +471,27 @@ def test_the_front_end_benchmark_runs(tiny_qwen3_dir):
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = [line.split() for line in proc.stdout.splitlines()[1:]]
     assert [(r[0], r[1]) for r in rows] == [("zmq", "1"), ("http", "1"), ("zmq", "4"), ("http", "4")]
+
+
+def test_the_front_end_benchmark_times_first_tokens_of_long_prompts(tiny_qwen3_dir):
+    """--prompt-tokens N --stream: a prompt of N tokens (text through HTTP, ids through ZMQ), timed to the first
+    streamed token; both paths answer and the rows carry TTFTs."""
+    proc = subprocess.run([sys.executable, "-m", "scripts.bench_frontend", "--model", str(tiny_qwen3_dir),
+                           "--requests", "30", "--concurrency", "1", "--clients", "1", "--router-core", "-1",
+                           "--prompt-tokens", "256", "--stream"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = proc.stdout.splitlines()
+    assert "TTFT p50 ms" in lines[0]
+    rows = [line.split() for line in lines[1:]]
+    assert [r[0] for r in rows] == ["zmq", "http"] and all(0 < float(r[2]) <= float(r[3]) for r in rows)
+
+
+def test_long_prompts_carry_the_same_tokens_as_text_and_as_ids(tiny_qwen3_dir):
+    from common.prompt import load_tokenizer
+    from scripts.bench_frontend import prompts
+
+    text, ids = prompts(str(tiny_qwen3_dir), 100)
+    assert load_tokenizer(str(tiny_qwen3_dir)).encode(text, add_special_tokens=False) == ids
+    assert abs(len(ids) - 100) <= 5
