@@ -27,6 +27,10 @@ class RequestRecord:
     finish_reason: str | None = None
     error_code: str | None = None  # set when the request failed
     error: str | None = None
+    # The router's own clock (the Timings of its answer): from arrival there to dispatch, and to its first token.
+    # Beside `ttft`, they split a first token's wait into router queue, workers, and the path back to the client.
+    router_queued: float | None = None
+    router_ttft: float | None = None
 
     @property
     def ok(self) -> bool:
@@ -50,7 +54,8 @@ class RequestRecord:
 
     @classmethod
     def from_json(cls, d: dict) -> RequestRecord:
-        return cls(**{f.name: d[f.name] for f in fields(cls)})
+        """A record as to_json wrote it; fields a results file from before them lacks keep their defaults."""
+        return cls(**{f.name: d[f.name] for f in fields(cls) if f.name in d})
 
 
 @dataclass(frozen=True)
@@ -107,6 +112,7 @@ class Summary:
     tpot: Dist
     itl: Dist
     e2e: Dist
+    router_ttft: Dist  # the same first tokens by the router's clock (RequestRecord.router_ttft)
 
 
 def judge(records: list[RequestRecord], slo: SLO, duration: float) -> tuple[float, float]:
@@ -139,4 +145,5 @@ def summarize(records: list[RequestRecord], slo: SLO) -> Summary:
         tpot=Dist.of([t for r in done if (t := r.tpot) is not None]),
         itl=Dist.of([gap for r in done for gap in r.itl]),
         e2e=Dist.of([r.e2e for r in done]),
+        router_ttft=Dist.of([r.router_ttft for r in done if r.router_ttft is not None]),
     )

@@ -343,7 +343,7 @@ class FakeStream:
             self.client.tokens += self.n
             usage = Usage(prompt_tokens=1, completion_tokens=self.n, cached_tokens=0)
             self.result = Completion("r", "x" * self.n, [7] * self.n, "length", usage,
-                                     Timings(queued=0, ttft=0, e2e=0, itl=[]))
+                                     Timings(queued=0.0005, ttft=0.001, e2e=0.002 * self.n, itl=[]))
         finally:
             self.client.in_flight -= 1
             self.client.events.append(("end", self.prompt_len))
@@ -402,6 +402,8 @@ def test_open_loop_sends_on_time_and_records_failures():
     assert records[1].error_code == "overloaded" and "queue full" in records[1].error
     ok = records[0]
     assert ok.output_tokens == 3 and len(ok.itl) == 2 and 0 < ok.ttft < ok.e2e and ok.tpot > 0
+    assert (ok.router_queued, ok.router_ttft) == (0.0005, 0.001)  # the router's Timings, as it answered
+    assert records[1].router_ttft is None  # a failure has no answer to read them from
 
 
 def test_closed_loop_keeps_concurrency_requests_in_flight():
@@ -926,9 +928,11 @@ def test_cpu_smoke_run_of_both_modes(tiny_qwen3_dir, tmp_path):
         assert sorted(r["index"] for r in reqs) == list(range(12))
         assert all(r["error_code"] is None and r["output_tokens"] == 16 and r["prompt_len"] == 64 for r in reqs)
         assert (s["requests"], s["completed"], s["failed"], s["wrong_length"]) == (12, 12, 0, 0)
-        for key in ("ttft", "tpot", "itl", "e2e"):
+        for key in ("ttft", "tpot", "itl", "e2e", "router_ttft"):
             d = s[key]
             assert 0 < d["p50"] <= d["p90"] <= d["p99"], (key, d)
+        # the router's clock starts after the client sends and sees the first token before the client does
+        assert all(0 <= r["router_queued"] < r["router_ttft"] < r["ttft"] for r in reqs)
         assert s["output_throughput"] == pytest.approx(12 * 16 / s["duration"])
         decoders = [e for e in point["engines"] if e["role"] in ("decode", "colocated")]
         # the first token of each request comes from its prefill; with overlap a step may run one more
@@ -940,3 +944,11 @@ def test_cpu_smoke_run_of_both_modes(tiny_qwen3_dir, tmp_path):
     assert "Not the same number of engines" in report  # 2 worker processes against 1
     for name in PLOTS:
         assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_records_from_before_the_router_timings_still_load():
+    old = {"index": 3, "prompt_len": 5, "output_len": 2, "start": 0.1, "end": 0.3, "ttft": 0.05, "itl": [0.1],
+           "output_tokens": 2, "finish_reason": "length", "error_code": None, "error": None, "e2e": 0.2, "tpot": 0.1}
+    rec = RequestRecord.from_json(old)
+    assert (rec.index, rec.ttft, rec.router_ttft, rec.router_queued) == (3, 0.05, None, None)
+    assert RequestRecord.from_json(rec.to_json()) == rec
