@@ -55,6 +55,7 @@ class Request:
     detok: CompletionText  # the completion's text as the client sees it (stop strings applied)
     arrival: float = field(default_factory=time.monotonic)
     dispatched: float | None = None
+    reserved_at: float | None = None  # disaggregated: when the decode worker's reservation answer came
     phase: Phase = Phase.QUEUED
     prefill: WorkerInfo | None = None  # disaggregated: the prefill worker, until the first token
     decode: WorkerInfo | None = None  # the decode worker, or the colocated one
@@ -124,6 +125,7 @@ class Request:
         """The blocks are set aside; `prefill` (the paired worker, or another if that one stopped accepting)
         computes the KV."""
         self._expect(Phase.RESERVING)
+        self.reserved_at = time.monotonic()
         if prefill is not self.prefill:
             self._release_prefill()
             self.prefill = prefill
@@ -144,7 +146,7 @@ class Request:
         """Back to the queue, holding nothing on any worker."""
         self._expect(Phase.RESERVING, Phase.PREFILLING, Phase.DECODING, Phase.RUNNING)
         self._release()
-        self.dispatched = None
+        self.dispatched = self.reserved_at = None
         self.phase = Phase.QUEUED
 
     def restart(self, rid: str, detok: CompletionText) -> None:

@@ -345,7 +345,8 @@ class Router:
         first = req.token_times[0] if req.token_times else None
         timings = P.Timings(queued=(req.dispatched or now) - req.arrival,
                             ttft=None if first is None else first - req.arrival, e2e=now - req.arrival,
-                            itl=[b - a for a, b in zip(req.token_times, req.token_times[1:])])
+                            itl=[b - a for a, b in zip(req.token_times, req.token_times[1:])],
+                            reserved=None if req.reserved_at is None else req.reserved_at - req.arrival)
         usage = P.Usage(prompt_tokens=len(req.prompt_ids), completion_tokens=len(req.token_ids),
                         cached_tokens=min(req.cached_tokens, len(req.prompt_ids)))
         self.metrics.finished(reason, usage, timings)

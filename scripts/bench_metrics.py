@@ -31,6 +31,7 @@ class RequestRecord:
     # Beside `ttft`, they split a first token's wait into router queue, workers, and the path back to the client.
     router_queued: float | None = None
     router_ttft: float | None = None
+    router_reserved: float | None = None  # disaggregated: arrival at the router to the reservation's answer
 
     @property
     def ok(self) -> bool:

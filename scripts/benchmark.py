@@ -178,7 +178,8 @@ async def send(client: Any, index: int, req: BenchRequest, t0: float, timeout: f
             last = now
         rec.output_tokens = len(stream.result.token_ids)
         rec.finish_reason = stream.result.finish_reason
-        rec.router_queued, rec.router_ttft = stream.result.timings.queued, stream.result.timings.ttft
+        timings = stream.result.timings
+        rec.router_queued, rec.router_ttft, rec.router_reserved = timings.queued, timings.ttft, timings.reserved
         if rec.finish_reason == "abort":
             rec.error_code, rec.error = "abort", "the request ended with finish_reason abort"
     except ServerError as e:

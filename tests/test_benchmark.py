@@ -343,7 +343,8 @@ class FakeStream:
             self.client.tokens += self.n
             usage = Usage(prompt_tokens=1, completion_tokens=self.n, cached_tokens=0)
             self.result = Completion("r", "x" * self.n, [7] * self.n, "length", usage,
-                                     Timings(queued=0.0005, ttft=0.001, e2e=0.002 * self.n, itl=[]))
+                                     Timings(queued=0.0005, ttft=0.001, e2e=0.002 * self.n, itl=[],
+                                             reserved=0.0007))
         finally:
             self.client.in_flight -= 1
             self.client.events.append(("end", self.prompt_len))
@@ -402,7 +403,7 @@ def test_open_loop_sends_on_time_and_records_failures():
     assert records[1].error_code == "overloaded" and "queue full" in records[1].error
     ok = records[0]
     assert ok.output_tokens == 3 and len(ok.itl) == 2 and 0 < ok.ttft < ok.e2e and ok.tpot > 0
-    assert (ok.router_queued, ok.router_ttft) == (0.0005, 0.001)  # the router's Timings, as it answered
+    assert (ok.router_queued, ok.router_reserved, ok.router_ttft) == (0.0005, 0.0007, 0.001)  # the router's Timings
     assert records[1].router_ttft is None  # a failure has no answer to read them from
 
 
@@ -933,6 +934,10 @@ def test_cpu_smoke_run_of_both_modes(tiny_qwen3_dir, tmp_path):
             assert 0 < d["p50"] <= d["p90"] <= d["p99"], (key, d)
         # the router's clock starts after the client sends and sees the first token before the client does
         assert all(0 <= r["router_queued"] < r["router_ttft"] < r["ttft"] for r in reqs)
+        if run["mode"] == "disagg":
+            assert all(r["router_queued"] <= r["router_reserved"] < r["router_ttft"] for r in reqs)
+        else:
+            assert all(r["router_reserved"] is None for r in reqs)
         assert s["output_throughput"] == pytest.approx(12 * 16 / s["duration"])
         decoders = [e for e in point["engines"] if e["role"] in ("decode", "colocated")]
         # the first token of each request comes from its prefill; with overlap a step may run one more

@@ -61,6 +61,10 @@ def test_greedy_output_equals_offline_generate(cluster, expected):
     for g in got:
         assert g.finish_reason == "length" and g.usage.completion_tokens == MAX_TOKENS
         assert g.timings.ttft is not None and len(g.timings.itl) == MAX_TOKENS - 1
+        if cluster.mode_name == "disagg":  # the reservation's answer comes after dispatch and before the first token
+            assert g.timings.queued <= g.timings.reserved < g.timings.ttft
+        else:
+            assert g.timings.reserved is None
 
 
 def test_streamed_deltas_arrive_in_order_and_join_to_the_result(cluster, expected):

@@ -11,12 +11,12 @@ import sys
 import time
 from pathlib import Path
 
-import msgspec
 import pytest
 
 from common.engine.scheduler import ScheduledBatch
 from common.engine.sequence import Sequence
 from common.sampling_params import SamplingParams
+from common.engine.launch_clock import LEAD_PREP_FACTOR, LEAD_STEP_SHARE
 from scripts.bench_workloads import LengthRange, poisson_arrivals, shared_prefix_mix
 from scripts.planner.engine import BlockPool, SimEngine
 from scripts.planner.config import SLO, PlanConfig
@@ -139,18 +139,19 @@ def test_a_prompt_whose_last_chunk_is_one_token_is_handed_off_once(fast_forward)
     assert handed_off == ["0"] and engine.steps == 2
 
 
-def test_an_unloaded_request_takes_prefill_handoff_and_one_decode_step():
-    """With overlapped scheduling a step's token comes back once the next step is launched: the first decode
-    step's once the second (a graph replay: the host's launch work) is; the last step's at its end."""
+def test_an_unloaded_request_takes_prefill_and_handoff_to_its_first_token():
+    """The first token is the prefill worker's: the decode worker reports it as it admits the request, once the KV
+    has landed (decode_worker/worker.py `settle`). Then one decode step a token; with overlapped scheduling a step's
+    token comes back once the next step is launched (a graph replay: the host's launch work), the last one's at its
+    end."""
     profile = make_profile()
     input_len, output = 700, 20
     requests = simulate(profile, Layout(prefill=1, decode=1), workload(1, 1.0, input_len, output))
     launch = profile.host_launch_s
-    expected = (launch + profile.prefill.seconds(input_len, 0) + profile.handoff_seconds(input_len)
-                + launch + profile.decode.seconds(1, input_len) + launch)
+    expected = launch + profile.prefill.seconds(input_len, 0) + profile.handoff_seconds(input_len)
     assert requests[0].ttft == pytest.approx(expected, rel=1e-12)
-    tpot = [launch + profile.decode.seconds(1, input_len + 1 + i) for i in range(output - 2)]
-    assert requests[0].tpot == pytest.approx((sum(tpot) - launch) / (output - 1), rel=1e-12)
+    steps = [launch + profile.decode.seconds(1, input_len + i) for i in range(output - 1)]
+    assert requests[0].tpot == pytest.approx(sum(steps) / (output - 1), rel=1e-12)
 
 
 def test_a_steps_tokens_come_back_once_the_next_step_is_launched():
@@ -164,10 +165,46 @@ def test_a_steps_tokens_come_back_once_the_next_step_is_launched():
     first, second = simulate(profile, Layout(prefill=1, decode=1), load)
     launch = profile.host_launch_s
     step = launch + profile.prefill.seconds(input_len, 0)
-    decode = launch + profile.decode.seconds(1, input_len)
-    assert first.first == pytest.approx(step + launch + profile.prefill.base_s + profile.handoff_seconds(input_len)
-                                        + decode, rel=1e-12)
-    assert second.first == pytest.approx(2 * step + profile.handoff_seconds(input_len) + decode, rel=1e-12)
+    assert first.first == pytest.approx(step + launch + profile.prefill.base_s + profile.handoff_seconds(input_len),
+                                        rel=1e-12)
+    assert second.first == pytest.approx(2 * step + profile.handoff_seconds(input_len), rel=1e-12)
+
+
+def test_a_prompt_steps_successor_is_scheduled_as_it_starts():
+    """Overlapped scheduling (LLMEngine.step): while a prompt step runs, the worker has already scheduled and
+    launched the next one (late launch waits only behind decode steps), so a prompt that arrives during it is in
+    the step after that."""
+    engine = SimEngine("c0", "colocated", make_profile())
+    engine.add_prompt("a", list(range(1000)), 3, prefill_only=False, now=0.0)
+    end = engine.start(0.0)
+    late = engine.add_prompt("b", list(range(5000, 5100)), 3, prefill_only=False, now=end / 2)
+    engine.collect(engine.finish())
+    second = engine.start(end)
+    assert [s.request_id for s in engine.batch.seqs] == ["a"]  # a's decode alone
+    engine.collect(engine.finish())
+    engine.start(second)
+    assert late in engine.batch.seqs
+
+
+def test_a_decode_steps_successor_is_scheduled_a_lead_before_it_ends():
+    """Late launch (common/engine/launch_clock.py): behind a decode step the worker takes messages until a lead
+    before the step ends (the host's launch work and a tenth of the step), then schedules and launches the next,
+    and waits for the step's tokens, taking no message until it ends."""
+    profile = make_profile()
+    engine = SimEngine("c0", "colocated", profile, fast_forward=False)
+    engine.add_prompt("a", list(range(100)), 50, prefill_only=False, now=0.0)
+    start = engine.start(0.0)  # a's prompt
+    engine.collect(engine.finish())
+    end = engine.start(start)
+    assert engine.batch.decode_only
+    lead = LEAD_PREP_FACTOR * profile.host_launch_s + LEAD_STEP_SHARE * (end - start)
+    assert engine.polls_at(end - 1.1 * lead) == end - 1.1 * lead  # still taking messages
+    assert engine.polls_at(end - 0.9 * lead) == end  # waiting for the step's tokens
+    engine.add_prompt("early", list(range(7000, 7100)), 3, prefill_only=False, now=end - 1.1 * lead)
+    engine.add_prompt("late", list(range(8000, 8100)), 3, prefill_only=False, now=end - 0.9 * lead)
+    engine.collect(engine.finish())
+    engine.start(end)
+    assert [s.request_id for s in engine.batch.seqs] == ["a", "early"]
 
 
 def test_fast_forward_changes_no_prediction():
@@ -371,9 +408,10 @@ def sustained(results: dict, slo: SLO) -> dict[str, float]:
 
 
 def test_a_decode_heavy_workload_gets_more_decode_gpus():
-    """Short prompts, long answers, few sequences per decode engine: each decode GPU adds capacity."""
+    """Short prompts, long answers, few sequences per decode engine: each decode GPU adds capacity (a request that
+    waits for a seat has streamed its first token already: the wait shows in its TPOT)."""
     slo = SLO(1.0, 0.02)
-    results = plan_for(make_profile(max_num_seqs=16), input_len="32", output_len="400", rates="4,8,12",
+    results = plan_for(make_profile(max_num_seqs=16), input_len="32", output_len="400", rates="4,8,12,16",
                        num_requests=200, slo_ttft=slo.ttft, slo_tpot=slo.tpot)
     rates = sustained(results, slo)
     assert rates["1P:3D"] > rates["2P:2D"] > rates["3P:1D"]

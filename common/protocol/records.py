@@ -27,6 +27,8 @@ class Timings(Record, kw_only=True):
     ttft: Seconds | None  # None when no token was produced
     e2e: Seconds
     itl: list[Seconds]
+    # Disaggregated: until the decode worker answered the reservation (then the prompt went to the prefill worker).
+    reserved: Seconds | None = None
 
 
 class TransportTotals(Record, kw_only=True):

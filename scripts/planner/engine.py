@@ -9,7 +9,10 @@ for prompt tokens past the graphs, which run eagerly and whose floor is their ke
 GPU. Alone on a GPU they add up to the profile's step. Prompt tokens are costed padded, as the engine runs them.
 Overlapped scheduling (common/engine/llm_engine.py `step`) launches the next step before it collects this one's
 tokens, so they reach the worker when the next step's launch ends (`launch_end`); scripts/planner/sim.py
-delivers them then.
+delivers them then. It also schedules the next step while this one runs: behind a prompt step at once, behind a
+decode step a lead before it ends (late launch, common/engine/launch_clock.py, the same constants). A request
+that arrives after that point (`cutoff`) waits for the step after; between that point and the step's end the
+worker waits for the step's tokens and takes no message (`polls_at`).
 
 Fast-forward: a decode-only batch with nothing waiting repeats identically until a sequence finishes or one
 arrives, so its steps run in bulk (`FastRun`): token counts and blocks advance for all of them at once, the time
@@ -25,6 +28,7 @@ from dataclasses import dataclass
 
 from common import protocol as P
 from common.engine.block_manager import BlockManager
+from common.engine.launch_clock import LEAD_PREP_FACTOR, LEAD_STEP_SHARE
 from common.engine.scheduler import ScheduledBatch, Scheduler
 from common.engine.sequence import Sequence, SequenceStatus
 from common.engine.step_sizes import padded_tokens
@@ -117,6 +121,11 @@ class SimEngine:
         self.prefill_tokens_run = 0
         self.prompt_steps = 0  # steps with prompt tokens (they do not overlap here: each is its batch's)
         self.prompt_seconds = 0.0
+        # The worker schedules step N+1 while step N runs (overlapped scheduling): a prompt step's successor as
+        # soon as it starts, a decode step's a lead before it ends (late launch, common/engine/launch_clock.py).
+        # What arrives after that waits for the step after. inf: nothing in flight, the next step takes all.
+        self.cutoff = math.inf
+        self.arrived: dict[str, float] = {}
 
     # ---- what the router sees -------------------------------------------------------------------------
     @property
@@ -141,9 +150,11 @@ class SimEngine:
             prompt_batches=self.prompt_steps)
 
     # ---- requests in --------------------------------------------------------------------------------
-    def add_prompt(self, rid: str, prompt: list[int], output_len: int, prefill_only: bool) -> Sequence:
+    def add_prompt(self, rid: str, prompt: list[int], output_len: int, prefill_only: bool,
+                   now: float = 0.0) -> Sequence:
         seq = Sequence(rid, prompt, SamplingParams(max_tokens=output_len, ignore_eos=True),
                        prefill_only=prefill_only)
+        self.arrived[rid] = now
         self.scheduler.add(seq)
         return seq
 
@@ -155,13 +166,14 @@ class SimEngine:
         seq.status = SequenceStatus.RESERVED
         return seq
 
-    def land(self, seq: Sequence) -> bool:
+    def land(self, seq: Sequence, now: float = 0.0) -> bool:
         """The KV is in: the sequence holds its prompt's KV and its first token, and joins continuous batching
         (LLMEngine.admit_prefilled). Returns whether that first token was its last."""
         seq.status = SequenceStatus.WAITING
         seq.num_computed_tokens = seq.num_prompt_tokens
         self.block_manager.commit(seq, 0)
         seq.token_ids.append(TOKEN)
+        self.arrived[seq.request_id] = now
         self.scheduler.add(seq)
         if reason := self.scheduler.finish_reason(seq, TOKEN, seq.num_tokens):
             self.scheduler.finish(seq, reason)
@@ -203,10 +215,38 @@ class SimEngine:
             return tokens
         return padded_tokens(tokens, self.profile.max_num_batched_tokens)
 
+    def _schedule(self) -> ScheduledBatch | None:
+        """The scheduler's next batch from what had arrived by the cutoff (all of it if that gives none)."""
+        waiting, late = self.scheduler.waiting, []
+        while waiting and self.arrived.get(waiting[-1].request_id, -math.inf) > self.cutoff:
+            late.append(waiting.pop())
+        batch = self.scheduler.schedule()
+        waiting.extend(reversed(late))
+        if batch is None and late:
+            batch = self.scheduler.schedule()
+        return batch
+
+    def polls_at(self, now: float) -> float:
+        """When the worker's loop next takes a message: now while it waits for its next launch (or idles); at the
+        end of the step in flight once it launched the next and waits for that step's tokens."""
+        if self.busy_until is None:
+            return now
+        cutoff, end = self.cutoff, self.busy_until
+        if self.fast is not None:  # the step of the run in flight now
+            run = self.fast
+            k = min(max(run.steps_begun_by(now), 1), run.steps)
+            end = run.start + run.elapsed(k)
+            cutoff = end - self._lead(run.first + run.growth * (k - 1))
+        return end if cutoff < now < end else now
+
+    def _lead(self, step: float) -> float:
+        return LEAD_PREP_FACTOR * self.profile.host_launch_s + LEAD_STEP_SHARE * step
+
     def start(self, now: float, fast: bool = True) -> float | None:
         """Starts the next step (or fast run, if `fast`), if there is work; returns when it ends."""
-        batch = self.scheduler.schedule()
+        batch = self._schedule()
         if batch is None:
+            self.cutoff = math.inf
             return None
         if fast and self.fast_forward and batch.decode_only and not self.scheduler.waiting:
             # A prefill worker's prompt whose last chunk is one token looks like a decode, but that step is its last.
@@ -218,11 +258,13 @@ class SimEngine:
                 self.batch, self.fast = batch, FastRun(now, k, first, growth)
                 self.started, self.launch_end = now, now + self.profile.host_launch_s
                 self.busy_until = now + self.fast.elapsed(k)
+                self.cutoff = self.busy_until - self._lead(first + growth * (k - 1))
                 return self.busy_until
         self.step_time = self.step_seconds(batch)
         self.started, self.launch_end = now, now + min(self.host_seconds(batch), self.step_time)
         self.batch, self.olds = batch, self.scheduler.advance(batch)
         self.busy_until = self.step_end = now + self.step_time
+        self.cutoff = now + max(0.0, self.step_time - self._lead(self.step_time)) if batch.decode_only else now
         return self.busy_until
 
     def _steps_with_blocks(self, batch: ScheduledBatch, k: int) -> int:
@@ -252,6 +294,7 @@ class SimEngine:
         run.steps = k
         self.generation += 1
         self.busy_until = run.start + run.elapsed(k)
+        self.cutoff = self.busy_until - self._lead(run.first + run.growth * (k - 1))
         return self.busy_until
 
     def finish(self) -> Done:

@@ -16,9 +16,15 @@ The same policy code the cluster runs, imported:
 - each worker's batching: the engine's `Scheduler` and `BlockManager` (scripts/planner/engine.py).
 
 Reused: router/dispatch.py's `choose_disagg`, the disaggregated choice itself; `_dispatch_one` below only applies
-it without messages (the router's `Dispatcher` is async and sends them). Not modelled yet: message latencies between router and workers,
-the reserve round trip, preemption's recompute cost beyond the scheduler's own, tensor parallelism other than
-through the profile's `tp`.
+it without messages (the router's `Dispatcher` is async and sends them).
+
+The worker loop around each engine (common/worker/runtime.py), as far as it moves a request: a step's successor is
+scheduled while the step runs (`SimEngine.cutoff`), and a worker takes messages only between its steps' ends and
+its next launches (`SimEngine.polls_at`): the decode worker's answer to a reservation (the prompt then goes to the
+prefill worker) and its taking in of a KV handoff wait for that. The decode worker reports a handed-off request's
+first token (the prefill worker's) as it takes it in. Not modelled yet: the messages' own latencies (the bench's
+unloaded reference measures them: validate.py's offset), preemption's recompute cost beyond the scheduler's own,
+tensor parallelism other than through the profile's `tp`.
 """
 from __future__ import annotations
 
@@ -95,6 +101,7 @@ class SimRequest:
     prefill_seq: object = None
     decode_seq: object = None
     refused: str = ""  # the router's answer to a request it did not take (`overloaded`)
+    landing: bool = False  # its KV handoff waits for the decode worker to take the message
 
     @property
     def ttft(self) -> float:
@@ -187,6 +194,8 @@ class Simulation:
             elif kind == "step":
                 if gen == obj.generation:
                     self.finished += self._step_done(obj)
+            elif kind == "reserved":
+                self._run_on(obj[0], obj[1], prefill_only=True)
             elif kind == "land":
                 self._land(obj)
             elif kind == "heartbeat":
@@ -278,13 +287,21 @@ class Simulation:
         return finished
 
     def _land(self, req: SimRequest) -> None:
+        decode = self.engines[req.decode_seq.worker]
+        if (at := decode.polls_at(self.now)) > self.now and not req.landing:
+            req.landing = True
+            self.push(at, "land", req)
+            return
         prefill = self.engines[req.prefill_seq.worker]
         prefill.release(req.prefill_seq.seq)
         self._kick(prefill)  # it may have waited for these blocks
-        decode = self.engines[req.decode_seq.worker]
-        if decode.land(req.decode_seq.seq):
-            req.first = req.done = self.now
-            req.router.first_token()
+        # The decode worker reports the first token (the prefill worker's) as it admits the request.
+        req.first = self.now
+        req.router.first_token()
+        if req.estimate is not None:
+            self.disagg.observe_first_token(req.estimate, req.first - req.dispatched)
+        if decode.land(req.decode_seq.seq, self.now):
+            req.done = self.now
             req.router.end()
             self.finished += 1
         self._kick(decode)
@@ -342,16 +359,20 @@ class Simulation:
             return False
         place.placed(decode, req.keys)
         req.router.pair(prefill, decode, blocks, place.cached_tokens(prefill, req.keys))
-        req.router.reserved(prefill)  # the reservation is instant here: the prompt goes to the prefill worker
+        req.router.reserved(prefill)  # the blocks are held at once; the prompt goes out when the answer comes
         self._sync(engine)
         req.decode_seq = _Placed(decode.worker_id, seq)
         place.placed(prefill, req.keys)
-        self._run_on(prefill.worker_id, req, prefill_only=True)
+        # The prompt goes to the prefill worker once the decode worker has answered the reservation.
+        if (at := engine.polls_at(self.now)) > self.now:
+            self.push(at, "reserved", (prefill.worker_id, req))
+        else:
+            self._run_on(prefill.worker_id, req, prefill_only=True)
         return True
 
     def _run_on(self, name: str, req: SimRequest, prefill_only: bool) -> None:
         engine = self.engines[name]
-        seq = engine.add_prompt(req.rid, req.attempt_ids, req.output_len, prefill_only)
+        seq = engine.add_prompt(req.rid, req.attempt_ids, req.output_len, prefill_only, self.now)
         if prefill_only:
             req.prefill_seq = _Placed(name, seq)
         self._kick(engine)
