@@ -207,6 +207,19 @@ def test_a_decode_steps_successor_is_scheduled_a_lead_before_it_ends():
     assert [s.request_id for s in engine.batch.seqs] == ["a", "early"]
 
 
+def test_on_a_cpu_the_next_step_takes_what_came_while_this_one_ran():
+    """On a CPU the engine's launch computes the step: the worker's loop reads no message until it ends, then
+    schedules the next step with everything that came meanwhile."""
+    engine = SimEngine("c0", "colocated", make_profile(device="cpu"))
+    engine.add_prompt("a", list(range(1000)), 3, prefill_only=False, now=0.0)
+    end = engine.start(0.0)
+    assert engine.polls_at(end / 2) == end
+    late = engine.add_prompt("b", list(range(5000, 5100)), 3, prefill_only=False, now=end / 2)
+    engine.collect(engine.finish())
+    engine.start(end)
+    assert late in engine.batch.seqs
+
+
 def test_fast_forward_changes_no_prediction():
     """Decode steps run in bulk, cut short when a request lands, give every request the times stepping gives."""
     profile = make_profile()

@@ -161,6 +161,8 @@ def test_the_command_writes_a_profile_of_the_engine_it_built(profiled):
     assert profile.num_kv_blocks == (2 << 30) // (16 * profile.kv_bytes_per_token)  # the CPU pool's default 2 GiB
     assert set(profile.handoff) == {"host"} and "skipped: handoff cuda_ipc" in stdout
     assert profile.prefill.per_token_s > 0 and profile.host_launch_s > 0
+    # the launch clock's own figure: scheduling and launching a step, more than the scheduler's part of it
+    assert profile.launch_prep_s > profile.host_launch_s
     assert profile.mixed_step_s >= 0 and "profile: mixed" in stderr
     for name in ("prefill", "decode", "mixed", "handoff host"):
         assert re.search(rf"^{name}: worst relative error [0-9.]+%", stdout, re.M), stdout

@@ -126,6 +126,10 @@ class SimEngine:
         # What arrives after that waits for the step after. inf: nothing in flight, the next step takes all.
         self.cutoff = math.inf
         self.arrived: dict[str, float] = {}
+        # From when the worker's loop waits for the step in flight, reading no message, to its end. On a CPU the
+        # launch computes the step: the loop waits through all of it, and the next step takes all that came.
+        self.blocked_from = math.inf
+        self.synchronous = profile.device == "cpu"
 
     # ---- what the router sees -------------------------------------------------------------------------
     @property
@@ -231,22 +235,25 @@ class SimEngine:
         end of the step in flight once it launched the next and waits for that step's tokens."""
         if self.busy_until is None:
             return now
-        cutoff, end = self.cutoff, self.busy_until
+        blocked, end = self.blocked_from, self.busy_until
         if self.fast is not None:  # the step of the run in flight now
             run = self.fast
             k = min(max(run.steps_begun_by(now), 1), run.steps)
             end = run.start + run.elapsed(k)
-            cutoff = end - self._lead(run.first + run.growth * (k - 1))
-        return end if cutoff < now < end else now
+            blocked = end - (run.first + run.growth * (k - 1) if self.synchronous
+                             else self._lead(run.first + run.growth * (k - 1)))
+        return end if blocked < now < end else now
 
     def _lead(self, step: float) -> float:
-        return LEAD_PREP_FACTOR * self.profile.host_launch_s + LEAD_STEP_SHARE * step
+        """How long before a decode step ends the worker schedules the next one (LaunchClock.in_flight)."""
+        prep = self.profile.launch_prep_s or self.profile.host_launch_s
+        return LEAD_PREP_FACTOR * prep + LEAD_STEP_SHARE * step
 
     def start(self, now: float, fast: bool = True) -> float | None:
         """Starts the next step (or fast run, if `fast`), if there is work; returns when it ends."""
         batch = self._schedule()
         if batch is None:
-            self.cutoff = math.inf
+            self.cutoff = self.blocked_from = math.inf
             return None
         if fast and self.fast_forward and batch.decode_only and not self.scheduler.waiting:
             # A prefill worker's prompt whose last chunk is one token looks like a decode, but that step is its last.
@@ -258,14 +265,22 @@ class SimEngine:
                 self.batch, self.fast = batch, FastRun(now, k, first, growth)
                 self.started, self.launch_end = now, now + self.profile.host_launch_s
                 self.busy_until = now + self.fast.elapsed(k)
-                self.cutoff = self.busy_until - self._lead(first + growth * (k - 1))
+                self._block(now, self.busy_until, first + growth * (k - 1), decode_only=True)
                 return self.busy_until
         self.step_time = self.step_seconds(batch)
         self.started, self.launch_end = now, now + min(self.host_seconds(batch), self.step_time)
         self.batch, self.olds = batch, self.scheduler.advance(batch)
         self.busy_until = self.step_end = now + self.step_time
-        self.cutoff = now + max(0.0, self.step_time - self._lead(self.step_time)) if batch.decode_only else now
+        self._block(now, self.busy_until, self.step_time, batch.decode_only)
         return self.busy_until
+
+    def _block(self, start: float, end: float, last_step: float, decode_only: bool) -> None:
+        """`cutoff` and `blocked_from` for the step (or a fast run's last step) ending at `end`."""
+        if self.synchronous:
+            self.cutoff, self.blocked_from = math.inf, start
+            return
+        self.cutoff = max(start, end - self._lead(last_step)) if decode_only else start
+        self.blocked_from = self.cutoff
 
     def _steps_with_blocks(self, batch: ScheduledBatch, k: int) -> int:
         """At most k, as many steps as the free blocks allow every sequence of the batch (the scheduler
@@ -294,7 +309,7 @@ class SimEngine:
         run.steps = k
         self.generation += 1
         self.busy_until = run.start + run.elapsed(k)
-        self.cutoff = self.busy_until - self._lead(run.first + run.growth * (k - 1))
+        self._block(run.start, self.busy_until, run.first + run.growth * (k - 1), decode_only=True)
         return self.busy_until
 
     def finish(self) -> Done:

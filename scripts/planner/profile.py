@@ -72,6 +72,8 @@ class Profile(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     machine: str  # e.g. "1x NVIDIA H200"
     model: str  # e.g. "Qwen3-8B"
     tp: int = 1  # GPUs per engine
+    # "cpu": the engine computes a step within its launch (no overlap with the next step's scheduling to speak of)
+    device: str = "cuda"
     note: str = ""  # where the figures come from ("example, not a measurement" for the shipped example)
     block_size: int  # tokens per KV block
     num_kv_blocks: int  # KV blocks one engine holds
@@ -79,6 +81,10 @@ class Profile(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     max_num_batched_tokens: int = 8192  # an engine step's token budget
     max_num_seqs: int = 256  # most sequences one engine runs at a time
     host_launch_s: float = 0.0
+    # The host's time to schedule and launch a decode step as the engine's launch clock takes it (LaunchClock.prep_s):
+    # late launch schedules the next step 1.25x this (+ a tenth of the step) before a decode step ends, and the worker
+    # reads no message meanwhile. 0: not measured (profiles before stop 20), host_launch_s stands in.
+    launch_prep_s: float = 0.0
     # A step that mixes prompt tokens with decodes replays no decode CUDA graph: what its eager decodes add (a decode
     # worker prefilling prompts itself, --disagg-policy never/auto; colocated replicas).
     mixed_step_s: float = 0.0
@@ -112,7 +118,7 @@ class Profile(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
                      "max_num_seqs"):
             if getattr(self, name) < 1:
                 raise ProfileError(f"{name}: must be >= 1, got {getattr(self, name)}")
-        for name in ("host_launch_s", "mixed_step_s"):
+        for name in ("host_launch_s", "launch_prep_s", "mixed_step_s"):
             value = getattr(self, name)
             if not (math.isfinite(value) and value >= 0):
                 raise ProfileError(f"{name}: must be a finite number >= 0, got {value!r}")

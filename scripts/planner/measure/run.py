@@ -31,7 +31,8 @@ from common.protocol.kv import DTYPE_BYTES
 from scripts.planner.fit import (DecodePoint, Fit, HandoffPoint, MixedPoint, PrefillPoint, fit_decode_costs,
                                  fit_handoff, fit_mixed, fit_prefill_costs)
 from scripts.planner.measure.handoff import handoff_sizes, measure_handoffs
-from scripts.planner.measure.steps import (Grid, Prompts, host_launch_seconds, measure_decode, measure_mixed,
+from scripts.planner.measure.steps import (Grid, Prompts, host_launch_seconds, launch_prep_seconds, measure_decode,
+                                           measure_mixed,
                                            measure_prefill)
 from scripts.planner.profile import Profile, decode_cost
 from scripts.planner.profile_config import ProfileConfig
@@ -81,7 +82,7 @@ def measure_profile(cfg: ProfileConfig, progress: Callable[[str], None]) -> tupl
         decodes, skipped = measure_decode(engine, grid, prompts, progress)
         measured.decode = [d.point for d in decodes]
         measured.skipped += [f"decode {s}" for s in skipped]
-        host_launch_s = host_launch_seconds(decodes)
+        host_launch_s, launch_prep_s = host_launch_seconds(decodes), launch_prep_seconds(decodes)
         measured.mixed = measure_mixed(engine, grid, prompts, progress)
         # An int, not the graph runner: a reference to it would keep the model and its KV pool alive past close().
         graph_max = engine.runner.prefill_graphs.sizes[-1] if engine.runner.prefill_graphs is not None else 0
@@ -109,10 +110,11 @@ def measure_profile(cfg: ProfileConfig, progress: Callable[[str], None]) -> tupl
     handoff = {}
     for name, points in measured.handoff.items():
         handoff[name], measured.fits[f"handoff.{name}"] = fit_handoff(points)
-    profile = Profile(machine=machine_name(device, cfg.tp), model=model_name(cfg), tp=cfg.tp,
+    profile = Profile(machine=machine_name(device, cfg.tp), model=model_name(cfg), tp=cfg.tp, device=device.type,
                       note=note(cfg, device), block_size=ec.block_size, num_kv_blocks=num_blocks,
                       kv_bytes_per_token=kv_bytes_per_token, max_num_batched_tokens=ec.max_num_batched_tokens,
-                      max_num_seqs=ec.max_num_seqs, host_launch_s=host_launch_s, mixed_step_s=mixed_step_s,
+                      max_num_seqs=ec.max_num_seqs, host_launch_s=host_launch_s, launch_prep_s=launch_prep_s,
+                      mixed_step_s=mixed_step_s,
                       prefill=prefill, prefill_graph_max_tokens=graph_max, prefill_eager=prefill_eager,
                       decode=decode, decode_skinny_max_batch=skinny_max if decode_skinny else 0,
                       decode_skinny=decode_skinny, handoff=handoff)

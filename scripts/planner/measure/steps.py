@@ -152,6 +152,7 @@ class HostClock:
 class DecodeResult:
     point: DecodePoint
     host_s: float  # the host's work per step (HostClock)
+    prep_s: float = 0.0  # the host's time to schedule and launch a step, as the engine's launch clock takes it
 
 
 def decode_growth(grid: Grid, batch: int, context: int, budget: int) -> int:
@@ -217,12 +218,18 @@ def decode_point(engine: LLMEngine, prompts: Prompts, grid: Grid, batch: int, co
     seqs = [engine.requests[r] for r in rids]
     before = sum(s.num_computed_tokens for s in seqs)
     ends = [device_now(device)]
-    with HostClock().timing(engine) as host:
-        for _ in range(steps):
-            engine.step()
-            ends.append(time.perf_counter())
-            if engine.last_step.num_prefill_tokens or engine.last_step.num_decode_tokens != batch:
-                raise RuntimeError(f"profile: a decode step of batch {batch} ran {engine.last_step}")
+    preps: list[float] = []
+    launched = engine.clock.launched
+    engine.clock.launched = lambda prep_s: (preps.append(prep_s), launched(prep_s))
+    try:
+        with HostClock().timing(engine) as host:
+            for _ in range(steps):
+                engine.step()
+                ends.append(time.perf_counter())
+                if engine.last_step.num_prefill_tokens or engine.last_step.num_decode_tokens != batch:
+                    raise RuntimeError(f"profile: a decode step of batch {batch} ran {engine.last_step}")
+    finally:
+        del engine.clock.launched  # the class's method shows through again
     # Each step waits for the tokens of the one before (or its own, without overlap): in the steady state the
     # interval between step ends is the step. The median leaves out what other processes took.
     seconds = statistics.median(b - a for a, b in zip(ends, ends[1:]))
@@ -230,7 +237,8 @@ def decode_point(engine: LLMEngine, prompts: Prompts, grid: Grid, batch: int, co
     for rid in rids:
         engine.abort(rid)
     drain(engine)
-    return DecodeResult(DecodePoint(batch, round((before + after) / 2), seconds), host.seconds / steps)
+    return DecodeResult(DecodePoint(batch, round((before + after) / 2), seconds), host.seconds / steps,
+                        statistics.median(preps) if preps else 0.0)
 
 
 def measure_decode(engine: LLMEngine, grid: Grid, prompts: Prompts, progress: Callable[[str], None]
@@ -246,8 +254,14 @@ def measure_decode(engine: LLMEngine, grid: Grid, prompts: Prompts, progress: Ca
         results.append(decode_point(engine, prompts, grid, batch, context))
         r = results[-1]
         progress(f"decode batch {batch:>4} x context {context:>6}: {r.point.seconds * 1e3:9.3f} ms/step "
-                 f"(host {r.host_s * 1e3:.3f} ms)")
+                 f"(host {r.host_s * 1e3:.3f} ms, launch {r.prep_s * 1e3:.3f} ms)")
     return results, skipped
+
+
+def launch_prep_seconds(results: list[DecodeResult]) -> float:
+    """What late launch leads a decode step by is 1.25x this (common/engine/launch_clock.py): the host's time to
+    schedule and launch one, the median over the decode points."""
+    return statistics.median(r.prep_s for r in results)
 
 
 def host_launch_seconds(results: list[DecodeResult]) -> float:
