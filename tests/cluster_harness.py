@@ -38,7 +38,6 @@ class RunningCluster:
     def __init__(self, model: Path, mode: str, log_path: Path, *extra: str, env: dict[str, str] | None = None,
                  auth_token: str | None = None):
         self.address = f"tcp://127.0.0.1:{free_port()}"
-        self.mode_name = mode
         self.auth_token = auth_token  # what clients present; the serve side gets its secret from `env` or `extra`
         # PDCLUSTER_TEST_DEVICE=cuda runs the same tests on a GPU host (e.g. the migration test, issue 19), with
         # PDCLUSTER_TEST_SERVE_ARGS for what a GPU needs (e.g. "--gpus-per-worker 0.5": 4 workers on 2 GPUs).

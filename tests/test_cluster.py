@@ -54,14 +54,14 @@ def cluster(case, tmp_path_factory):
     running.stop_cleanly()
 
 
-def test_greedy_output_equals_offline_generate(cluster, expected):
+def test_greedy_output_equals_offline_generate(case, cluster, expected):
     with cluster.client(timeout=120) as c:
         got = [c.generate(p, **GREEDY) for p in PROMPTS]
     assert [(g.token_ids, g.text) for g in got] == expected
     for g in got:
         assert g.finish_reason == "length" and g.usage.completion_tokens == MAX_TOKENS
         assert g.timings.ttft is not None and len(g.timings.itl) == MAX_TOKENS - 1
-        if cluster.mode_name == "disagg":  # the reservation's answer comes after dispatch and before the first token
+        if case[1] == "disagg":  # the reservation's answer comes after dispatch and before the first token
             assert g.timings.queued <= g.timings.reserved < g.timings.ttft
         else:
             assert g.timings.reserved is None

@@ -123,9 +123,9 @@ class SimEngine:
         self.prompt_seconds = 0.0
         # The worker schedules step N+1 while step N runs (overlapped scheduling): a prompt step's successor as
         # soon as it starts, a decode step's a lead before it ends (late launch, common/engine/launch_clock.py).
-        # What arrives after that waits for the step after. inf: nothing in flight, the next step takes all.
+        # What arrives after that (a sequence's `arrival_time`, simulated seconds here) waits for the step after.
+        # inf: nothing in flight, the next step takes all.
         self.cutoff = math.inf
-        self.arrived: dict[str, float] = {}
         # From when the worker's loop waits for the step in flight, reading no message, to its end. On a CPU the
         # launch computes the step: the loop waits through all of it, and the next step takes all that came.
         self.blocked_from = math.inf
@@ -158,7 +158,7 @@ class SimEngine:
                    now: float = 0.0) -> Sequence:
         seq = Sequence(rid, prompt, SamplingParams(max_tokens=output_len, ignore_eos=True),
                        prefill_only=prefill_only)
-        self.arrived[rid] = now
+        seq.arrival_time = now
         self.scheduler.add(seq)
         return seq
 
@@ -177,7 +177,7 @@ class SimEngine:
         seq.num_computed_tokens = seq.num_prompt_tokens
         self.block_manager.commit(seq, 0)
         seq.token_ids.append(TOKEN)
-        self.arrived[seq.request_id] = now
+        seq.arrival_time = now  # at this engine's scheduler
         self.scheduler.add(seq)
         if reason := self.scheduler.finish_reason(seq, TOKEN, seq.num_tokens):
             self.scheduler.finish(seq, reason)
@@ -222,7 +222,7 @@ class SimEngine:
     def _schedule(self) -> ScheduledBatch | None:
         """The scheduler's next batch from what had arrived by the cutoff (all of it if that gives none)."""
         waiting, late = self.scheduler.waiting, []
-        while waiting and self.arrived.get(waiting[-1].request_id, -math.inf) > self.cutoff:
+        while waiting and waiting[-1].arrival_time > self.cutoff:
             late.append(waiting.pop())
         batch = self.scheduler.schedule()
         waiting.extend(reversed(late))
@@ -239,9 +239,8 @@ class SimEngine:
         if self.fast is not None:  # the step of the run in flight now
             run = self.fast
             k = min(max(run.steps_begun_by(now), 1), run.steps)
-            end = run.start + run.elapsed(k)
-            blocked = end - (run.first + run.growth * (k - 1) if self.synchronous
-                             else self._lead(run.first + run.growth * (k - 1)))
+            end, step = run.start + run.elapsed(k), run.first + run.growth * (k - 1)
+            _, blocked = self._window(end - step, end, step, decode_only=True)
         return end if blocked < now < end else now
 
     def _lead(self, step: float) -> float:
@@ -276,11 +275,14 @@ class SimEngine:
 
     def _block(self, start: float, end: float, last_step: float, decode_only: bool) -> None:
         """`cutoff` and `blocked_from` for the step (or a fast run's last step) ending at `end`."""
+        self.cutoff, self.blocked_from = self._window(start, end, last_step, decode_only)
+
+    def _window(self, start: float, end: float, step: float, decode_only: bool) -> tuple[float, float]:
+        """(cutoff, blocked from) of a step of `step` seconds ending at `end` (or a run of them from `start`)."""
         if self.synchronous:
-            self.cutoff, self.blocked_from = math.inf, start
-            return
-        self.cutoff = max(start, end - self._lead(last_step)) if decode_only else start
-        self.blocked_from = self.cutoff
+            return math.inf, end - step
+        cutoff = max(start, end - self._lead(step)) if decode_only else start
+        return cutoff, cutoff
 
     def _steps_with_blocks(self, batch: ScheduledBatch, k: int) -> int:
         """At most k, as many steps as the free blocks allow every sequence of the batch (the scheduler

@@ -32,8 +32,7 @@ from scripts.planner.fit import (DecodePoint, Fit, HandoffPoint, MixedPoint, Pre
                                  fit_handoff, fit_mixed, fit_prefill_costs)
 from scripts.planner.measure.handoff import handoff_sizes, measure_handoffs
 from scripts.planner.measure.steps import (Grid, Prompts, host_launch_seconds, launch_prep_seconds, measure_decode,
-                                           measure_mixed,
-                                           measure_prefill)
+                                           measure_mixed, measure_prefill)
 from scripts.planner.profile import Profile, decode_cost
 from scripts.planner.profile_config import ProfileConfig
 
@@ -114,8 +113,7 @@ def measure_profile(cfg: ProfileConfig, progress: Callable[[str], None]) -> tupl
                       note=note(cfg, device), block_size=ec.block_size, num_kv_blocks=num_blocks,
                       kv_bytes_per_token=kv_bytes_per_token, max_num_batched_tokens=ec.max_num_batched_tokens,
                       max_num_seqs=ec.max_num_seqs, host_launch_s=host_launch_s, launch_prep_s=launch_prep_s,
-                      mixed_step_s=mixed_step_s,
-                      prefill=prefill, prefill_graph_max_tokens=graph_max, prefill_eager=prefill_eager,
+                      mixed_step_s=mixed_step_s, prefill=prefill, prefill_graph_max_tokens=graph_max, prefill_eager=prefill_eager,
                       decode=decode, decode_skinny_max_batch=skinny_max if decode_skinny else 0,
                       decode_skinny=decode_skinny, handoff=handoff)
     profile.check()
