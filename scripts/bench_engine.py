@@ -193,6 +193,7 @@ def decode_step_phases(llm: LLM, batch: int, context: int, steps: int = 20) -> d
     """Where a decode step's time goes (ms, synchronised after each phase)."""
     from common.engine.layers.sampler import sample
     from common.engine.step_inputs import unpack_step
+    from common.engine.upload import upload
 
     engine, runner = llm.engine, llm.engine.runner
     rids = start_decodes(llm, batch, context, DECODE_TOKENS)
@@ -209,7 +210,8 @@ def decode_step_phases(llm: LLM, batch: int, context: int, steps: int = 20) -> d
             t.append(sync_time())
             logits = runner.execute(inputs)
             t.append(sync_time())
-            tokens = sample(logits, runner._sampling_batch(b.seqs)).tolist()
+            sampling = runner._sampling_batch(b.seqs)
+            tokens = sample(logits, sampling.uploaded(upload(sampling.tensors(), runner.device))).tolist()
             t.append(sync_time())
             engine.scheduler.resolve(b, engine.scheduler.advance(b), tokens)
             t.append(sync_time())

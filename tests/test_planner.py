@@ -189,7 +189,7 @@ def test_a_prompt_steps_successor_is_scheduled_as_it_starts():
 def test_a_decode_steps_successor_is_scheduled_a_lead_before_it_ends():
     """Late launch (common/engine/launch_clock.py): behind a decode step the worker takes messages until a lead
     before the step ends (the host's launch work and a tenth of the step), then schedules and launches the next,
-    and waits for the step's tokens, taking no message until it ends."""
+    taking no message for the host's launch work, and takes them again while it waits for the step's tokens."""
     profile = make_profile()
     engine = SimEngine("c0", "colocated", profile, fast_forward=False)
     engine.add_prompt("a", list(range(100)), 50, prefill_only=False, now=0.0)
@@ -198,8 +198,10 @@ def test_a_decode_steps_successor_is_scheduled_a_lead_before_it_ends():
     end = engine.start(start)
     assert engine.batch.decode_only
     lead = LEAD_PREP_FACTOR * profile.host_launch_s + LEAD_STEP_SHARE * (end - start)
+    cutoff, launched = end - lead, end - lead + profile.host_launch_s  # the profile has no launch_prep_s
     assert engine.polls_at(end - 1.1 * lead) == end - 1.1 * lead  # still taking messages
-    assert engine.polls_at(end - 0.9 * lead) == end  # waiting for the step's tokens
+    assert engine.polls_at(cutoff + 0.5 * profile.host_launch_s) == pytest.approx(launched)  # launching the next
+    assert engine.polls_at(launched + 1e-6) == launched + 1e-6  # waiting for the step's tokens, taking messages
     engine.add_prompt("early", list(range(7000, 7100)), 3, prefill_only=False, now=end - 1.1 * lead)
     engine.add_prompt("late", list(range(8000, 8100)), 3, prefill_only=False, now=end - 0.9 * lead)
     engine.collect(engine.finish())

@@ -55,10 +55,10 @@ def test_a_worker_that_waits_before_its_steps_serves_the_same_tokens(tiny_qwen3_
     last_step_end = [0.0]
     waits: list[float] = []
 
-    def timed_step():
+    def timed_step(**kw):
         waits.append(time.perf_counter() - last_step_end[0])
         try:
-            return step()
+            return step(**kw)
         finally:
             last_step_end[0] = time.perf_counter()
 
@@ -122,3 +122,65 @@ def test_liveness_speaks_while_a_step_runs_long_and_not_between_steps(router):
     finally:
         liveness.stop()
         ctx.term()
+
+
+def test_messages_are_taken_while_the_gpu_runs_a_step(tiny_qwen3_dir, router):
+    """The loop hands the engine an `idle` that takes messages while it waits for a step's tokens: a ping sent
+    while a step is in progress is answered before that step ends. (On CPU a step never waits for a device: the
+    stand-in step below waits as a GPU step would, calling `idle` until the pong is out, at most 5 s.)"""
+    sock, address = router
+    worker = ColocatedWorker(WorkerConfig(worker_id="c0", router_address=address),
+                             EngineConfig(model=str(tiny_qwen3_dir), device="cpu", kv_cache_memory=64 << 20))
+    step = worker.engine.step
+    inside, answered, idles = threading.Event(), threading.Event(), [0]
+
+    def gpu_like_step(idle=None, **kw):
+        inside.set()
+        deadline = time.monotonic() + 5
+        while idle is not None and not answered.is_set() and time.monotonic() < deadline:
+            idle()
+            idles[0] += 1
+        inside.clear()
+        return step(idle=idle, **kw)
+
+    worker.engine.step = gpu_like_step
+    thread = threading.Thread(target=worker.run, daemon=True)
+    thread.start()
+    try:
+        identity, hello = receive(sock)
+        assert isinstance(hello, P.WorkerHello)
+        sock.send_multipart([identity, P.encode(P.GenerateTask(request_id="r0", token_ids=PROMPTS[0],
+                                                               sampling=SAMPLING))])
+        assert inside.wait(10)
+        sock.send_multipart([identity, P.encode(P.Ping(nonce=11))])
+        while True:
+            _, msg = receive(sock)
+            if isinstance(msg, P.Pong):
+                break
+        pong_inside_step = inside.is_set()
+        answered.set()
+        assert msg.nonce == 11 and pong_inside_step and idles[0] > 0
+    finally:
+        worker.stop()
+        thread.join(timeout=10)
+    assert not thread.is_alive()
+
+
+def test_collecting_a_step_calls_idle_until_its_tokens_are_there():
+    import torch
+
+    from common.engine.in_flight import InFlight
+
+    class Event:  # done on its third query
+        queries = 0
+
+        def query(self):
+            self.queries += 1
+            return self.queries >= 3
+
+        def synchronize(self):
+            assert self.queries >= 3, "synchronized before the event was done"
+
+    calls = []
+    assert InFlight(torch.tensor([5, 6]), None, Event()).tokens(lambda: calls.append(1)) == [5, 6]
+    assert len(calls) == 2

@@ -1,6 +1,7 @@
 """A launched step's sampled tokens on their way to the CPU, and the CUDA events that time its GPU work."""
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -31,8 +32,13 @@ class InFlight:
         event.record()
         return cls(host, started, event)
 
-    def tokens(self) -> list[int]:
+    def tokens(self, idle: Callable[[], None] | None = None) -> list[int]:
+        """The sampled tokens, once the GPU has them; `idle` is called over and over until then (a server takes
+        its messages meanwhile)."""
         if self.event is not None:
+            if idle is not None:
+                while not self.event.query():
+                    idle()
             self.event.synchronize()
         return self.host.tolist()
 

@@ -4,6 +4,7 @@ import logging
 import multiprocessing as mp
 import socket
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from common.config import EngineConfig
@@ -163,9 +164,10 @@ class LLMEngine:
             self.scheduler.finish(seq, "abort")
         return True
 
-    def step(self) -> list[Sequence]:
+    def step(self, idle: Callable[[], None] | None = None) -> list[Sequence]:
         """Launches the next scheduled batch, then collects the tokens of the batch launched before it (with
-        overlap) or of this one (without). Returns the sequences that got a token."""
+        overlap) or of this one (without). Returns the sequences that got a token. `idle` runs over and over
+        while the GPU has yet to produce them: it may add, reserve and abort requests, not step."""
         start = time.perf_counter()
         batch = self.scheduler.schedule()
         launched = None
@@ -176,7 +178,7 @@ class LLMEngine:
             done, self._in_flight = self._in_flight, launched
         else:
             done = launched
-        updated = self._collect(*done) if done else []
+        updated = self._collect(*done, idle) if done else []
         end = time.perf_counter()
         gpu_s = done[1].gpu_seconds() if done is not None else None
         if done is not None:
@@ -203,8 +205,10 @@ class LLMEngine:
             return 0.0
         return self.clock.delay(time.perf_counter())
 
-    def _collect(self, batch: ScheduledBatch, in_flight: InFlight, olds: list[int]) -> list[Sequence]:
-        updated = self.scheduler.resolve(batch, olds, in_flight.tokens())
+    def _collect(self, batch: ScheduledBatch, in_flight: InFlight, olds: list[int],
+                 idle: Callable[[], None] | None = None) -> list[Sequence]:
+        tokens = in_flight.tokens(idle)
+        updated = self.scheduler.resolve(batch, olds, tokens)
         for seq in updated:
             if seq.finish_reason == "prefilled":
                 seq.status = SequenceStatus.HELD

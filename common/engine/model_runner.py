@@ -23,6 +23,7 @@ from common.engine.sequence import Sequence
 from common.engine.step_inputs import (HEADER_SIZE, STOP, PackedStep, StepHeader, StepInputs, pack_step,
                                        split_step, unpack_step, warmup_step)
 from common.engine.step_sizes import padded_tokens
+from common.engine.upload import upload
 from common.protocol import KVLayout
 
 log = logging.getLogger(__name__)
@@ -151,16 +152,19 @@ class ModelRunner:
         through pinned memory and an event: no device-wide sync.
         """
         step = self.pack(batch)
-        payload = self._upload(step.payload)
-        if step.pending is not None:
-            dst, src = self._upload(step.pending).unbind(0)
+        sampling = self._sampling_batch(batch.seqs)
+        pending = [] if step.pending is None else [step.pending]
+        payload, *rest = upload([step.payload, *pending, *sampling.tensors()], self.device, self._copy_stream)
+        if pending:
+            dst, src = rest.pop(0).unbind(0)
             payload[dst] = self._last_tokens[src]
+        sampling = sampling.uploaded(rest)
         if self.world > 1:
             dist.broadcast(step.header.pack().to(self.device), 0)
             dist.broadcast(payload, 0)
         started = InFlight.mark() if self.device.type == "cuda" else None
         logits = self.execute(unpack_step(step.header, payload))
-        tokens = sample(logits, self._sampling_batch(batch.seqs))
+        tokens = sample(logits, sampling)
         self._launches += 1
         self._last_tokens = tokens
         for row, seq in enumerate(batch.seqs):
@@ -195,19 +199,6 @@ class ModelRunner:
         if self.graphs is None or not num_decodes:
             return None
         return self.graphs.bucket(num_decodes, decode_only=True)
-
-    def _upload(self, host: torch.Tensor) -> torch.Tensor:
-        """Host -> device without waiting: pinned (a pageable copy would wait for all queued GPU work), on the
-        copy stream, ordered before the compute stream's next use."""
-        if self.device.type != "cuda":
-            return host
-        host = host.pin_memory()
-        compute = torch.cuda.current_stream(self.device)
-        with torch.cuda.stream(self._copy_stream):
-            dev = host.to(self.device, non_blocking=True)
-        compute.wait_stream(self._copy_stream)
-        dev.record_stream(compute)
-        return dev
 
     def execute(self, inputs: StepInputs) -> torch.Tensor:
         """The step's logits, a row a sequence (decodes first). Decodes replay their CUDA graph even beside prompts,
@@ -270,6 +261,7 @@ class ModelRunner:
             torch.cuda.empty_cache()
 
     def _sampling_batch(self, seqs: list[Sequence]) -> SamplingBatch:
+        """The step's sampling settings, on the host: `launch` uploads them with its inputs."""
         params, positions = [s.sampling for s in seqs], [s.num_tokens for s in seqs]
-        return SamplingBatch.build(params, seeded_generators(params, positions, self.device),
-                                   self.config.model_config.vocab_size, self.device, positions, self._upload)
+        return SamplingBatch.on_host(params, seeded_generators(params, positions, self.device),
+                                     self.config.model_config.vocab_size, self.device, positions)

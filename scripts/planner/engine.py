@@ -11,8 +11,9 @@ Overlapped scheduling (common/engine/llm_engine.py `step`) launches the next ste
 tokens, so they reach the worker when the next step's launch ends (`launch_end`); scripts/planner/sim.py
 delivers them then. It also schedules the next step while this one runs: behind a prompt step at once, behind a
 decode step a lead before it ends (late launch, common/engine/launch_clock.py, the same constants). A request
-that arrives after that point (`cutoff`) waits for the step after; between that point and the step's end the
-worker waits for the step's tokens and takes no message (`polls_at`).
+that arrives after that point (`cutoff`) waits for the step after. From that point the worker takes no message
+for the host's time to schedule and launch (the profile's `launch_prep_s`), then takes them again while it waits
+for the step's tokens (`polls_at`; common/worker/runtime.py `Worker._meanwhile`).
 
 Fast-forward: a decode-only batch with nothing waiting repeats identically until a sequence finishes or one
 arrives, so its steps run in bulk (`FastRun`): token counts and blocks advance for all of them at once, the time
@@ -126,9 +127,9 @@ class SimEngine:
         # What arrives after that (a sequence's `arrival_time`, simulated seconds here) waits for the step after.
         # inf: nothing in flight, the next step takes all.
         self.cutoff = math.inf
-        # From when the worker's loop waits for the step in flight, reading no message, to its end. On a CPU the
-        # launch computes the step: the loop waits through all of it, and the next step takes all that came.
-        self.blocked_from = math.inf
+        # While the worker's loop schedules and launches the next step, reading no message. On a CPU the launch
+        # computes the step: the loop is blocked through all of it, and the next step takes all that came.
+        self.blocked_from = self.blocked_until = math.inf
         self.synchronous = profile.device == "cpu"
 
     # ---- what the router sees -------------------------------------------------------------------------
@@ -231,28 +232,31 @@ class SimEngine:
         return batch
 
     def polls_at(self, now: float) -> float:
-        """When the worker's loop next takes a message: now while it waits for its next launch (or idles); at the
-        end of the step in flight once it launched the next and waits for that step's tokens."""
+        """When the worker's loop next takes a message: now, unless it is scheduling and launching the next step
+        (then when that is done)."""
         if self.busy_until is None:
             return now
-        blocked, end = self.blocked_from, self.busy_until
+        blocked, until = self.blocked_from, self.blocked_until
         if self.fast is not None:  # the step of the run in flight now
             run = self.fast
             k = min(max(run.steps_begun_by(now), 1), run.steps)
             end, step = run.start + run.elapsed(k), run.first + run.growth * (k - 1)
-            _, blocked = self._window(end - step, end, step, decode_only=True)
-        return end if blocked < now < end else now
+            _, blocked, until = self._window(end - step, end, step, decode_only=True)
+        return until if blocked < now < until else now
+
+    def _prep(self) -> float:
+        """The host's time to schedule and launch a step, as the engine's launch clock takes it."""
+        return self.profile.launch_prep_s or self.profile.host_launch_s
 
     def _lead(self, step: float) -> float:
         """How long before a decode step ends the worker schedules the next one (LaunchClock.in_flight)."""
-        prep = self.profile.launch_prep_s or self.profile.host_launch_s
-        return LEAD_PREP_FACTOR * prep + LEAD_STEP_SHARE * step
+        return LEAD_PREP_FACTOR * self._prep() + LEAD_STEP_SHARE * step
 
     def start(self, now: float, fast: bool = True) -> float | None:
         """Starts the next step (or fast run, if `fast`), if there is work; returns when it ends."""
         batch = self._schedule()
         if batch is None:
-            self.cutoff = self.blocked_from = math.inf
+            self.cutoff = self.blocked_from = self.blocked_until = math.inf
             return None
         if fast and self.fast_forward and batch.decode_only and not self.scheduler.waiting:
             # A prefill worker's prompt whose last chunk is one token looks like a decode, but that step is its last.
@@ -274,15 +278,16 @@ class SimEngine:
         return self.busy_until
 
     def _block(self, start: float, end: float, last_step: float, decode_only: bool) -> None:
-        """`cutoff` and `blocked_from` for the step (or a fast run's last step) ending at `end`."""
-        self.cutoff, self.blocked_from = self._window(start, end, last_step, decode_only)
+        """`cutoff` and the blocked span for the step (or a fast run's last step) ending at `end`."""
+        self.cutoff, self.blocked_from, self.blocked_until = self._window(start, end, last_step, decode_only)
 
-    def _window(self, start: float, end: float, step: float, decode_only: bool) -> tuple[float, float]:
-        """(cutoff, blocked from) of a step of `step` seconds ending at `end` (or a run of them from `start`)."""
+    def _window(self, start: float, end: float, step: float, decode_only: bool) -> tuple[float, float, float]:
+        """(cutoff, blocked from, blocked until) of a step of `step` seconds ending at `end` (or a run of them from
+        `start`): the next step is scheduled at the cutoff, and its launch blocks the loop for the host's time."""
         if self.synchronous:
-            return math.inf, end - step
+            return math.inf, end - step, end
         cutoff = max(start, end - self._lead(step)) if decode_only else start
-        return cutoff, cutoff
+        return cutoff, cutoff, min(end, cutoff + self._prep())
 
     def _steps_with_blocks(self, batch: ScheduledBatch, k: int) -> int:
         """At most k, as many steps as the free blocks allow every sequence of the batch (the scheduler

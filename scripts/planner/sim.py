@@ -19,9 +19,9 @@ Reused: router/dispatch.py's `choose_disagg`, the disaggregated choice itself; `
 it without messages (the router's `Dispatcher` is async and sends them).
 
 The worker loop around each engine (common/worker/runtime.py), as far as it moves a request: a step's successor is
-scheduled while the step runs (`SimEngine.cutoff`), and a worker takes messages only between its steps' ends and
-its next launches (`SimEngine.polls_at`): the decode worker's answer to a reservation (the prompt then goes to the
-prefill worker) and its taking in of a KV handoff wait for that. The decode worker reports a handed-off request's
+scheduled while the step runs (`SimEngine.cutoff`), and a worker takes no message while it schedules and launches
+a step (`SimEngine.polls_at`): the decode worker's answer to a reservation (the prompt then goes to the prefill
+worker) and its taking in of a KV handoff wait for that. The decode worker reports a handed-off request's
 first token (the prefill worker's) as it takes it in. Not modelled yet: the messages' own latencies (the bench's
 unloaded reference measures them: validate.py's offset), preemption's recompute cost beyond the scheduler's own,
 tensor parallelism other than through the profile's `tp`.

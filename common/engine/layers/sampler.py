@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable
 
 import torch
@@ -24,11 +24,17 @@ class SamplingBatch:
     @classmethod
     def build(cls, params: list[SamplingParams], generators: list[torch.Generator | None], vocab_size: int,
               device: torch.device, positions: list[int] | None = None,
-              upload: Callable[[torch.Tensor], torch.Tensor] | None = None) -> SamplingBatch:
-        """`upload` moves a host tensor to `device` (the model runner passes its pinned, copy-stream one);
-        `positions` (each row's token count) seed the fused CUDA sampler, so that a request with a seed
-        draws the same tokens on every run."""
-        upload = upload or (lambda t: t.to(device))
+              upload: Callable[[list[torch.Tensor]], list[torch.Tensor]] | None = None) -> SamplingBatch:
+        """`upload` moves host tensors to `device` (default: one `.to` each); `positions` (each row's token count)
+        seed the fused CUDA sampler, so that a request with a seed draws the same tokens on every run."""
+        host = cls.on_host(params, generators, vocab_size, device, positions)
+        return host.uploaded((upload or (lambda ts: [t.to(device) for t in ts]))(host.tensors()))
+
+    @classmethod
+    def on_host(cls, params: list[SamplingParams], generators: list[torch.Generator | None], vocab_size: int,
+                device: torch.device, positions: list[int] | None = None) -> SamplingBatch:
+        """The batch with its tensors still on the host, for a caller that uploads them with its own (`tensors`,
+        then `uploaded`); `device` is where it will sample."""
         temps = [p.temperature for p in params]
         all_greedy = all(t == 0.0 for t in temps)
         use_k = any(0 < p.top_k < vocab_size for p in params)
@@ -36,14 +42,24 @@ class SamplingBatch:
         use_fused = (device.type == "cuda" and positions is not None and not (all_greedy or use_k or use_p)
                      and fused_kernels() is not None)
         return cls(
-            temperatures=upload(torch.tensor(temps, dtype=torch.float32)),
-            top_ks=upload(torch.tensor([p.top_k if 0 < p.top_k < vocab_size else vocab_size for p in params]))
+            temperatures=torch.tensor(temps, dtype=torch.float32),
+            top_ks=torch.tensor([p.top_k if 0 < p.top_k < vocab_size else vocab_size for p in params])
             if use_k else None,
-            top_ps=upload(torch.tensor([p.top_p for p in params], dtype=torch.float32)) if use_p else None,
+            top_ps=torch.tensor([p.top_p for p in params], dtype=torch.float32) if use_p else None,
             generators=generators,
             all_greedy=all_greedy,
-            seeds=upload(torch.tensor(_philox_seeds(params, positions))) if use_fused else None,
+            seeds=torch.tensor(_philox_seeds(params, positions)) if use_fused else None,
         )
+
+    def tensors(self) -> list[torch.Tensor]:
+        """Its tensors, in the order `uploaded` takes them back."""
+        return [t for t in (self.temperatures, self.top_ks, self.top_ps, self.seeds) if t is not None]
+
+    def uploaded(self, tensors: list[torch.Tensor]) -> SamplingBatch:
+        """This batch with `tensors` (its own, moved: `tensors()`'s order) in their places."""
+        moved = iter(tensors)
+        return replace(self, **{name: next(moved) for name in ("temperatures", "top_ks", "top_ps", "seeds")
+                                if getattr(self, name) is not None})
 
 
 def position_seed(seed: int, position: int) -> int:
