@@ -33,6 +33,7 @@ class DecodeWorker(KVWorker):
 
     # ---- router -> decode: room for the KV ------------------------------------------------------------
     def on_reserve(self, msg: P.Reserve) -> None:
+        self.timeline.mark(msg.request_id, "received", tokens=len(msg.token_ids))
         try:
             blocks = self.engine.reserve(msg.request_id, msg.token_ids, msg.sampling)
         except InvalidRequest as e:
@@ -52,6 +53,7 @@ class DecodeWorker(KVWorker):
 
     def receive(self, record: P.KVHandoff, frames: list[memoryview]) -> None:
         """Land the KV in the reserved blocks (now, or when the transport is done), then admit the request."""
+        self.timeline.mark(record.request_id, "kv_record")
         h = self.handoffs.get(record.request_id)
         seq = self.engine.get(record.request_id)
         transport = self.kv.transports.get(record.transport)
@@ -100,6 +102,7 @@ class DecodeWorker(KVWorker):
         report (once), and free the reserved blocks once no transport writes into them."""
         if h.state is HandoffState.LANDED:
             self.answer(h, ok=True)
+            self.timeline.mark(h.request_id, "landed")
             seq = self.engine.admit_prefilled(h.request_id, h.record.first_token, h.record.cached_tokens)
             h.state = HandoffState.ACKED
             self.handoffs.close(h.request_id)

@@ -48,6 +48,8 @@ class PrefillWorker(KVWorker):
     def on_step(self, updated: list[Sequence]) -> None:
         for seq in updated:
             if seq.finish_reason == "prefilled":
+                self.timeline.mark(seq.request_id, "prefilled")
+                self.timeline.forget(seq.request_id)
                 self.hand_off(seq)
 
     def hand_off(self, seq: Sequence) -> None:
@@ -73,6 +75,7 @@ class PrefillWorker(KVWorker):
             payload = [memoryview(b"\0")] if fault == "kv_corrupt" else sent.payload
             if fault != "kv_drop":  # a dropped handoff is found out by the deadlines on both sides
                 self.kv.channel.send(task.decode_kv_address, record, payload)
+            self.timeline.mark(seq.request_id, "kv_sent")
         except Exception as e:  # the request fails and its blocks are freed on both sides; the worker goes on
             log.exception("request %s: KV transfer to %s failed", seq.request_id, task.decode_worker_id)
             h.fail(P.ABORTED, f"KV transfer failed: {e}")

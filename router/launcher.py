@@ -59,6 +59,9 @@ class ServeConfig:
         "help": "GPUs a worker process sees: 'own' (only its own, as Ray sets it: KV goes over NCCL across GPUs) "
                 "or 'node' (its own first, then the rest of its node's: CUDA IPC reaches a decode worker on another "
                 "GPU; faster for contiguous blocks, slower for scattered 16-token blocks, see docs/benchmarks.md)"})
+    timeline_dir: str | None = field(default=None, metadata={
+        "help": "write each worker's per-request events (received, launched, prefilled, KV sent and landed, "
+                "finished) to DIR/<worker id>.jsonl; `python -m scripts.timeline DIR` says where the time went"})
 
     def resources(self, role: str) -> dict[str, float]:
         """The custom resources one worker of `role` asks Ray for."""
@@ -276,7 +279,7 @@ class Cluster:
                                   host=self.router_config.worker_host, kv_transports=self.kv_transports,
                                   handoff_timeout=s.handoff_timeout, local_prefill_chunk=self.router_config.local_prefill_chunk,
                                   auth_token=self.router.auth_token,
-                                  fault_dir=self._fault_dir)
+                                  fault_dir=self._fault_dir, timeline_dir=s.timeline_dir)
             actors[worker_id] = self._actor_cls.options(
                 name=f"pdcluster-{worker_id}", num_cpus=1, num_gpus=gpus, resources=s.resources(role),
                 runtime_env={"env_vars": self.worker_env()},

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 
 import msgpack
 import pytest
@@ -49,7 +50,9 @@ def expected(case):
 @pytest.fixture(scope="module")
 def cluster(case, tmp_path_factory):
     model, mode = case
-    running = RunningCluster(model, mode, tmp_path_factory.mktemp("cluster") / "serve.log")
+    folder = tmp_path_factory.mktemp("cluster")
+    running = RunningCluster(model, mode, folder / "serve.log", "--timeline-dir", str(folder / "timeline"))
+    running.timeline_dir = folder / "timeline"
     yield running
     running.stop_cleanly()
 
@@ -152,6 +155,37 @@ def test_invalid_requests_are_refused_with_the_field_named(cluster):
         with pytest.raises(ServerError) as e:
             c.generate("word " * 20000, max_tokens=4)
         assert e.value.code == P.BAD_REQUEST and "max_model_len" in e.value.message
+
+
+def test_the_timeline_shows_each_finished_requests_path_in_order(case, cluster, capsys):
+    """`--timeline-dir`: every request that finished passed each point of its mode's path, in order, on the one
+    clock of this host; `scripts.timeline` splits the disaggregated ones into their parts."""
+    from scripts.timeline import DISAGG_PARTS, load, parts
+    from scripts.timeline import main as timeline_main
+
+    _, mode = case
+    with cluster.client(timeout=120) as c:
+        for p in PROMPTS[:3]:
+            c.generate(p, **GREEDY)
+    time.sleep(1.5)  # the workers write their events at each heartbeat
+    requests = load(cluster.timeline_dir)
+    worker = "decode" if mode == "disagg" else "colocated"
+    finished = [r for r in requests.values() if (worker, "finished") in r]
+    assert len(finished) >= 3
+    if mode == "disagg":
+        path = [DISAGG_PARTS[0][1]] + [b for _, _, b in DISAGG_PARTS] + [("decode", "finished")]
+    else:
+        path = [("colocated", "received"), ("colocated", "launched"), ("colocated", "finished")]
+    for r in finished:
+        times = [r[point]["t"] for point in path]
+        assert times == sorted(times), (r, path)
+        if mode == "disagg":
+            assert all(x >= 0 for x in parts(r).values())
+    timeline_main([str(cluster.timeline_dir)])
+    out = capsys.readouterr().out
+    assert out.startswith("load point | requests")
+    if mode == "disagg":
+        assert " of " in out  # a load point whose requests were split into parts
 
 
 def test_every_block_is_free_at_the_end(cluster):

@@ -508,3 +508,23 @@ def test_plan_refuses_a_missing_profile_with_a_usage_error(tmp_path):
                           cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True,
                           timeout=120)
     assert proc.returncode == 2 and "cannot read" in proc.stderr
+
+
+def test_a_kv_copy_on_a_shared_gpu_waits_for_the_other_engines_step_unless_its_own_runs():
+    """Two processes on one GPU (no MPS) take turns: an idle prefill worker's KV copy waits for the decode worker's
+    step in flight to end (the workers' timelines on one H100: the send, 1.5 ms at the median, is that wait); with
+    a step of its own in flight, the copy runs in that step's turn; alone on a GPU, at once."""
+    profile = make_profile()
+    load = workload(1, 1.0, 100, 4)
+    shared = Simulation(profile, Layout(prefill=1, decode=1, gpus_per_engine=0.5), load)
+    prefill, decode = (next(e for e in shared.engines.values() if e.role == r) for r in ("prefill", "decode"))
+    gpu = shared.gpu_of[prefill.name]
+    assert gpu is shared.gpu_of[decode.name] and gpu.shared
+    gpu.add(decode, 0.004, now=0.0)
+    assert shared._copy_starts(prefill, 0.001) == pytest.approx(0.004)
+    gpu.add(prefill, 0.002, now=0.0)
+    assert shared._copy_starts(prefill, 0.001) == 0.001
+    alone = Simulation(profile, Layout(prefill=1, decode=1), load)
+    prefill, decode = (next(e for e in alone.engines.values() if e.role == r) for r in ("prefill", "decode"))
+    alone.gpu_of[decode.name].add(decode, 0.004, now=0.0)
+    assert alone._copy_starts(prefill, 0.001) == 0.001

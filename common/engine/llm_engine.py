@@ -89,6 +89,7 @@ class LLMEngine:
         self.totals = StepStats()  # since start: what a benchmark diffs over a load point (via heartbeats)
         # With overlap: the batch whose tokens are still on their way (batch, tokens, computed counts before).
         self._in_flight: tuple[ScheduledBatch, InFlight, list[int]] | None = None
+        self.launched: ScheduledBatch | None = None  # the batch the last step launched
         self.clock = LaunchClock()
         self._last_step_end: float | None = None  # when the last busy step ended; None after an idle one
         self.warmup: WarmupReport | None = None
@@ -170,7 +171,7 @@ class LLMEngine:
         while the GPU has yet to produce them: it may add, reserve and abort requests, not step."""
         start = time.perf_counter()
         batch = self.scheduler.schedule()
-        launched = None
+        launched, self.launched = None, batch
         if batch is not None:
             launched = (batch, self.runner.launch(batch), self.scheduler.advance(batch))
             self.clock.launched(time.perf_counter() - start)

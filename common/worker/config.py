@@ -19,6 +19,7 @@ class WorkerConfig:
     local_prefill_chunk: int = 512  # decode worker: most prompt tokens a step prefills (prompts it prefills itself)
     auth_token: str | None = None  # the cluster's shared secret: CURVE on every socket (common/auth.py)
     fault_dir: str | None = None  # test-only fault injection (common/faults.py)
+    timeline_dir: str | None = None  # per-request events, for finding where time goes (common/worker/timeline.py)
 
 
 def model_fingerprint(config: EngineConfig) -> str:

@@ -23,6 +23,7 @@ from common.faults import Faults, crash
 from common.sampling_params import InvalidRequest
 from common.worker.config import WorkerConfig, model_fingerprint
 from common.worker.liveness import Liveness
+from common.worker.timeline import Timeline
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +38,7 @@ class Worker:
         self.config = config
         self.engine = LLMEngine(engine_config)
         self.faults = Faults(config.fault_dir)
+        self.timeline = Timeline(config.timeline_dir, config.worker_id, self.role)
         self.ctx = zmq.Context()
         self.keys = auth.keys_from_token(config.auth_token) if config.auth_token else None
         self._authenticator = auth.start_authenticator(self.ctx, self.keys) if self.keys else None
@@ -79,6 +81,7 @@ class Worker:
                     self.on_step(self._step())
                 if now >= next_heartbeat:
                     self.send(P.Heartbeat(worker_id=self.config.worker_id, load=self.load()))
+                    self.timeline.flush()
                     next_heartbeat = now + self.config.heartbeat_interval
         finally:
             self.close()
@@ -91,7 +94,12 @@ class Worker:
         try:
             if self.faults.folder is not None:
                 time.sleep(self.faults.claim_seconds("slow_step", self._prompts(), self.config.worker_id))
-            return self.engine.step(idle=self._meanwhile)
+            started = time.monotonic()
+            updated = self.engine.step(idle=self._meanwhile)
+            if self.timeline.on and self.engine.launched is not None:
+                for seq in self.engine.launched.seqs:
+                    self.timeline.first(seq.request_id, "launched", started)
+            return updated
         finally:
             self.liveness.step_ended()
 
@@ -107,6 +115,7 @@ class Worker:
         return (seq.token_ids for seq in self.engine.requests.values())
 
     def close(self) -> None:
+        self.timeline.flush()
         self.liveness.stop()
         self.router.close()
         if self._authenticator is not None:
@@ -158,12 +167,18 @@ class Worker:
 
     def on_step(self, updated: list[Sequence]) -> None:
         self.report(updated)
+        if self.timeline.on:
+            for seq in updated:
+                if seq.is_finished:
+                    self.timeline.mark(seq.request_id, "finished")
+                    self.timeline.forget(seq.request_id)
         if self.faults.claim("crash_decode", (s.token_ids for s in updated), self.config.worker_id):
             crash()
 
     def abort(self, request_id: str) -> None:
         """The router gave the request up: it leaves the engine, and its blocks are freed."""
         self.engine.abort(request_id)
+        self.timeline.forget(request_id)
 
     # ---- shared by the roles ------------------------------------------------------------------------
     def send(self, msg: P.Message) -> None:
@@ -174,6 +189,7 @@ class Worker:
                           retry_after=retry_after))
 
     def add_request(self, request_id: str, token_ids: list[int], sampling: P.Sampling, **kw) -> bool:
+        self.timeline.mark(request_id, "received", tokens=len(token_ids))
         try:
             self.engine.add_request(request_id, token_ids, sampling, **kw)
             return True

@@ -21,7 +21,8 @@ it without messages (the router's `Dispatcher` is async and sends them).
 The worker loop around each engine (common/worker/runtime.py), as far as it moves a request: a step's successor is
 scheduled while the step runs (`SimEngine.cutoff`), and a worker takes no message while it schedules and launches
 a step (`SimEngine.polls_at`): the decode worker's answer to a reservation (the prompt then goes to the prefill
-worker) and its taking in of a KV handoff wait for that. The decode worker reports a handed-off request's
+worker) and its taking in of a KV handoff wait for that. On a GPU two engines share, an idle prefill worker's KV
+copy waits for the other engine's step in flight (`_copy_starts`). The decode worker reports a handed-off request's
 first token (the prefill worker's) as it takes it in. Not modelled yet: the messages' own latencies (the bench's
 unloaded reference measures them: validate.py's offset), preemption's recompute cost beyond the scheduler's own,
 tensor parallelism other than through the profile's `tp`.
@@ -269,7 +270,7 @@ class Simulation:
             req = self.by_rid[seq.request_id]
             if seq.prefill_only:
                 handoff = self.profile.handoff_seconds(seq.num_prompt_tokens)
-                self.push(collected + handoff, "land", req)
+                self.push(self._copy_starts(engine, collected) + handoff, "land", req)
                 continue
             if req.first is None:
                 req.first = first_end if first_end < self.now else collected  # a fast run's first step: earlier
@@ -285,6 +286,16 @@ class Simulation:
         if self.queue:
             self._dispatch()
         return finished
+
+    def _copy_starts(self, engine: SimEngine, at: float) -> float:
+        """When a prefill worker's KV copy, queued at `at`, gets the GPU. Alone on it: at once. Sharing it (no MPS),
+        the GPU runs one process at a time: with a step of its own in flight the copy runs in that step's turn;
+        idle, it waits for the other engine's step in flight to end (docs/gpu_runs/stop20_timeslice_probe.py: a
+        short job waits for the step in flight)."""
+        gpu = self.gpu_of[engine.name]
+        if not gpu.shared or engine in gpu.work:
+            return at
+        return max([at, *(end for other, end in gpu.ends(self.now).items() if other is not engine)])
 
     def _land(self, req: SimRequest) -> None:
         decode = self.engines[req.decode_seq.worker]

@@ -1,0 +1,61 @@
+"""A worker's timeline: when each request passed each point of its path through this worker, written as JSON lines
+to `<folder>/<worker id>.jsonl` (`pdcluster serve --timeline-dir`). The times are `time.monotonic()`, one clock
+for every process of a host, so the files of workers on one host line up (`scripts/timeline.py` joins them).
+
+Events (each with `t`, `worker`, `role`, `request`, `event`): `received` (the request reached this worker: a prompt to
+prefill or a reservation; with `tokens`, its prompt's), `launched` (a step with some of its prompt, or with its first decode here, was launched:
+`t` is the step's start), `prefilled` (its first token collected), `kv_sent` (its KV handed to the transport and
+announced), `kv_record` (the handoff's record reached the decode worker), `landed` (the KV is in the reserved blocks
+and the first token is reported), `finished`.
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+
+FLUSH_EVERY = 512  # events held in memory before they are written (the worker also flushes at each heartbeat)
+
+
+class Timeline:
+    """Off (every call a no-op) unless given a folder."""
+
+    def __init__(self, folder: str | None, worker_id: str, role: str):
+        self.worker_id, self.role = worker_id, role
+        self.path = os.path.join(folder, f"{worker_id}.jsonl") if folder else None
+        self._events: list[str] = []
+        self._once: dict[str, set[str]] = {}  # request -> events `first` has marked
+        if self.path:
+            os.makedirs(folder, exist_ok=True)
+
+    @property
+    def on(self) -> bool:
+        return self.path is not None
+
+    def mark(self, request_id: str, event: str, t: float | None = None, **fields: int) -> None:
+        if self.path is None:
+            return
+        self._events.append(json.dumps({"t": time.monotonic() if t is None else t, "worker": self.worker_id,
+                                        "role": self.role, "request": request_id, "event": event, **fields}))
+        if len(self._events) >= FLUSH_EVERY:
+            self.flush()
+
+    def first(self, request_id: str, event: str, t: float | None = None) -> None:
+        """`mark`, the first time only for this request (until `forget`)."""
+        if self.path is None:
+            return
+        seen = self._once.setdefault(request_id, set())
+        if event not in seen:
+            seen.add(event)
+            self.mark(request_id, event, t)
+
+    def forget(self, request_id: str) -> None:
+        """The request has left this worker."""
+        self._once.pop(request_id, None)
+
+    def flush(self) -> None:
+        if self.path is None or not self._events:
+            return
+        with open(self.path, "a") as f:
+            f.write("\n".join(self._events) + "\n")
+        self._events.clear()

@@ -1,0 +1,102 @@
+"""Where a request's time went inside the workers, from `pdcluster serve --timeline-dir DIR`'s files
+(common/worker/timeline.py): the requests are split into load points wherever no request starts for `--gap`
+seconds (a bench drains between its rates), and for each, the p50 and p90 of each part of the path (ms).
+
+Disaggregated (a reservation on a decode worker, then the prompt on a prefill worker):
+  to prefill     decode worker got the reservation -> prefill worker got the prompt (the answer, the router, the task)
+  queue          prefill worker got it -> the step with its prompt (its first chunk) was launched
+  prefill        that launch -> its first token collected (the step, and the next step's launch before collecting)
+  send           collected -> KV handed to the transport and announced
+  record         announced -> the record reached the decode worker
+  land           record -> KV landed and the first token reported
+  seat           first token reported -> its first decode step launched on the decode worker
+Colocated (or prefilled by the decode worker itself): queue (received -> launched) and prefill (launched ->
+finished is not a prefill; only `queue` is given).
+
+    python -m scripts.timeline DIR [--max-tokens N] [--gap S]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from collections import defaultdict
+from pathlib import Path
+
+DISAGG_PARTS = [("to prefill", ("decode", "received"), ("prefill", "received")),
+                ("queue", ("prefill", "received"), ("prefill", "launched")),
+                ("prefill", ("prefill", "launched"), ("prefill", "prefilled")),
+                ("send", ("prefill", "prefilled"), ("prefill", "kv_sent")),
+                ("record", ("prefill", "kv_sent"), ("decode", "kv_record")),
+                ("land", ("decode", "kv_record"), ("decode", "landed")),
+                ("seat", ("decode", "landed"), ("decode", "launched"))]
+
+
+def load(folder: Path) -> dict[str, dict[tuple[str, str], dict]]:
+    """request -> (role, event) -> the event (its first, for a request that passed a worker more than once)."""
+    requests: dict[str, dict[tuple[str, str], dict]] = defaultdict(dict)
+    for path in sorted(folder.glob("*.jsonl")):
+        for line in path.read_text().splitlines():
+            e = json.loads(line)
+            requests[e["request"]].setdefault((e["role"], e["event"]), e)
+    return requests
+
+
+def load_points(requests: dict[str, dict], gap: float) -> list[list[dict]]:
+    """The requests in order of their first event, split where none starts for `gap` seconds."""
+    ordered = sorted(requests.values(), key=lambda r: min(e["t"] for e in r.values()))
+    points: list[list[dict]] = []
+    last = None
+    for r in ordered:
+        start = min(e["t"] for e in r.values())
+        if last is None or start - last > gap:
+            points.append([])
+        points[-1].append(r)
+        last = start
+    return points
+
+
+def parts(r: dict) -> dict[str, float] | None:
+    """A disaggregated request's parts (seconds), or None for one that did not pass every point."""
+    if not all(a in r and b in r for _, a, b in DISAGG_PARTS):
+        return None
+    return {name: r[b]["t"] - r[a]["t"] for name, a, b in DISAGG_PARTS}
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("folder", type=Path)
+    p.add_argument("--max-tokens", type=int, default=None, help="only prompts of at most this many tokens")
+    p.add_argument("--gap", type=float, default=2.0, help="seconds without a new request that end a load point")
+    args = p.parse_args(argv)
+    requests = load(args.folder)
+    if not requests:
+        raise SystemExit(f"{args.folder}: no timeline events (was the cluster served with --timeline-dir?)")
+    names = [name for name, _, _ in DISAGG_PARTS]
+    print("load point | requests (rate) | " + " | ".join(names) + " | sum (ms, p50 / p90)")
+    for point in load_points(requests, args.gap):
+        starts = [min(e["t"] for e in r.values()) for r in point]
+        rate = (len(point) - 1) / (max(starts) - min(starts)) if len(point) > 1 and max(starts) > min(starts) else 0.0
+        split = [x for r in point if (x := parts(r)) is not None and (
+            args.max_tokens is None or r[("decode", "received")].get("tokens", 0) <= args.max_tokens)]
+        if not split:
+            queue = [r[(k, "launched")]["t"] - r[(k, "received")]["t"] for r in point for k in ("colocated", "decode")
+                     if (k, "launched") in r and (k, "received") in r]
+            if queue:
+                print(f"{min(starts):.1f} | {len(point)} ({rate:.1f}/s) | queue "
+                      f"{1e3 * statistics.median(queue):.2f} / {1e3 * quantile(queue, 0.9):.2f}")
+            continue
+        cells = [f"{1e3 * statistics.median(x[n] for x in split):.2f} / {1e3 * quantile([x[n] for x in split], 0.9):.2f}"
+                 for n in names]
+        total = [sum(x.values()) for x in split]
+        print(f"{min(starts):.1f} | {len(split)} of {len(point)} ({rate:.1f}/s) | " + " | ".join(cells)
+              + f" | {1e3 * statistics.median(total):.2f} / {1e3 * quantile(total, 0.9):.2f}")
+
+
+def quantile(xs: list[float], q: float) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(q * len(xs)))]
+
+
+if __name__ == "__main__":
+    main()
