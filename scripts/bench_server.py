@@ -27,7 +27,8 @@ TOTALS = ("busy_steps", "busy_seconds", "prefill_tokens_run", "decode_tokens_run
           "prefix_query_tokens", "prefix_hit_tokens")
 # The router's own counts (`Stats.totals`), kept under ROUTER beside the workers' rows (a point's `router`).
 ROUTER = "router"
-ROUTER_TOTALS = ("prompt_tokens", "cached_tokens", "migrations", "local_prefills", "remote_prefills")
+ROUTER_TOTALS = ("prompt_tokens", "cached_tokens", "migrations", "local_prefills", "remote_prefills", "loop_stalls",
+                 "loop_stall_seconds", "gc_pauses", "gc_seconds")
 
 
 class ClusterError(Exception):

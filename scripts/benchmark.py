@@ -52,6 +52,7 @@ from pathlib import Path
 from typing import Any
 
 from common.sampling_params import InvalidRequest
+from common.stalls import GcPauses, LoopLag
 from scripts import bench_workloads as W
 from scripts.bench_config import DEFAULT_NUM_REQUESTS, BenchConfig
 from scripts.bench_hardware import machine, mode_hardware
@@ -243,13 +244,21 @@ async def bench_cluster(cfg: BenchConfig, run: dict, server: ServeProcess | None
 
     async def measure(label: str, point: LoadPoint, requests: list[BenchRequest], times: list[float] | None) -> dict:
         before = await engine_totals(client)
-        with tqdm(total=len(requests), desc=f"{mode} {label}", file=sys.stderr, dynamic_ncols=True) as bar:
-            records = await run_point(client, point, requests, times, cfg.request_timeout, bar, alive)
+        lag, pauses = LoopLag(), GcPauses().start()  # this process's own stalls: they would count as the cluster's
+        watch = asyncio.create_task(lag.run())
+        try:
+            with tqdm(total=len(requests), desc=f"{mode} {label}", file=sys.stderr, dynamic_ncols=True) as bar:
+                records = await run_point(client, point, requests, times, cfg.request_timeout, bar, alive)
+        finally:
+            watch.cancel()
+            pauses.stop()
         result = {"load": point.to_json(), "summary": asdict(summarize(records, slo or SLO(math.inf, math.inf))),
                   "requests": [r.to_json() for r in records],
                   "engines": engine_activity(before, after := await engine_totals(client)),
-                  "router": router_activity(before, after)}
-        print(summary_line(mode, label, result["summary"], judged=slo is not None), flush=True)
+                  "router": router_activity(before, after),
+                  "client": {"loop_stalls": lag.stalls, "loop_stall_seconds": lag.stalled_seconds,
+                             "longest_loop_stall": lag.longest, "gc_pauses": pauses.count, "gc_seconds": pauses.seconds}}
+        print(summary_line(mode, label, result["summary"], judged=slo is not None) + stall_note(result), flush=True)
         return result
 
     def check_alive(label: str) -> None:
@@ -287,6 +296,18 @@ def summary_line(mode: str, label: str, s: dict, judged: bool = True) -> str:
             f"  tpot p50/p99 {ms(s['tpot'], 'p50')}/{ms(s['tpot'], 'p99')} ms"
             f"  {s['output_throughput']:.1f} tok/s  goodput "
             + (f"{s['goodput']:.2f} req/s" if judged else "at the end (SLO from the unloaded requests)"))
+
+
+def stall_note(result: dict) -> str:
+    """The bench client's and the router's own stalls over a point, where there were any: the latencies measured
+    then include them."""
+    parts = []
+    for who in ("client", "router"):
+        s = result.get(who) or {}
+        if s.get("loop_stalls") or s.get("gc_pauses"):
+            parts.append(f"{who} {s['loop_stalls']} loop stalls ({s['loop_stall_seconds']:.2f} s), "
+                         f"{s['gc_pauses']} full GCs ({s['gc_seconds']:.2f} s)")
+    return "  stalls: " + "; ".join(parts) if parts else ""
 
 
 # ---- the whole benchmark ------------------------------------------------------------------------

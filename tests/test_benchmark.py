@@ -957,3 +957,29 @@ def test_records_from_before_the_router_timings_still_load():
     rec = RequestRecord.from_json(old)
     assert (rec.index, rec.ttft, rec.router_ttft, rec.router_queued) == (3, 0.05, None, None)
     assert RequestRecord.from_json(rec.to_json()) == rec
+
+
+def test_a_point_records_the_bench_clients_own_stalls_and_says_so(tmp_path, monkeypatch, capsys):
+    """A bench process that stalls (here: its loop held 150 ms) inflates the latencies it measures; each point keeps
+    its client's loop stalls and full GCs, and the summary line names them."""
+    import time
+
+    import router.client
+    from scripts import benchmark
+
+    client = FakeCluster()
+    monkeypatch.setattr(router.client, "AsyncClient", lambda address: client)
+    run_point = benchmark.run_point
+
+    async def stalling(*args, **kw):
+        await asyncio.sleep(0.02)
+        time.sleep(0.15)
+        return await run_point(*args, **kw)
+
+    monkeypatch.setattr(benchmark, "run_point", stalling)
+    run = {"mode": "disagg", "address": "tcp://fake", "warmup": None, "unloaded": None, "points": []}
+    asyncio.run(bench_cluster(config(tmp_path), run, None, [LoadPoint("concurrency", 2)],
+                              [[W.BenchRequest([1] * 5, 2)] * 4], [], []))
+    stalls = run["points"][0]["client"]
+    assert stalls["loop_stalls"] >= 1 and 0.1 <= stalls["longest_loop_stall"] <= stalls["loop_stall_seconds"]
+    assert "stalls: client" in capsys.readouterr().out

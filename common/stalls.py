@@ -1,0 +1,67 @@
+"""What stalls a Python process serving on an event loop: the loop running late (other work holding it, or the
+process paused), and the garbage collector's full collections. A benchmark reads these to tell the cluster's
+latency from its own client's or router's.
+
+`LoopLag` wakes every `interval` seconds and counts each wake-up at least `threshold` late as a stall, with its
+lateness; `GcPauses` times every collection of the oldest generation (gc.callbacks). Both only add up, so that a
+caller takes differences over a window.
+"""
+from __future__ import annotations
+
+import asyncio
+import gc
+import time
+from dataclasses import dataclass
+
+INTERVAL_S = 0.005
+THRESHOLD_S = 0.02  # a wake-up this late counts as a stall
+
+
+@dataclass
+class LoopLag:
+    interval: float = INTERVAL_S
+    threshold: float = THRESHOLD_S
+    stalls: int = 0
+    stalled_seconds: float = 0.0  # lateness of the stalls, summed
+    longest: float = 0.0
+
+    async def run(self) -> None:
+        """Until cancelled."""
+        while True:
+            t = time.perf_counter()
+            await asyncio.sleep(self.interval)
+            late = time.perf_counter() - t - self.interval
+            if late >= self.threshold:
+                self.stalls += 1
+                self.stalled_seconds += late
+                self.longest = max(self.longest, late)
+
+
+class GcPauses:
+    """Seconds spent in full (oldest-generation) collections since `start`; `stop` detaches it."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.seconds = 0.0
+        self.longest = 0.0
+        self._began: float | None = None
+
+    def start(self) -> GcPauses:
+        gc.callbacks.append(self._on_gc)
+        return self
+
+    def stop(self) -> None:
+        if self._on_gc in gc.callbacks:
+            gc.callbacks.remove(self._on_gc)
+
+    def _on_gc(self, phase: str, info: dict) -> None:
+        if info.get("generation") != 2:
+            return
+        if phase == "start":
+            self._began = time.perf_counter()
+        elif self._began is not None:
+            pause = time.perf_counter() - self._began
+            self.count += 1
+            self.seconds += pause
+            self.longest = max(self.longest, pause)
+            self._began = None

@@ -1,0 +1,34 @@
+import asyncio
+import gc
+import time
+
+from common.stalls import GcPauses, LoopLag
+
+
+def test_a_blocked_loop_counts_as_a_stall_and_an_idle_one_does_not():
+    async def main():
+        lag = LoopLag(interval=0.002, threshold=0.03)
+        task = asyncio.create_task(lag.run())
+        await asyncio.sleep(0.1)
+        idle = lag.stalls
+        time.sleep(0.12)  # holds the loop, as a busy router or a pause would
+        await asyncio.sleep(0.02)
+        task.cancel()
+        return idle, lag
+    idle, lag = asyncio.run(main())
+    assert idle == 0
+    assert lag.stalls == 1 and 0.1 <= lag.longest <= lag.stalled_seconds < 0.5
+
+
+def test_full_collections_are_timed_and_younger_ones_are_not():
+    pauses = GcPauses().start()
+    try:
+        gc.collect(0)
+        assert pauses.count == 0
+        gc.collect()
+        gc.collect(2)
+        assert pauses.count == 2 and pauses.seconds >= pauses.longest > 0
+    finally:
+        pauses.stop()
+    gc.collect()
+    assert pauses.count == 2
