@@ -122,3 +122,42 @@ def test_double_free_is_caught():
     a.block_table = table
     with pytest.raises(AssertionError):
         bm.free_blocks(a)
+
+
+def test_a_block_freed_under_a_step_in_flight_is_fenced_from_reservations_until_that_step_is_collected():
+    """A sequence freed while its next step is on the GPU: that step may still write its last block. The engine's
+    own steps may reuse it (the GPU runs them after), a reservation (a KV handoff another process writes) may not,
+    until the engine has collected the step."""
+    bm = BlockManager(num_blocks=4, block_size=4, enable_prefix_caching=False)
+    old = Sequence("old", list(range(8)), SamplingParams())
+    assert bm.allocate(old, 8)  # blocks 0 and 1
+    bm.epoch = 7  # launch 7 is in flight and includes `old`
+    bm.free_blocks(old)
+    assert bm.num_free_blocks == 4 and sorted(bm.fenced) == [0, 1]
+    wanted = Sequence("r", list(range(16)), SamplingParams())
+    assert not bm.allocate(wanted, 16, use_cache=False, remote=True)  # needs all four, two are fenced
+    assert wanted.block_table == []
+    small = Sequence("s", list(range(8)), SamplingParams())
+    assert bm.allocate(small, 8, use_cache=False, remote=True) and small.block_table == [2, 3]
+    bm.free_blocks(small)  # also under launch 7
+    bm.release(6)
+    assert sorted(bm.fenced) == [0, 1, 2, 3]
+    bm.release(7)
+    assert bm.fenced == {} and bm.allocate(wanted, 16, use_cache=False, remote=True)
+
+
+def test_a_block_freed_with_nothing_in_flight_is_not_fenced_and_own_steps_take_fenced_blocks():
+    bm = BlockManager(num_blocks=2, block_size=4, enable_prefix_caching=False)
+    a = Sequence("a", list(range(4)), SamplingParams())
+    assert bm.allocate(a, 4)
+    bm.epoch = 3
+    bm.release(3)  # launch 3 collected: nothing in flight
+    bm.free_blocks(a)
+    assert bm.fenced == {}
+    bm.epoch = 4
+    assert bm.allocate(a := Sequence("a2", list(range(4)), SamplingParams()), 4)
+    bm.free_blocks(a)
+    assert bm.fenced
+    b = Sequence("b", list(range(8)), SamplingParams())
+    assert bm.allocate(b, 8)  # the engine's own step: fenced blocks too
+    assert bm.fenced == {} and bm.num_free_blocks == 0

@@ -265,3 +265,23 @@ def test_decodes_beside_prompts_run_apart_and_generate_the_same(tiny_qwen3_dir, 
     finally:
         runner.graphs = None
         llm.close()
+
+
+def test_a_reservation_waits_for_the_blocks_a_step_in_flight_may_still_write(tiny_qwen3_dir):
+    """With overlap, a sequence that finishes is freed while the next step is on the GPU. A reservation (blocks
+    another process will write) gets only blocks no step in flight may still write; the next step's collection
+    releases the rest."""
+    llm = LLM(str(tiny_qwen3_dir), device="cpu", num_kv_blocks=8, block_size=16, enable_prefix_caching=False)
+    engine = llm.engine
+    try:
+        engine.add_request("short", list(range(1, 41)), SamplingParams(max_tokens=2, ignore_eos=True))  # 3 blocks
+        engine.add_request("long", list(range(50, 60)), SamplingParams(max_tokens=30, ignore_eos=True))  # 1 block
+        while "short" in engine.requests:
+            engine.step()
+        assert engine.has_unfinished() and len(engine.block_manager.fenced) == 3  # "long"'s next step in flight
+        assert engine.reserve("r", list(range(100, 170)), SamplingParams()) is None  # 5 blocks: 4 of 7 unfenced
+        engine.step()
+        assert engine.block_manager.fenced == {}
+        assert len(engine.reserve("r", list(range(100, 170)), SamplingParams())) == 5
+    finally:
+        llm.close()

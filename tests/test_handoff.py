@@ -9,6 +9,7 @@ from common import protocol as P
 from common.engine.sequence import Sequence
 from common.sampling_params import SamplingParams
 from common.worker.config import WorkerConfig
+from common.worker.timeline import Timeline
 from decode_worker.worker import DecodeWorker
 from kvtransfer.errors import TransferError
 from kvtransfer.handoff import Handoff, HandoffState, HandoffTable
@@ -122,6 +123,7 @@ def stub_worker(cls):
     w.to_router, w.to_peers = [], []
     w.kv = StubEndpoint(w.to_peers)
     w.send = w.to_router.append
+    w.timeline = Timeline(None, "w0", cls.role)
     return w
 
 

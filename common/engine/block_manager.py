@@ -11,6 +11,12 @@ class BlockManager:
 
     A block with no references stays in the cache (its hash still maps to it) until it is reused; free
     blocks are reused least-recently-freed first, so recently used prefixes survive longest.
+
+    A block freed while a launched step may still write it (a sequence finished or aborted with its next step on
+    the GPU) is *fenced* until the engine has collected that step (`release`). The engine's own steps may take it
+    (the GPU runs them after), but not a reservation: another process writes those blocks (a KV handoff), and no
+    stream orders its copy after this engine's steps. Fenced blocks are the newest freed, so always the tail of the
+    free list.
     """
 
     def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True):
@@ -22,6 +28,9 @@ class BlockManager:
         self.block_tokens: list[tuple[int, ...] | None] = [None] * num_blocks
         self.hash_to_block: dict[int, int] = {}
         self.free: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
+        self.epoch = 0  # the newest launched step (LLMEngine sets it): what a block freed now waits for ...
+        self.collected = 0  # ... unless the engine has collected it already (`release`)
+        self.fenced: dict[int, int] = {}  # free block -> the launch that may still write it, oldest first
         self.cache_query_tokens = 0
         self.cache_hit_tokens = 0
 
@@ -32,15 +41,16 @@ class BlockManager:
     def blocks_needed(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
 
-    def allocate(self, seq: Sequence, num_tokens: int, use_cache: bool = True) -> bool:
+    def allocate(self, seq: Sequence, num_tokens: int, use_cache: bool = True, remote: bool = False) -> bool:
         """Make seq's block table cover `num_tokens` tokens; on its first allocation, reuse cached prefix blocks.
+        `remote`: another process will write the blocks, so no fenced block is taken.
 
         All or nothing: returns False (and changes nothing) when too few blocks are free.
         """
         hits = self._match_prefix(seq) if use_cache and not seq.block_table else []
         fresh = self.blocks_needed(num_tokens) - len(seq.block_table) - len(hits)
         revived = sum(1 for b in hits if self.ref_counts[b] == 0)
-        if max(fresh, 0) + revived > len(self.free):
+        if max(fresh, 0) + revived > len(self.free) - (len(self.fenced) if remote else 0):
             return False
         if use_cache and not seq.block_table and self.enable_prefix_caching:
             self.cache_query_tokens += seq.num_tokens
@@ -48,6 +58,7 @@ class BlockManager:
         for b in hits:
             if self.ref_counts[b] == 0:
                 del self.free[b]
+                self.fenced.pop(b, None)
             self.ref_counts[b] += 1
         seq.block_table.extend(hits)
         if not seq.num_computed_tokens and hits:
@@ -63,7 +74,17 @@ class BlockManager:
             assert self.ref_counts[b] >= 0, f"block {b} freed twice"
             if self.ref_counts[b] == 0:
                 self.free[b] = None
+                if self.epoch > self.collected:
+                    self.fenced[b] = self.epoch
         seq.block_table = []
+
+    def release(self, launch: int) -> None:
+        """The engine has collected launch `launch` (and every one before it): their blocks are no longer fenced."""
+        self.collected = max(self.collected, launch)
+        for b, epoch in list(self.fenced.items()):
+            if epoch > launch:
+                break
+            del self.fenced[b]
 
     def commit(self, seq: Sequence, old_computed: int) -> None:
         """Register in the prefix cache the blocks that became full between old_computed and now."""
@@ -106,6 +127,7 @@ class BlockManager:
 
     def _take_free_block(self) -> int:
         b, _ = self.free.popitem(last=False)
+        self.fenced.pop(b, None)
         h = self.block_hash[b]
         if h is not None:
             if self.hash_to_block.get(h) == b:

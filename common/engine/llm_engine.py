@@ -88,7 +88,9 @@ class LLMEngine:
         self.last_step = StepStats()
         self.totals = StepStats()  # since start: what a benchmark diffs over a load point (via heartbeats)
         # With overlap: the batch whose tokens are still on their way (batch, tokens, computed counts before).
-        self._in_flight: tuple[ScheduledBatch, InFlight, list[int]] | None = None
+        # (batch, tokens, computed counts before, its launch number)
+        self._in_flight: tuple[ScheduledBatch, InFlight, list[int], int] | None = None
+        self._launches = 0
         self.launched: ScheduledBatch | None = None  # the batch the last step launched
         self.clock = LaunchClock()
         self._last_step_end: float | None = None  # when the last busy step ended; None after an idle one
@@ -117,7 +119,7 @@ class LLMEngine:
     def reserve(self, request_id: str, prompt_token_ids: list[int], sampling: SamplingParams) -> list[int] | None:
         """Decode side: blocks for a prompt whose KV a prefill worker will write; None if they are not free now."""
         seq = self._new_sequence(request_id, prompt_token_ids, sampling)
-        if not self.block_manager.allocate(seq, seq.num_tokens, use_cache=False):
+        if not self.block_manager.allocate(seq, seq.num_tokens, use_cache=False, remote=True):
             return None
         seq.status = SequenceStatus.RESERVED
         self.requests[request_id] = seq
@@ -173,7 +175,10 @@ class LLMEngine:
         batch = self.scheduler.schedule()
         launched, self.launched = None, batch
         if batch is not None:
-            launched = (batch, self.runner.launch(batch), self.scheduler.advance(batch))
+            in_flight = self.runner.launch(batch)
+            self._launches += 1
+            self.block_manager.epoch = self._launches  # a block freed from now on waits for this launch
+            launched = (batch, in_flight, self.scheduler.advance(batch), self._launches)
             self.clock.launched(time.perf_counter() - start)
         if self.config.overlap_scheduling:
             done, self._in_flight = self._in_flight, launched
@@ -206,10 +211,11 @@ class LLMEngine:
             return 0.0
         return self.clock.delay(time.perf_counter())
 
-    def _collect(self, batch: ScheduledBatch, in_flight: InFlight, olds: list[int],
+    def _collect(self, batch: ScheduledBatch, in_flight: InFlight, olds: list[int], launch: int,
                  idle: Callable[[], None] | None = None) -> list[Sequence]:
         tokens = in_flight.tokens(idle)
         updated = self.scheduler.resolve(batch, olds, tokens)
+        self.block_manager.release(launch)
         for seq in updated:
             if seq.finish_reason == "prefilled":
                 seq.status = SequenceStatus.HELD
