@@ -11,7 +11,7 @@ if [ "${PROFILE:-0}" = 1 ]; then
     --out $OUT/h100-q06.json > /dev/null 2> $OUT/progress.txt; tail -1 $OUT/progress.txt
 fi
 nvidia-smi --query-gpu=name,pci.bus_id,serial --format=csv,noheader
-COMMON="--serve-args=--timeline-dir=/tmp/timeline-${MIX:-ph} --model /tmp/q06 --device cuda --modes disagg,colocated --prefill-workers 1 --decode-workers 1 --gpus-per-worker 0.5 --workers 1 --colocated-gpus-per-worker 1 --num-requests ${N:-300}"
+COMMON="--serve-args=--timeline-dir=/tmp/timeline-${MIX:-ph} --model /tmp/q06 --device cuda --modes disagg,colocated --prefill-workers 1 --decode-workers 1 --gpus-per-worker 0.5 --workers 1 --colocated-gpus-per-worker 1 --num-requests ${N:-300} --unloaded-requests ${UNLOADED:-8}"
 if [ "${MIX:-ph}" = ph ]; then
   timeout 560 python -m scripts.cli bench $COMMON --rates 8,16,32,48,64 --input-len 512:2048 --output-len 64:256 \
     --slo-ttft 0.5 --slo-tpot 0.03 --out $OUT/ph 2>&1 | grep -E " ok |error" | tail -14
@@ -20,6 +20,12 @@ else
     --long-input-len 4096:8192 --long-output-len 4:16 --long-fraction 0.2 --rates 8,16,24,32 --slo-ttft 1 \
     --slo-tpot 0.03 --out $OUT/ls 2>&1 | grep -E " ok |error" | tail -12
 fi
+python - $OUT/${MIX:-ph}/results.json <<'PY'
+import json, sys
+for run in json.load(open(sys.argv[1]))["runs"]:
+    for p in run["points"]:
+        print(run["mode"], p["load"]["short"], "client", p.get("client"), "router", {k: v for k, v in (p.get("router") or {}).items() if "stall" in k or "gc" in k})
+PY
 echo "## timelines, prompts of at most 2048 tokens"; python -m scripts.timeline /tmp/timeline-${MIX:-ph} --max-tokens 2048
 mkdir -p $OUT/timeline-${MIX:-ph} && cp /tmp/timeline-${MIX:-ph}/*.jsonl $OUT/timeline-${MIX:-ph}/
 find $OUT -type f ! -name "*.json" ! -name "*.jsonl" -delete; find $OUT -type f
