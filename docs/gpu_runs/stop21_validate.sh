@@ -20,12 +20,6 @@ else
     --long-input-len 4096:8192 --long-output-len 4:16 --long-fraction 0.2 --rates 8,16,24,32 --slo-ttft 1 \
     --slo-tpot 0.03 --out $OUT/ls 2>&1 | grep -E " ok |error" | tail -12
 fi
-python - $OUT/${MIX:-ph}/results.json <<'PY'
-import json, sys
-for run in json.load(open(sys.argv[1]))["runs"]:
-    for p in run["points"]:
-        print(run["mode"], p["load"]["short"], "client", p.get("client"), "router", {k: v for k, v in (p.get("router") or {}).items() if "stall" in k or "gc" in k})
-PY
 echo "## timelines, prompts of at most 2048 tokens"; python -m scripts.timeline /tmp/timeline-${MIX:-ph} --max-tokens 2048
 mkdir -p $OUT/timeline-${MIX:-ph} && cp /tmp/timeline-${MIX:-ph}/*.jsonl $OUT/timeline-${MIX:-ph}/
 find $OUT -type f ! -name "*.json" ! -name "*.jsonl" -delete; find $OUT -type f
