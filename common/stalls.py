@@ -4,13 +4,16 @@ latency from its own client's or router's.
 
 `LoopLag` wakes every `interval` seconds and counts each wake-up at least `threshold` late as a stall, with its
 lateness; `GcPauses` times every collection of the oldest generation (gc.callbacks). Both only add up, so that a
-caller takes differences over a window.
+caller takes differences over a window. `startup_heap_frozen` keeps full collections short while serving (the
+router's `serve` and a worker's `run` hold it).
 """
 from __future__ import annotations
 
 import asyncio
 import gc
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 INTERVAL_S = 0.005
@@ -35,6 +38,20 @@ class LoopLag:
                 self.stalls += 1
                 self.stalled_seconds += late
                 self.longest = max(self.longest, late)
+
+
+@contextmanager
+def startup_heap_frozen() -> Iterator[None]:
+    """While serving: what the process allocated to start (modules, the tokenizer, the model's Python objects, the
+    Ray driver) is out of the garbage collector's sight, so that a full collection scans only what serving
+    allocates. An engine process holds a few hundred thousand such objects, and scanning them all makes each full
+    collection a pause in the middle of a decode or of the router's loop (docs/benchmarks.md, stop 21)."""
+    gc.collect()
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
 
 
 class GcPauses:

@@ -21,7 +21,7 @@ import zmq.asyncio
 from common import auth
 from common import protocol as P
 from common.prompt import load_tokenizer
-from common.stalls import GcPauses, LoopLag
+from common.stalls import GcPauses, LoopLag, startup_heap_frozen
 from kvtransfer.errors import TransferError
 from router.admission import Admission, Refused, WaitQueue
 from router.config import RouterConfig
@@ -87,7 +87,8 @@ class Router:
         tasks = [asyncio.create_task(c) for c in (self._client_loop(), self._worker_loop(), self._housekeeping(),
                                                    self.loop_lag.run())]
         self.gc_pauses.start()
-        await stop.wait()
+        with startup_heap_frozen():
+            await stop.wait()
         self.gc_pauses.stop()
         tasks += self.scaling.tasks
         for t in tasks:

@@ -32,3 +32,27 @@ def test_full_collections_are_timed_and_younger_ones_are_not():
         pauses.stop()
     gc.collect()
     assert pauses.count == 2
+
+
+def test_a_frozen_startup_heap_is_not_scanned_by_a_full_collection_while_serving():
+    """What the process held before serving is frozen for the span (out of the collector's generations, so a full
+    collection does not scan it) and given back after it; garbage made meanwhile is still freed."""
+    import weakref
+
+    from common.stalls import startup_heap_frozen
+
+    startup = [[i] for i in range(100_000)]  # a startup heap: 100k tracked objects
+    with startup_heap_frozen():
+        assert gc.get_freeze_count() >= len(startup)
+        assert len(gc.get_objects()) < len(startup)  # what a collection scans: not the startup heap
+
+        class Node:
+            pass
+        a, b = Node(), Node()
+        a.other, b.other = b, a  # a cycle made while serving: only a full collection frees it
+        gone = weakref.ref(a)
+        del a, b
+        gc.collect()
+        assert gone() is None
+    assert gc.get_freeze_count() == 0 and len(gc.get_objects()) > len(startup)
+    del startup

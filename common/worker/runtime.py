@@ -23,6 +23,7 @@ from common.faults import Faults, crash
 from common.sampling_params import InvalidRequest
 from common.worker.config import WorkerConfig, model_fingerprint
 from common.worker.liveness import Liveness
+from common.stalls import startup_heap_frozen
 from common.worker.timeline import Timeline
 
 log = logging.getLogger(__name__)
@@ -61,6 +62,10 @@ class Worker:
 
     # ---- the loop -----------------------------------------------------------------------------------
     def run(self) -> None:
+        with startup_heap_frozen():
+            self._run()
+
+    def _run(self) -> None:
         self.send(self.hello())
         self.liveness.start()
         poller = self._poller = zmq.Poller()
