@@ -73,9 +73,9 @@ class PrefillWorker(KVWorker):
                                  transport=task.transport, dst_block_ids=task.dst_block_ids,
                                  reply_to=self.kv.address, cached_tokens=seq.num_cached_tokens, nccl=sent.nccl)
             payload = [memoryview(b"\0")] if fault == "kv_corrupt" else sent.payload
+            self.timeline.mark(seq.request_id, "kv_sent")  # before the send: the decode worker may mark its receipt first
             if fault != "kv_drop":  # a dropped handoff is found out by the deadlines on both sides
                 self.kv.channel.send(task.decode_kv_address, record, payload)
-            self.timeline.mark(seq.request_id, "kv_sent")
         except Exception as e:  # the request fails and its blocks are freed on both sides; the worker goes on
             log.exception("request %s: KV transfer to %s failed", seq.request_id, task.decode_worker_id)
             h.fail(P.ABORTED, f"KV transfer failed: {e}")

@@ -6,12 +6,11 @@ Disaggregated (a reservation on a decode worker, then the prompt on a prefill wo
   to prefill     decode worker got the reservation -> prefill worker got the prompt (the answer, the router, the task)
   queue          prefill worker got it -> the step with its prompt (its first chunk) was launched
   prefill        that launch -> its first token collected (the step, and the next step's launch before collecting)
-  send           collected -> KV handed to the transport and announced
-  record         announced -> the record reached the decode worker
+  send           collected -> KV handed to the transport, its record about to go out
+  record         -> the record reached the decode worker
   land           record -> KV landed and the first token reported
   seat           first token reported -> its first decode step launched on the decode worker
-Colocated (or prefilled by the decode worker itself): queue (received -> launched) and prefill (launched ->
-finished is not a prefill; only `queue` is given).
+Colocated (or prefilled by the decode worker itself): only the queue (received -> launched).
 
     python -m scripts.timeline DIR [--max-tokens N] [--gap S]
 """

@@ -2,11 +2,15 @@
 to `<folder>/<worker id>.jsonl` (`pdcluster serve --timeline-dir`). The times are `time.monotonic()`, one clock
 for every process of a host, so the files of workers on one host line up (`scripts/timeline.py` joins them).
 
-Events (each with `t`, `worker`, `role`, `request`, `event`): `received` (the request reached this worker: a prompt to
-prefill or a reservation; with `tokens`, its prompt's), `launched` (a step with some of its prompt, or with its first decode here, was launched:
-`t` is the step's start), `prefilled` (its first token collected), `kv_sent` (its KV handed to the transport and
-announced), `kv_record` (the handoff's record reached the decode worker), `landed` (the KV is in the reserved blocks
-and the first token is reported), `finished`.
+Events (each with `t`, `worker`, `role`, `request`, `event`):
+- `received`: the request reached this worker, a prompt to prefill or a reservation (with `tokens`, its prompt's);
+- `launched`: a step with some of its prompt, or with its first decode here, was launched (`t`: the step's start);
+- `prefilled`: its first token collected;
+- `kv_sent`: its KV handed to the transport, the record about to go out;
+- `kv_record`: the handoff's record reached the decode worker;
+- `landed`: the KV is in the reserved blocks and the first token is reported;
+- `finished`.
+Events of one request on two workers are in causal order: each is marked before the message that leads to the next.
 """
 from __future__ import annotations
 
