@@ -13,7 +13,7 @@ import asyncio
 import gc
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
 
 INTERVAL_S = 0.005
@@ -82,3 +82,24 @@ class GcPauses:
             self.seconds += pause
             self.longest = max(self.longest, pause)
             self._began = None
+
+
+class Stalls:
+    """A process's own stalls over a span (`watching`): its loop's lateness and its full collections, summed."""
+
+    def __init__(self) -> None:
+        self.loop, self.gc = LoopLag(), GcPauses()
+
+    @asynccontextmanager
+    async def watching(self):
+        task = asyncio.create_task(self.loop.run())
+        self.gc.start()
+        try:
+            yield self
+        finally:
+            self.gc.stop()
+            task.cancel()
+
+    def totals(self) -> dict[str, float]:
+        return {"loop_stalls": self.loop.stalls, "loop_stall_seconds": self.loop.stalled_seconds,
+                "longest_loop_stall": self.loop.longest, "gc_pauses": self.gc.count, "gc_seconds": self.gc.seconds}

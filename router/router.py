@@ -21,7 +21,7 @@ import zmq.asyncio
 from common import auth
 from common import protocol as P
 from common.prompt import load_tokenizer
-from common.stalls import GcPauses, LoopLag, startup_heap_frozen
+from common.stalls import Stalls, startup_heap_frozen
 from kvtransfer.errors import TransferError
 from router.admission import Admission, Refused, WaitQueue
 from router.config import RouterConfig
@@ -69,7 +69,7 @@ class Router:
         self.local_clients: dict[bytes, LocalSink] = {}  # in-process clients: identity -> where its replies go
         self.metrics = Metrics(self.requests, self.registry)
         self.started = time.monotonic()
-        self.loop_lag, self.gc_pauses = LoopLag(), GcPauses()
+        self.stalls = Stalls()
         self.prompt_tokens = self.cached_tokens = 0  # of the requests that ended with a result
         self.migrations = 0
         self._ids = itertools.count()
@@ -84,12 +84,10 @@ class Router:
 
     # ---- loops --------------------------------------------------------------------------------------
     async def serve(self, stop: asyncio.Event) -> None:
-        tasks = [asyncio.create_task(c) for c in (self._client_loop(), self._worker_loop(), self._housekeeping(),
-                                                   self.loop_lag.run())]
-        self.gc_pauses.start()
-        with startup_heap_frozen():
-            await stop.wait()
-        self.gc_pauses.stop()
+        tasks = [asyncio.create_task(c) for c in (self._client_loop(), self._worker_loop(), self._housekeeping())]
+        async with self.stalls.watching():
+            with startup_heap_frozen():
+                await stop.wait()
         tasks += self.scaling.tasks
         for t in tasks:
             t.cancel()
@@ -387,9 +385,7 @@ class Router:
                        totals=P.RouterTotals(prompt_tokens=self.prompt_tokens, cached_tokens=self.cached_tokens,
                                              migrations=self.migrations, local_prefills=self.disagg.local_choices,
                                              remote_prefills=self.disagg.remote_choices,
-                                             loop_stalls=self.loop_lag.stalls,
-                                             loop_stall_seconds=self.loop_lag.stalled_seconds,
-                                             gc_pauses=self.gc_pauses.count, gc_seconds=self.gc_pauses.seconds))
+                                             **{k: v for k, v in self.stalls.totals().items() if k != "longest_loop_stall"}))
 
     def _text(self, stops: list[str]) -> CompletionText:
         return CompletionText(IncrementalDetokenizer(self.tokenizer), stops)

@@ -52,7 +52,7 @@ from pathlib import Path
 from typing import Any
 
 from common.sampling_params import InvalidRequest
-from common.stalls import GcPauses, LoopLag
+from common.stalls import Stalls
 from scripts import bench_workloads as W
 from scripts.bench_config import DEFAULT_NUM_REQUESTS, BenchConfig
 from scripts.bench_hardware import machine, mode_hardware
@@ -244,20 +244,15 @@ async def bench_cluster(cfg: BenchConfig, run: dict, server: ServeProcess | None
 
     async def measure(label: str, point: LoadPoint, requests: list[BenchRequest], times: list[float] | None) -> dict:
         before = await engine_totals(client)
-        lag, pauses = LoopLag(), GcPauses().start()  # this process's own stalls: they would count as the cluster's
-        watch = asyncio.create_task(lag.run())
-        try:
+        # this process's own stalls: they would count as the cluster's
+        async with Stalls().watching() as stalls:
             with tqdm(total=len(requests), desc=f"{mode} {label}", file=sys.stderr, dynamic_ncols=True) as bar:
                 records = await run_point(client, point, requests, times, cfg.request_timeout, bar, alive)
-        finally:
-            watch.cancel()
-            pauses.stop()
         result = {"load": point.to_json(), "summary": asdict(summarize(records, slo or SLO(math.inf, math.inf))),
                   "requests": [r.to_json() for r in records],
                   "engines": engine_activity(before, after := await engine_totals(client)),
                   "router": router_activity(before, after),
-                  "client": {"loop_stalls": lag.stalls, "loop_stall_seconds": lag.stalled_seconds,
-                             "longest_loop_stall": lag.longest, "gc_pauses": pauses.count, "gc_seconds": pauses.seconds}}
+                  "client": stalls.totals()}
         print(summary_line(mode, label, result["summary"], judged=slo is not None) + stall_note(result), flush=True)
         return result
 

@@ -22,6 +22,8 @@ import statistics
 from collections import defaultdict
 from pathlib import Path
 
+from scripts.bench_metrics import percentile
+
 DISAGG_PARTS = [("to prefill", ("decode", "received"), ("prefill", "received")),
                 ("queue", ("prefill", "received"), ("prefill", "launched")),
                 ("prefill", ("prefill", "launched"), ("prefill", "prefilled")),
@@ -83,18 +85,13 @@ def main(argv: list[str] | None = None) -> None:
                      if (k, "launched") in r and (k, "received") in r]
             if queue:
                 print(f"{min(starts):.1f} | {len(point)} ({rate:.1f}/s) | queue "
-                      f"{1e3 * statistics.median(queue):.2f} / {1e3 * quantile(queue, 0.9):.2f}")
+                      f"{1e3 * statistics.median(queue):.2f} / {1e3 * percentile(queue, 90):.2f}")
             continue
-        cells = [f"{1e3 * statistics.median(x[n] for x in split):.2f} / {1e3 * quantile([x[n] for x in split], 0.9):.2f}"
+        cells = [f"{1e3 * statistics.median(x[n] for x in split):.2f} / {1e3 * percentile([x[n] for x in split], 90):.2f}"
                  for n in names]
         total = [sum(x.values()) for x in split]
         print(f"{min(starts):.1f} | {len(split)} of {len(point)} ({rate:.1f}/s) | " + " | ".join(cells)
-              + f" | {1e3 * statistics.median(total):.2f} / {1e3 * quantile(total, 0.9):.2f}")
-
-
-def quantile(xs: list[float], q: float) -> float:
-    xs = sorted(xs)
-    return xs[min(len(xs) - 1, int(q * len(xs)))]
+              + f" | {1e3 * statistics.median(total):.2f} / {1e3 * percentile(total, 90):.2f}")
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@
 # left warm; PROFILE=1 first measures this machine's profile, so that the planner is judged on the GPU it ran on.
 # `pdcluster plan --validate` then runs on the CPU.
 set -u
+# EXTRA: more bench flags (stop21_validate.sh passes the timeline and the unloaded requests).
 export PYTHONPATH=$(.gpu-deps/unpack .gpu-deps):$PWD PYTHONUNBUFFERED=1
 python -m scripts.cli prepare-model random --config qwen3-0.6b --out /tmp/q06 --overwrite 2>&1 | tail -1
 if [ "${PROFILE:-0}" = 1 ]; then
@@ -11,7 +12,7 @@ if [ "${PROFILE:-0}" = 1 ]; then
     --out $OUT/h100-q06.json > /dev/null 2> $OUT/progress.txt; tail -1 $OUT/progress.txt
 fi
 nvidia-smi --query-gpu=name,pci.bus_id,serial --format=csv,noheader
-COMMON="--model /tmp/q06 --device cuda --modes disagg,colocated --prefill-workers 1 --decode-workers 1 --gpus-per-worker 0.5 --workers 1 --colocated-gpus-per-worker 1 --num-requests ${N:-300}"
+COMMON="--model /tmp/q06 --device cuda --modes disagg,colocated --prefill-workers 1 --decode-workers 1 --gpus-per-worker 0.5 --workers 1 --colocated-gpus-per-worker 1 --num-requests ${N:-300} ${EXTRA:-}"
 if [ "${MIX:-ph}" = ph ]; then
   timeout 560 python -m scripts.cli bench $COMMON --rates 8,16,32,48,64 --input-len 512:2048 --output-len 64:256 \
     --slo-ttft 0.5 --slo-tpot 0.03 --out $OUT/ph 2>&1 | grep -E " ok |error" | tail -14
@@ -20,4 +21,4 @@ else
     --long-input-len 4096:8192 --long-output-len 4:16 --long-fraction 0.2 --rates 8,16,24,32 --slo-ttft 1 \
     --slo-tpot 0.03 --out $OUT/ls 2>&1 | grep -E " ok |error" | tail -12
 fi
-find $OUT -type f ! -name "*.json" -delete; find $OUT -type f
+find $OUT -type f ! -name "*.json" ! -name "*.jsonl" -delete; find $OUT -type f

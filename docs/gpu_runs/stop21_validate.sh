@@ -1,25 +1,9 @@
-# Stop 21 on one H100 (issue 21): stop20_validate.sh with the workers' timelines (`serve --timeline-dir`, read by
-# scripts/timeline.py). The two validation benches of stops 18-19 with 300 requests a rate, the bench recording the router's Timings (queued, reserved, ttft) with
-# each request. MIX=ph (prefill-heavy) or MIX=ls (long-short), one per call, the second on the machine the first
-# left warm; PROFILE=1 first measures this machine's profile, so that the planner is judged on the GPU it ran on.
-# `pdcluster plan --validate` then runs on the CPU.
+# Stop 21 on one H100 (issue 21): stop20_validate.sh (MIX, PROFILE, N as there) with the workers' timelines
+# (`serve --timeline-dir`, split by scripts/timeline.py) and UNLOADED unloaded requests for the validation's offset.
 set -u
-export PYTHONPATH=$(.gpu-deps/unpack .gpu-deps):$PWD PYTHONUNBUFFERED=1
-python -m scripts.cli prepare-model random --config qwen3-0.6b --out /tmp/q06 --overwrite 2>&1 | tail -1
-if [ "${PROFILE:-0}" = 1 ]; then
-  timeout 170 python -m scripts.cli profile --model /tmp/q06 --device cuda --model-name Qwen3-0.6B \
-    --out $OUT/h100-q06.json > /dev/null 2> $OUT/progress.txt; tail -1 $OUT/progress.txt
-fi
-nvidia-smi --query-gpu=name,pci.bus_id,serial --format=csv,noheader
-COMMON="--serve-args=--timeline-dir=/tmp/timeline-${MIX:-ph} --model /tmp/q06 --device cuda --modes disagg,colocated --prefill-workers 1 --decode-workers 1 --gpus-per-worker 0.5 --workers 1 --colocated-gpus-per-worker 1 --num-requests ${N:-300} --unloaded-requests ${UNLOADED:-8}"
-if [ "${MIX:-ph}" = ph ]; then
-  timeout 560 python -m scripts.cli bench $COMMON --rates 8,16,32,48,64 --input-len 512:2048 --output-len 64:256 \
-    --slo-ttft 0.5 --slo-tpot 0.03 --out $OUT/ph 2>&1 | grep -E " ok |error" | tail -14
-else
-  timeout 560 python -m scripts.cli bench $COMMON --workload long-short --input-len 128:512 --output-len 128:512 \
-    --long-input-len 4096:8192 --long-output-len 4:16 --long-fraction 0.2 --rates 8,16,24,32 --slo-ttft 1 \
-    --slo-tpot 0.03 --out $OUT/ls 2>&1 | grep -E " ok |error" | tail -12
-fi
-echo "## timelines, prompts of at most 2048 tokens"; python -m scripts.timeline /tmp/timeline-${MIX:-ph} --max-tokens 2048
-mkdir -p $OUT/timeline-${MIX:-ph} && cp /tmp/timeline-${MIX:-ph}/*.jsonl $OUT/timeline-${MIX:-ph}/
-find $OUT -type f ! -name "*.json" ! -name "*.jsonl" -delete; find $OUT -type f
+MIX=${MIX:-ph}
+EXTRA="--serve-args=--timeline-dir=/tmp/timeline-$MIX --unloaded-requests ${UNLOADED:-8}" MIX=$MIX \
+  bash docs/gpu_runs/stop20_validate.sh
+export PYTHONPATH=$(.gpu-deps/unpack .gpu-deps):$PWD
+echo "## timelines, prompts of at most 2048 tokens"; python -m scripts.timeline /tmp/timeline-$MIX --max-tokens 2048
+mkdir -p $OUT/timeline-$MIX && cp /tmp/timeline-$MIX/*.jsonl $OUT/timeline-$MIX/ && find $OUT -type f
