@@ -149,9 +149,6 @@ class EngineConfig:
                                                "max_num_seqs, at most 512; 0: decode steps run eagerly)")
     prefill_graph_max_tokens: int = _opt(2048, "prompt steps of up to this many tokens (after padding) replay a CUDA "
                                                "graph instead of an eager forward's launches; 0: none")
-    decode_overlap_min_batch: int = _opt(0, "decode graphs of at least this many sequences run them as two halves on "
-                                            "two streams, one half's attention beside the other's projections "
-                                            "(two_batch.py); 0: never")
     overlap_scheduling: bool = _opt(True, "schedule step N+1 while the device runs step N")
     late_launch: bool = _opt(True, "with overlap, a server launches step N+1 just before step N ends (not as soon "
                                    "as N is queued), so requests arriving meanwhile join N+1 (launch_clock.py)")
@@ -177,9 +174,7 @@ class EngineConfig:
         self.max_model_len = min(self.max_model_len or limit, limit)
         if self.max_num_batched_tokens is None and self.device in DEVICES:
             self.max_num_batched_tokens = STEP_TOKENS[self.device]
-        if self.decode_overlap_min_batch == 1:
-            raise ConfigError("decode_overlap_min_batch: must be 0 (off) or at least 2, got 1")
-        for name in ("cuda_graph_max_bs", "prefill_graph_max_tokens", "decode_overlap_min_batch"):
+        for name in ("cuda_graph_max_bs", "prefill_graph_max_tokens"):
             if (getattr(self, name) or 0) < 0:
                 raise ConfigError(f"{name}: must be 0 or more, got {getattr(self, name)}")
         for name in ("block_size", "max_num_seqs", "max_num_batched_tokens", "tensor_parallel_size"):

@@ -222,15 +222,14 @@ def decode_step_phases(llm: LLM, batch: int, context: int, steps: int = 20) -> d
     return phases
 
 
-def profile_decode(root: Path, config: str, context: int, batch: int, overlap: bool, steps: int = 10,
-                   **engine_kw) -> None:
+def profile_decode(root: Path, config: str, context: int, batch: int, overlap: bool, steps: int = 10) -> None:
     """GPU kernels of `steps` decode steps (CUDA graphs on), by total time: where a step's GPU time goes.
     Only CUDA activity is traced: tracing CPU ops would slow the CPU side and inflate the GPU's idle time."""
     from torch.profiler import ProfilerActivity, profile
 
     path = model_dir(config, root)
     llm = make_llm(path, max_num_seqs=max(batch, 8), max_model_len=context + DECODE_TOKENS + 16,
-                   overlap_scheduling=overlap, **engine_kw)
+                   overlap_scheduling=overlap)
     try:
         rids = start_decodes(llm, batch, context, DECODE_TOKENS)
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
@@ -240,7 +239,7 @@ def profile_decode(root: Path, config: str, context: int, batch: int, overlap: b
             wall = (sync_time() - t0) / steps
         events = cuda_kernels(prof)
         gpu_us = sum(e.self_device_time_total for e in events) / steps
-        log(f"== profile: {config}, batch {batch}, context {context}, overlap {overlap} {engine_kw}: wall {wall * 1e3:.3f} ms/step, "
+        log(f"== profile: {config}, batch {batch}, context {context}, overlap {overlap}: wall {wall * 1e3:.3f} ms/step, "
             f"GPU busy {gpu_us / 1e3:.3f} ms/step ({gpu_us / 1e3 / (wall * 1e3):.0%})")
         log(f"{'kernel':<90}{'calls/step':>11}{'us/step':>10}")
         for e in events[:25]:
@@ -253,13 +252,10 @@ def profile_decode(root: Path, config: str, context: int, batch: int, overlap: b
 
 # --modes name: (row label, engine settings)
 DECODE_MODES = {"graphs": ("graphs", {}), "no-overlap": ("graphs, no overlap", {"overlap_scheduling": False}),
-                "one-batch": ("graphs, one batch", {"decode_overlap_min_batch": 0}),
-                "two-batch": ("graphs, two-batch", {"decode_overlap_min_batch": 2}),
                 "eager": ("eager", {"enforce_eager": True})}
 
 
-def bench_decode(root: Path, config: str, context: int, modes: list[str] = list(DECODE_MODES),
-                 batches: tuple[int, ...] = (1, 64, 256)) -> None:
+def bench_decode(root: Path, config: str, context: int, modes: list[str] = list(DECODE_MODES)) -> None:
     path = model_dir(config, root)
     bw = hbm_bandwidth()
     log(f"== decode step, {config} bf16, context {context} tokens/seq; device copy bandwidth {bw:.0f} GB/s "
@@ -273,13 +269,13 @@ def bench_decode(root: Path, config: str, context: int, modes: list[str] = list(
             layout = llm.engine.runner.layout
             kv_per_token = layout.block_bytes // layout.block_size
             wb = weight_bytes(llm)
-            for batch in batches:
+            for batch in (1, 64, 256):
                 ms = decode_step_ms(llm, batch, context)
                 roof = (wb + batch * (context + 20) * kv_per_token) / (bw * 1e9) * 1e3
                 log(f"{name:<20}{batch:>6}{ms:>10.3f}{roof:>13.3f}{ms / roof:>12.2f}{batch / ms * 1e3:>10.0f}")
                 assert llm.engine.num_free_blocks == llm.engine.block_manager.num_blocks
             if name != "eager":
-                for batch in batches:
+                for batch in (1, 64, 256):
                     ms, low, high = decode_idle(llm, batch, context)
                     log(f"   {name} batch {batch}: GPU idle between steps {low:.1%} .. {high:.1%} of {ms:.3f} ms/step "
                         "(CUDA events)")
@@ -340,25 +336,20 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--config", default=None, help="model config (default: qwen3-0.6b decode, qwen3-8b prefill)")
     ap.add_argument("--context", type=int, default=1024)
     ap.add_argument("--tp", type=int, default=1, help="throughput: tensor-parallel size (no eager or HF runs)")
-    ap.add_argument("--modes", default="graphs,no-overlap,eager",
-                    help=f"decode: comma list of {', '.join(DECODE_MODES)} (default: graphs,no-overlap,eager)")
-    ap.add_argument("--batches", default="1,64,256", help="decode: comma list of batch sizes")
-    ap.add_argument("--decode-overlap-min-batch", type=int, default=None,
-                    help="profile: the engine setting (default: the engine's)")
+    ap.add_argument("--modes", default=",".join(DECODE_MODES),
+                    help=f"decode: comma list of {', '.join(DECODE_MODES)} (default: all)")
     args = ap.parse_args(argv)
     require_gpus("bench_engine")
     log(device_summary())
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         if args.what == "profile":
-            kw = {} if args.decode_overlap_min_batch is None else {"decode_overlap_min_batch": args.decode_overlap_min_batch}
-            profile_decode(root, args.config or "qwen3-0.6b", args.context, args.batch, not args.no_overlap, **kw)
+            profile_decode(root, args.config or "qwen3-0.6b", args.context, args.batch, not args.no_overlap)
         if args.what in ("decode", "all"):
             modes = [m.strip() for m in args.modes.split(",") if m.strip()]
             if not modes or any(m not in DECODE_MODES for m in modes):
                 raise SystemExit(f"bench_engine: --modes takes {', '.join(DECODE_MODES)}, got {args.modes!r}")
-            batches = tuple(int(b) for b in args.batches.split(","))
-            bench_decode(root, args.config or "qwen3-0.6b", args.context, modes, batches)
+            bench_decode(root, args.config or "qwen3-0.6b", args.context, modes)
         if args.what in ("prefill", "all"):
             bench_prefill(root, args.config or "qwen3-8b")
         if args.what in ("throughput", "all"):

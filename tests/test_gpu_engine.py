@@ -11,11 +11,10 @@ import time
 import pytest
 import torch
 
-from common.engine.attention.triton_backend import SPLIT, WHOLE
+from common.engine.attention.triton_backend import SPLIT
 from common.engine.llm import LLM
 from common.engine.llm_engine import LLMEngine
 from common.engine.step_inputs import unpack_step
-from common.engine.two_batch import TwoBatchOverlap
 from common.sampling_params import SamplingParams
 from tests.test_cuda_graph_shapes import blocks_reused, generate, long_among_short
 
@@ -147,33 +146,6 @@ def test_cuda_graphs_equal_eager_and_triton_equals_torch(qwen3_06b_dir):
         assert rel < 2e-2, f"{p!r}: triton vs torch backend, relative first-step logit error {rel:.3g}"
     agree = sum(a == b for a, b in zip(outputs["eager fp32"], outputs["torch fp32"]))
     assert agree >= 0.75 * len(prompts), f"triton vs torch backends (float32) agree on {agree}/{len(prompts)}"
-
-
-def test_two_batch_overlap_graphs_equal_one_batch_graphs(qwen3_06b_dir, monkeypatch):
-    """Decode graphs that run their batch as two halves on two streams (two_batch.py) give the tokens of graphs
-    that run it as one. Float32: cuBLAS may round a GEMM of 32 rows unlike one of 64 in bf16."""
-    halves = []
-    forward = TwoBatchOverlap.forward
-    monkeypatch.setattr(TwoBatchOverlap, "forward",
-                        lambda self, model, ids, *rest: halves.append(ids.shape[0]) or forward(self, model, ids, *rest))
-    prompts = [f"{p} {i}" for i in range(5) for p in PROMPTS]  # 40: the bucket of 48, 8 rows of padding
-    outputs = {}
-    for name, min_batch in {"one batch": 0, "two halves": 16}.items():
-        llm = LLM(str(qwen3_06b_dir), device="cuda", dtype="float32", gpu_memory_utilization=0.3, max_num_seqs=64,
-                  decode_overlap_min_batch=min_batch)
-        graphs, overlapped = llm.engine.runner.graphs, []
-        replay = graphs.replay
-        graphs.replay = lambda inputs, bucket: (overlapped.append(
-            bucket >= 16 and graphs.backend.graph_variant(inputs.attn) == WHOLE) or replay(inputs, bucket))
-        try:
-            outputs[name] = [o.token_ids for o in llm.generate(prompts, GREEDY, use_tqdm=False)]
-            assert llm.engine.num_free_blocks == llm.engine.block_manager.num_blocks
-        finally:
-            llm.close()
-        if min_batch:
-            assert sum(overlapped) >= 10, overlapped  # the steps ran the overlapped graphs
-            assert halves and min(halves) >= 16 and 48 in halves, halves  # captured from the bucket of 16 up
-    assert outputs["two halves"] == outputs["one batch"]
 
 
 @pytest.mark.parametrize("scenario", [long_among_short, blocks_reused])

@@ -15,10 +15,9 @@ def get_attn_metadata() -> AttentionMetadata | None:
 
 @contextmanager
 def forward_context(metadata: AttentionMetadata | None) -> Iterator[None]:
-    """Nests: the metadata of an enclosing context comes back on exit."""
     global _metadata
-    previous, _metadata = _metadata, metadata
+    _metadata = metadata
     try:
         yield
     finally:
-        _metadata = previous
+        _metadata = None

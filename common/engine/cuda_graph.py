@@ -15,7 +15,6 @@ from common.engine.attention.backend import AttentionBackend
 from common.engine.attention.metadata import AttentionMetadata
 from common.engine.context import forward_context
 from common.engine.step_inputs import StepInputs
-from common.engine.two_batch import TwoBatchOverlap
 
 log = logging.getLogger(__name__)
 
@@ -36,11 +35,8 @@ class GraphRunner:
     graphs a bucket needs, is the backend's to say (AttentionBackend's graph hooks)."""
 
     def __init__(self, model: torch.nn.Module, backend: AttentionBackend, max_num_seqs: int, max_model_len: int,
-                 block_size: int, hidden_size: int, dtype: torch.dtype, device: torch.device,
-                 overlap_min_batch: int = 0):
+                 block_size: int, hidden_size: int, dtype: torch.dtype, device: torch.device):
         self.model, self.backend = model, backend
-        # Buckets of at least overlap_min_batch (0: none) run their batch as two overlapped halves (two_batch.py).
-        self.overlap = TwoBatchOverlap(device, overlap_min_batch) if overlap_min_batch else None
         self.sizes = graph_batch_sizes(max_num_seqs)
         n = self.sizes[-1]
         self.input_ids = torch.zeros(n, dtype=torch.int64, device=device)
@@ -81,9 +77,6 @@ class GraphRunner:
         return graph
 
     def _forward(self, bs: int, md: AttentionMetadata) -> None:
-        if self.overlap is not None and self.overlap.applies(md):
-            self.overlap.forward(self.model, self.input_ids[:bs], self.positions[:bs], md, self.hidden[:bs])
-            return
         with forward_context(md):
             self.hidden[:bs] = self.model(self.input_ids[:bs], self.positions[:bs])
 

@@ -85,10 +85,8 @@ class ModelRunner:
         max_len = min(cfg.max_model_len, self.num_blocks * cfg.block_size)
         max_bs = cfg.max_num_seqs if cfg.cuda_graph_max_bs is None else min(cfg.max_num_seqs, cfg.cuda_graph_max_bs)
         if max_bs:
-            # Two streams' halves would order the tensor-parallel all-reduces differently on each rank.
-            overlap = cfg.decode_overlap_min_batch if self.world == 1 else 0
             self.graphs = GraphRunner(self.model, self.backend, max_bs, max_len, cfg.block_size,
-                                      cfg.model_config.hidden_size, self.dtype, self.device, overlap)
+                                      cfg.model_config.hidden_size, self.dtype, self.device)
             self.graphs.capture()
         sizes = prefill_graph_sizes(cfg.max_num_batched_tokens, cfg.prefill_graph_max_tokens)
         if sizes and self.backend.supports_prefill_graphs(self.dtype):

@@ -11,8 +11,6 @@ from common.engine.layers.linear import MergedColumnParallelLinear, QKVParallelL
 from common.engine.layers.norm import RMSNorm
 from common.engine.layers.rotary import RotaryEmbedding
 
-QKV = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # [T, heads, head_dim] each
-
 
 class SelfAttention(nn.Module):
     def __init__(self, c: ModelConfig):
@@ -26,18 +24,13 @@ class SelfAttention(nn.Module):
         self.q_norm = RMSNorm(c.head_dim, c.rms_norm_eps) if c.qk_norm else None
         self.k_norm = RMSNorm(c.head_dim, c.rms_norm_eps) if c.qk_norm else None
 
-    # No forward: the decoder layer calls the parts, the projections and attention, so that a step may run two
-    # batches' parts interleaved (two_batch.py).
-    def project(self, x: torch.Tensor) -> QKV:
+    def forward(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
         q, k, v = self.qkv_proj(x).split([q_size, kv_size, kv_size], dim=-1)
-        return (q.view(-1, self.num_heads, self.head_dim), k.view(-1, self.num_kv_heads, self.head_dim),
-                v.view(-1, self.num_kv_heads, self.head_dim))
-
-    def attend(self, positions: torch.Tensor, qkv: QKV) -> torch.Tensor:
-        """The part between the projections: norms, rotary, the KV write and the attention kernel."""
-        q, k, v = qkv
-        return self.attn(positions, q, k, v, self.rotary_emb, self.q_norm, self.k_norm).flatten(1)
+        q = q.view(-1, self.num_heads, self.head_dim)
+        k = k.view(-1, self.num_kv_heads, self.head_dim)
+        v = v.view(-1, self.num_kv_heads, self.head_dim)
+        return self.o_proj(self.attn(positions, q, k, v, self.rotary_emb, self.q_norm, self.k_norm).flatten(1))
 
 
 class MLP(nn.Module):
@@ -60,20 +53,12 @@ class DecoderLayer(nn.Module):
         self.mlp = MLP(c)
 
     def forward(self, positions: torch.Tensor, x: torch.Tensor, residual: torch.Tensor | None):
-        qkv, residual = self.before_attention(x, residual)
-        return self.after_attention(self.self_attn.attend(positions, qkv), residual)
-
-    # The layer in three parts, the projections before and after attention and attention (`self_attn.attend`)
-    # itself, for a forward that interleaves two batches (two_batch.py).
-    def before_attention(self, x: torch.Tensor, residual: torch.Tensor | None) -> tuple[QKV, torch.Tensor]:
         if residual is None:
             x, residual = self.input_layernorm(x), x
         else:
             x, residual = self.input_layernorm(x, residual)
-        return self.self_attn.project(x), residual
-
-    def after_attention(self, attn_out: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        x, residual = self.post_attention_layernorm(self.self_attn.o_proj(attn_out), residual)
+        x = self.self_attn(positions, x)
+        x, residual = self.post_attention_layernorm(x, residual)
         return self.mlp(x), residual
 
 
