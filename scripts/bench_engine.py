@@ -255,7 +255,8 @@ DECODE_MODES = {"graphs": ("graphs", {}), "no-overlap": ("graphs, no overlap", {
                 "eager": ("eager", {"enforce_eager": True})}
 
 
-def bench_decode(root: Path, config: str, context: int, modes: list[str] = list(DECODE_MODES)) -> None:
+def bench_decode(root: Path, config: str, context: int, modes: list[str] = list(DECODE_MODES),
+                 batches: tuple[int, ...] = (1, 64, 256)) -> None:
     path = model_dir(config, root)
     bw = hbm_bandwidth()
     log(f"== decode step, {config} bf16, context {context} tokens/seq; device copy bandwidth {bw:.0f} GB/s "
@@ -269,13 +270,13 @@ def bench_decode(root: Path, config: str, context: int, modes: list[str] = list(
             layout = llm.engine.runner.layout
             kv_per_token = layout.block_bytes // layout.block_size
             wb = weight_bytes(llm)
-            for batch in (1, 64, 256):
+            for batch in batches:
                 ms = decode_step_ms(llm, batch, context)
                 roof = (wb + batch * (context + 20) * kv_per_token) / (bw * 1e9) * 1e3
                 log(f"{name:<20}{batch:>6}{ms:>10.3f}{roof:>13.3f}{ms / roof:>12.2f}{batch / ms * 1e3:>10.0f}")
                 assert llm.engine.num_free_blocks == llm.engine.block_manager.num_blocks
             if name != "eager":
-                for batch in (1, 64, 256):
+                for batch in batches:
                     ms, low, high = decode_idle(llm, batch, context)
                     log(f"   {name} batch {batch}: GPU idle between steps {low:.1%} .. {high:.1%} of {ms:.3f} ms/step "
                         "(CUDA events)")
@@ -338,6 +339,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--tp", type=int, default=1, help="throughput: tensor-parallel size (no eager or HF runs)")
     ap.add_argument("--modes", default=",".join(DECODE_MODES),
                     help=f"decode: comma list of {', '.join(DECODE_MODES)} (default: all)")
+    ap.add_argument("--batches", default="1,64,256", help="decode: comma list of batch sizes")
     args = ap.parse_args(argv)
     require_gpus("bench_engine")
     log(device_summary())
@@ -349,7 +351,8 @@ def main(argv: list[str] | None = None) -> None:
             modes = [m.strip() for m in args.modes.split(",") if m.strip()]
             if not modes or any(m not in DECODE_MODES for m in modes):
                 raise SystemExit(f"bench_engine: --modes takes {', '.join(DECODE_MODES)}, got {args.modes!r}")
-            bench_decode(root, args.config or "qwen3-0.6b", args.context, modes)
+            bench_decode(root, args.config or "qwen3-0.6b", args.context, modes,
+                         tuple(int(b) for b in args.batches.split(",")))
         if args.what in ("prefill", "all"):
             bench_prefill(root, args.config or "qwen3-8b")
         if args.what in ("throughput", "all"):
