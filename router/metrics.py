@@ -16,7 +16,8 @@ from prometheus_client.registry import Collector
 
 from common import protocol as P
 from router.registry import WorkerRegistry
-from router.request import Phase, Request
+from router.request import Phase
+from router.request_table import RequestTable
 
 PREFIX = "pdcluster_"
 # vLLM's buckets (seconds)
@@ -29,7 +30,7 @@ REQUEST_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.
 
 
 class Metrics:
-    def __init__(self, requests: dict[str, Request], workers: WorkerRegistry):
+    def __init__(self, requests: RequestTable, workers: WorkerRegistry):
         self.registry = CollectorRegistry(auto_describe=True)
         reg, p = self.registry, PREFIX
         self.success = Counter(f"{p}request_success", "Requests that ended with a result, by finish reason "
@@ -81,12 +82,12 @@ class ClusterState(Collector):
     """What the cluster holds at scrape time: requests waiting and running, each worker's liveness and KV blocks,
     and the KV handoffs its heartbeats report (totals since the worker started)."""
 
-    def __init__(self, requests: dict[str, Request], workers: WorkerRegistry):
+    def __init__(self, requests: RequestTable, workers: WorkerRegistry):
         self.requests, self.workers = requests, workers
 
     def collect(self) -> Iterator[Metric]:
         p = PREFIX
-        phases = [r.phase for r in self.requests.values()]
+        phases = [r.phase for r in self.requests]
         waiting = sum(1 for ph in phases if ph is Phase.QUEUED)
         yield GaugeMetricFamily(f"{p}num_requests_waiting", "Requests waiting at the router for a worker.",
                                 value=waiting)

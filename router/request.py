@@ -24,6 +24,7 @@ from enum import Enum
 
 import msgspec
 
+from common import protocol as P
 from common.sampling_params import SamplingParams
 from router.disagg_policy import Estimate
 from router.prefix_index import PromptKeys
@@ -99,6 +100,18 @@ class Request:
 
     def held_by(self, worker_id: str) -> bool:
         return any(w.worker_id == worker_id for w in self.workers)
+
+    def timings(self, now: float) -> P.Timings:
+        """Its times as the result reports them, ending `now`."""
+        first = self.token_times[0] if self.token_times else None
+        return P.Timings(queued=(self.dispatched or now) - self.arrival,
+                         ttft=None if first is None else first - self.arrival, e2e=now - self.arrival,
+                         itl=[b - a for a, b in zip(self.token_times, self.token_times[1:])],
+                         reserved=None if self.reserved_at is None else self.reserved_at - self.arrival)
+
+    def usage(self) -> P.Usage:
+        return P.Usage(prompt_tokens=len(self.prompt_ids), completion_tokens=len(self.token_ids),
+                       cached_tokens=min(self.cached_tokens, len(self.prompt_ids)))
 
     # ---- transitions --------------------------------------------------------------------------------
     def run_on(self, worker: WorkerInfo, cached: int = 0, blocks: int = 0) -> None:

@@ -4,14 +4,12 @@
     `on_reserved` --prefill_task--> prefill worker --KV--> decode worker (colocated: one `generate_task`);
     worker --token_batch--> `on_tokens` --delta / result--> client
 
-A request's phases and what it holds on each worker are router/request.py's; this module owns the tables of
-requests and the handling of each message (the sockets' plumbing is sockets.py's)."""
+A request's phases and what it holds on each worker are router/request.py's, the requests in flight by both keys
+request_table.py's; this module handles each message (the sockets' plumbing is sockets.py's)."""
 from __future__ import annotations
 
 import asyncio
-import itertools
 import logging
-import os
 import time
 from collections.abc import Callable
 
@@ -32,6 +30,7 @@ from router.metrics import Metrics
 from router.placement import Placement
 from router.registry import WorkerInfo, WorkerRegistry
 from router.request import Phase, Request
+from router.request_table import RequestTable
 from router.scaling import Scaling
 from router.sockets import bind_router_socket, bind_worker_socket, receive_forever
 from router.stop import CompletionText
@@ -64,23 +63,17 @@ class Router:
         self.dispatcher = Dispatcher(config.mode, self.placement, self.disagg,
                                      lambda worker, msg: self.to_worker(worker, msg))
         self.scaling = Scaling(config, self.registry, self.on_worker_lost)
-        self.requests: dict[str, Request] = {}  # by the router's id of the current attempt
-        self.by_client: dict[tuple[bytes, str], str] = {}  # (client, its request id) -> the router's id
+        self.requests = RequestTable()
         self.local_clients: dict[bytes, LocalSink] = {}  # in-process clients: identity -> where its replies go
         self.metrics = Metrics(self.requests, self.registry)
         self.started = time.monotonic()
         self.stalls = Stalls()
         self.prompt_tokens = self.cached_tokens = 0  # of the requests that ended with a result
         self.migrations = 0
-        self._ids = itertools.count()
-        self._prefix = os.urandom(3).hex()
 
     @property
     def queue(self) -> WaitQueue:
         return self.admission.queue
-
-    def _new_rid(self) -> str:
-        return f"{self._prefix}-{next(self._ids)}"
 
     # ---- loops --------------------------------------------------------------------------------------
     async def serve(self, stop: asyncio.Event) -> None:
@@ -92,7 +85,7 @@ class Router:
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-        for req in list(self.requests.values()):  # every request still gets its terminal message
+        for req in self.requests:  # every request still gets its terminal message
             await self.to_client(req.client, P.Error(request_id=req.client_rid, code=P.UNAVAILABLE,
                                                      message="the router is shutting down"))
             self._forget(req)
@@ -135,9 +128,9 @@ class Router:
         if isinstance(msg, P.Submit):
             await self.submit(identity, msg)
         elif isinstance(msg, P.Abort):
-            rid = self.by_client.get((identity, msg.request_id))
-            if rid is not None:
-                await self.finish(self.requests[rid], "abort")
+            req = self.requests.of_client(identity, msg.request_id)
+            if req is not None:
+                await self.finish(req, "abort")
         elif isinstance(msg, P.Ping):
             await self.to_client(identity, P.Pong(nonce=msg.nonce))
         elif isinstance(msg, P.StatsRequest):
@@ -148,7 +141,7 @@ class Router:
     async def submit(self, identity: bytes, msg: P.Submit) -> None:
         """request -> router: validate, admit, tokenize, queue, and hand out what workers can take now."""
         try:
-            if (identity, msg.request_id) in self.by_client:
+            if self.requests.of_client(identity, msg.request_id) is not None:
                 raise Refused(P.BAD_REQUEST, f"request_id {msg.request_id!r} is already in flight")
             ids = self.admission.admit(msg)
         except Refused as e:
@@ -156,10 +149,9 @@ class Router:
             await self.to_client(identity, P.Error(request_id=msg.request_id, code=e.code, message=e.message,
                                                    retry_after=e.retry_after))
             return
-        req = Request(self._new_rid(), identity, msg.request_id, ids, msg.sampling, msg.stream,
+        req = Request(self.requests.new_rid(), identity, msg.request_id, ids, msg.sampling, msg.stream,
                       self._text(msg.stop), may_migrate=msg.migrate)
-        self.requests[req.rid] = req
-        self.by_client[(identity, msg.request_id)] = req.rid
+        self.requests.add(req)
         self.queue.push(req)
         await self.dispatch()
 
@@ -326,10 +318,7 @@ class Router:
     async def _again(self, req: Request, new_attempt: Callable[[str], None]) -> None:
         """The request's next attempt, under a new id, first in the queue; its old attempt is aborted everywhere."""
         await self._abort_on_workers(req)
-        self.requests.pop(req.rid, None)
-        new_attempt(self._new_rid())
-        self.requests[req.rid] = req
-        self.by_client[(req.client, req.client_rid)] = req.rid
+        self.requests.next_attempt(req, new_attempt)
         self.queue.push(req, front=True)
 
     # ---- endings ------------------------------------------------------------------------------------
@@ -345,14 +334,7 @@ class Router:
             text = req.detok.text
         else:
             text = self.tokenizer.decode(req.token_ids, skip_special_tokens=True)
-        now = time.monotonic()
-        first = req.token_times[0] if req.token_times else None
-        timings = P.Timings(queued=(req.dispatched or now) - req.arrival,
-                            ttft=None if first is None else first - req.arrival, e2e=now - req.arrival,
-                            itl=[b - a for a, b in zip(req.token_times, req.token_times[1:])],
-                            reserved=None if req.reserved_at is None else req.reserved_at - req.arrival)
-        usage = P.Usage(prompt_tokens=len(req.prompt_ids), completion_tokens=len(req.token_ids),
-                        cached_tokens=min(req.cached_tokens, len(req.prompt_ids)))
+        timings, usage = req.timings(time.monotonic()), req.usage()
         self.metrics.finished(reason, usage, timings)
         self.prompt_tokens += usage.prompt_tokens
         self.cached_tokens += usage.cached_tokens
@@ -371,8 +353,7 @@ class Router:
         if req.phase is Phase.QUEUED and req in self.queue:
             self.queue.remove(req)
         req.end()
-        self.requests.pop(req.rid, None)
-        self.by_client.pop((req.client, req.client_rid), None)
+        self.requests.remove(req)
 
     async def _abort_on_workers(self, req: Request) -> None:
         for worker in [w for w in req.workers if w.alive]:
@@ -380,12 +361,13 @@ class Router:
 
     # ---- io -----------------------------------------------------------------------------------------
     def stats(self) -> P.Stats:
+        stalls = {k: v for k, v in self.stalls.totals().items() if k != "longest_loop_stall"}
+        totals = P.RouterTotals(prompt_tokens=self.prompt_tokens, cached_tokens=self.cached_tokens,
+                                migrations=self.migrations, local_prefills=self.disagg.local_choices,
+                                remote_prefills=self.disagg.remote_choices, **stalls)
         return P.Stats(uptime=time.monotonic() - self.started, requests_in_flight=len(self.requests),
                        queued_requests=len(self.queue), workers=[w.stats() for w in self.registry.workers.values()],
-                       totals=P.RouterTotals(prompt_tokens=self.prompt_tokens, cached_tokens=self.cached_tokens,
-                                             migrations=self.migrations, local_prefills=self.disagg.local_choices,
-                                             remote_prefills=self.disagg.remote_choices,
-                                             **{k: v for k, v in self.stalls.totals().items() if k != "longest_loop_stall"}))
+                       totals=totals)
 
     def _text(self, stops: list[str]) -> CompletionText:
         return CompletionText(IncrementalDetokenizer(self.tokenizer), stops)

@@ -22,6 +22,8 @@ from common.prompt import load_tokenizer
 from common.sampling_params import SamplingParams
 from router.admission import WaitQueue
 from router.config import RouterConfig
+from router.request import Request
+from router.request_table import RequestTable
 from router.router import Router
 from tests.cluster_harness import free_port
 
@@ -249,7 +251,7 @@ class Sim:
             else:
                 assert result.code in (P.ABORTED, P.TIMEOUT, P.OVERLOADED, P.UNAVAILABLE), result
         r = self.router
-        assert not r.requests and not r.by_client and len(r.queue) == 0 and r.queue.tokens == 0
+        assert not r.requests and len(r.queue) == 0 and r.queue.tokens == 0
         for info in r.registry.workers.values():
             assert not info.assigned and info.prefill_tokens == 0, info
         for w in self.workers.values():
@@ -267,7 +269,7 @@ def run(coro):
 
 
 def where(sim: Sim, rid: str):
-    req = sim.router.requests[sim.router.by_client[(b"client", rid)]]
+    req = sim.router.requests.of_client(b"client", rid)
     return sim.workers[req.prefilled_on] if req.prefilled_on else None, sim.workers[req.decode.worker_id]
 
 
@@ -284,7 +286,7 @@ def test_decode_death_restarts_unseen_requests_migrates_streamed_ones_and_aborts
         for _ in range(4):
             for w in sim.workers.values():
                 await sim.step(w)
-        assert d0.running.keys() == set(sim.router.requests) and len(d0.running) == 3
+        assert d0.running.keys() == {r.rid for r in sim.router.requests} and len(d0.running) == 3
         loud_before = [t for m in sim.replies["loud"] for t in m.token_ids]
         assert 0 < len(loud_before) < 8
         d1 = sim.workers["d1"] = FakeWorker("d1", "decode")  # a second decode worker joins
@@ -472,7 +474,7 @@ def test_messages_from_the_wrong_worker_are_ignored(make_router):
     async def main():
         sim = await disagg(make_router).start()
         await sim.submit("r", max_tokens=3)
-        rid = sim.router.by_client[(b"client", "r")]
+        rid = sim.router.requests.of_client(b"client", "r").rid
         _, decode = where(sim, "r")
         other = next(w for w in sim.workers.values() if w.role == "decode" and w is not decode)
         await sim.send(other, P.TokenBatch(updates=[P.TokenUpdate(request_id=rid, token_ids=[5], finish_reason="stop")]))
@@ -712,7 +714,6 @@ def test_random_faults_lose_nothing_and_hang_nothing(make_router, ops, policy):
         router = shared_router(make_router)
         router.disagg.policy = policy
         router.requests.clear()
-        router.by_client.clear()
         router.admission.queue = WaitQueue()
         router.config.max_queued_requests = 6
         router.config.max_worker_requests = 4
@@ -838,3 +839,17 @@ def test_added_workers_join_and_get_requests(make_router):
         assert not ok and "no colocated workers" in message
 
     run(main())
+
+
+def test_request_table_follows_a_request_through_its_attempts():
+    table = RequestTable()
+    req = Request(table.new_rid(), b"c", "r1", [1, 2, 3], SamplingParams(max_tokens=4), True, None)
+    table.add(req)
+    first = req.rid
+    with pytest.raises(AssertionError):  # one client id is one request
+        table.add(Request(table.new_rid(), b"c", "r1", [1], SamplingParams(), True, None))
+    table.next_attempt(req, lambda rid: setattr(req, "rid", rid))
+    assert req.rid != first and table.get(first) is None and table.get(req.rid) is req
+    assert table.of_client(b"c", "r1") is req and len(table) == 1 and list(table) == [req]
+    table.remove(req)
+    assert not table and table.get(req.rid) is None and table.of_client(b"c", "r1") is None
