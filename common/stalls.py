@@ -5,16 +5,23 @@ latency from its own client's or router's.
 `LoopLag` wakes every `interval` seconds and counts each wake-up at least `threshold` late as a stall, with its
 lateness; `GcPauses` times every collection of the oldest generation (gc.callbacks). Both only add up, so that a
 caller takes differences over a window. `startup_heap_frozen` keeps full collections short while serving (the
-router's `serve` and a worker's `run` hold it).
+router's `serve` and a worker's `run` hold it). `StallStacks` (opt-in) says where the loop was while it stalled.
 """
 from __future__ import annotations
 
 import asyncio
 import gc
+import logging
+import sys
+import threading
 import time
+import traceback
+from collections import Counter
 from collections.abc import Iterator
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
+
+log = logging.getLogger(__name__)
 
 INTERVAL_S = 0.005
 THRESHOLD_S = 0.02  # a wake-up this late counts as a stall
@@ -27,11 +34,12 @@ class LoopLag:
     stalls: int = 0
     stalled_seconds: float = 0.0  # lateness of the stalls, summed
     longest: float = 0.0
+    last_tick: float = 0.0  # perf_counter of the last wake-up (another thread may read it)
 
     async def run(self) -> None:
         """Until cancelled."""
         while True:
-            t = time.perf_counter()
+            t = self.last_tick = time.perf_counter()
             await asyncio.sleep(self.interval)
             late = time.perf_counter() - t - self.interval
             if late >= self.threshold:
@@ -84,19 +92,73 @@ class GcPauses:
             self._began = None
 
 
-class Stalls:
-    """A process's own stalls over a span (`watching`): its loop's lateness and its full collections, summed."""
+class StallStacks:
+    """A sampling profiler of the stalls alone: a thread of its own looks every `every` seconds, and while the loop's
+    last wake-up (`LoopLag.last_tick`) is more than `after` seconds old, records the loop thread's stack (its
+    innermost `depth` frames). When the loop wakes again, one log line gives the stall's length and the stack
+    sampled most in it; `top` sums the samples over all stalls. A sample costs a stack walk, and only while the loop
+    is stalled."""
 
-    def __init__(self) -> None:
+    def __init__(self, lag: LoopLag, after: float = 0.05, every: float = 0.01, depth: int = 12):
+        self.lag, self.after, self.every, self.depth = lag, after, every, depth
+        self.samples: Counter[str] = Counter()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        loop_thread = threading.get_ident()
+        self._thread = threading.Thread(target=self._watch, args=(loop_thread,), name="stall-stacks", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+
+    def top(self, n: int = 5) -> list[tuple[str, int]]:
+        return self.samples.most_common(n)
+
+    def _watch(self, loop_thread: int) -> None:
+        stall: Counter[str] = Counter()
+        began = 0.0
+        while not self._stop.wait(self.every):
+            silent = time.perf_counter() - self.lag.last_tick - self.lag.interval
+            if silent > self.after:
+                began = began or self.lag.last_tick
+                frame = sys._current_frames().get(loop_thread)
+                if frame is not None:
+                    stall[self._format(frame)] += 1
+            elif stall:
+                stack, n = stall.most_common(1)[0]
+                log.warning("event loop stalled for %.0f ms; its stack in %d of %d samples:\n%s",
+                            1e3 * (time.perf_counter() - began), n, sum(stall.values()), stack)
+                self.samples.update(stall)
+                stall, began = Counter(), 0.0
+
+    def _format(self, frame) -> str:
+        return "".join(traceback.format_list(traceback.extract_stack(frame, limit=self.depth)))  # innermost, in order
+
+
+class Stalls:
+    """A process's own stalls over a span (`watching`): its loop's lateness and its full collections, summed;
+    `stacks`: also log where the loop was in each stall longer than 50 ms (StallStacks)."""
+
+    def __init__(self, stacks: bool = False) -> None:
         self.loop, self.gc = LoopLag(), GcPauses()
+        self.stacks = StallStacks(self.loop) if stacks else None
 
     @asynccontextmanager
     async def watching(self):
         task = asyncio.create_task(self.loop.run())
         self.gc.start()
+        if self.stacks is not None:
+            self.loop.last_tick = time.perf_counter()
+            self.stacks.start()
         try:
             yield self
         finally:
+            if self.stacks is not None:
+                self.stacks.stop()
             self.gc.stop()
             task.cancel()
 

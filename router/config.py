@@ -37,6 +37,8 @@ class RouterConfig:
                                           "the router")
     retry_after: float = _opt(1.0, "seconds an `overloaded` or `unavailable` reply asks the client to wait before "
                                    "retrying")
+    log_stall_stacks: bool = _opt(False, "log where the router's event loop was during each stall over 50 ms (a "
+                                         "thread samples its stack while it is late; for diagnosis)")
     worker_timeout: float = _opt(5.0, "seconds without a heartbeat before a worker counts as dead")
     request_restarts: int = _opt(1, "times a request is started over on other workers when one dies before the "
                                     "client saw a token")

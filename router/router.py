@@ -67,7 +67,7 @@ class Router:
         self.local_clients: dict[bytes, LocalSink] = {}  # in-process clients: identity -> where its replies go
         self.metrics = Metrics(self.requests, self.registry)
         self.started = time.monotonic()
-        self.stalls = Stalls()
+        self.stalls = Stalls(stacks=config.log_stall_stacks)
         self.prompt_tokens = self.cached_tokens = 0  # of the requests that ended with a result
         self.migrations = 0
 

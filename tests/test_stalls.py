@@ -56,3 +56,24 @@ def test_a_frozen_startup_heap_is_not_scanned_by_a_full_collection_while_serving
         assert gone() is None
     assert gc.get_freeze_count() == 0 and len(gc.get_objects()) > len(startup)
     del startup
+
+
+def test_stall_stacks_name_the_function_that_held_the_loop(caplog):
+    from common.stalls import Stalls
+
+    def hold_the_loop_in_a_known_place():
+        time.sleep(0.2)
+
+    async def main():
+        stalls = Stalls(stacks=True)
+        async with stalls.watching():
+            await asyncio.sleep(0.05)
+            hold_the_loop_in_a_known_place()
+            await asyncio.sleep(0.1)  # the loop wakes; the sampler's next look ends the stall
+        return stalls
+    with caplog.at_level("WARNING", logger="common.stalls"):
+        stalls = asyncio.run(main())
+    top = stalls.stacks.top(1)
+    assert top and "hold_the_loop_in_a_known_place" in top[0][0] and top[0][1] >= 5
+    lines = [r.getMessage() for r in caplog.records if "event loop stalled" in r.getMessage()]
+    assert len(lines) == 1 and "hold_the_loop_in_a_known_place" in lines[0]
