@@ -11,7 +11,7 @@ else
 fi
 timeout 450 python -m scripts.cli bench --model /tmp/q06 --device cuda --modes ${MODES:-disagg,colocated} \
   --prefill-workers 1 --decode-workers 1 --gpus-per-worker 0.5 --workers 1 --colocated-gpus-per-worker 1 \
-  --num-requests ${N:-300} $WORKLOAD --rates ${RATES:-48,64} --slo-tpot 0.03 --serve-args "--log-stall-stacks" \
+  --num-requests ${N:-300} $WORKLOAD --rates ${RATES:-48,64} --slo-tpot 0.03 --serve-args=--log-stall-stacks \
   --out $OUT/${MIX:-ph} 2>&1 | grep -E " ok |error|stalls" | tail -12
 for f in $OUT/${MIX:-ph}/*/serve-*.log $OUT/${MIX:-ph}/serve-*.log; do
   [ -f "$f" ] || continue
