@@ -2,6 +2,7 @@
 in is one typed record or gets an error back; nothing a peer sends can stop a loop."""
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 
@@ -53,7 +54,10 @@ def bind_worker_socket(ctx: zmq.asyncio.Context, host: str,
 
 async def receive_forever(sock: zmq.asyncio.Socket, expect: tuple[type[P.Message], ...], handle: Handle,
                           refuse: Refuse) -> None:
-    """One socket's loop: each message decoded and handled; a bad one refused with an error, never fatal."""
+    """One socket's loop: each message decoded and handled; a bad one refused with an error, never fatal. After each
+    message the loop gives the other tasks a turn: pyzmq hands over a message already queued without suspending, so
+    under a steady stream (token batches at saturation) this loop would otherwise hold the event loop for as long as
+    messages keep coming, and the other socket's loop, the timers and the HTTP front end would wait."""
     while True:
         identity, *frames = await sock.recv_multipart()
         try:
@@ -63,6 +67,7 @@ async def receive_forever(sock: zmq.asyncio.Socket, expect: tuple[type[P.Message
         except Exception:
             log.exception("router failed on a message from %r", identity)
             await refuse(identity, P.Error(request_id="", code=P.INTERNAL, message="router error"))
+        await asyncio.sleep(0)
 
 
 def one_record(frames: list[bytes], expect: tuple[type[P.Message], ...]) -> P.Message:

@@ -105,6 +105,7 @@ class AsyncClient:
         try:
             while True:
                 self._core.receive(await self._sock.recv())
+                await asyncio.sleep(0)  # a queued frame comes without suspending: let the callers take theirs
         except asyncio.CancelledError:
             raise
         except Exception as exc:
