@@ -1,5 +1,8 @@
 """The router's ZMQ sockets: binding one with its limits and security, and the loop that reads one. Every frame
-in is one typed record or gets an error back; nothing a peer sends can stop a loop."""
+in is one typed record or gets an error back; nothing a peer sends can stop a loop. Nothing sent out is dropped: a
+ROUTER socket silently drops each message to a peer whose queue holds its high-water mark, so ours have none (a
+client reading slower than its streams, a worker inside a long step); what they queue is bounded by the requests in
+flight, and a peer that goes away takes its queue with it."""
 from __future__ import annotations
 
 import asyncio
@@ -24,6 +27,7 @@ def bind_router_socket(ctx: zmq.asyncio.Context, address: str, keys: auth.CurveK
     before anything slow starts)."""
     sock = ctx.socket(zmq.ROUTER)
     sock.setsockopt(zmq.LINGER, 1000)  # time to deliver the errors sent while shutting down
+    sock.setsockopt(zmq.SNDHWM, 0)
     # A hard cap on what a peer can make us buffer; frames under it but over the limit get `too_large`.
     sock.setsockopt(zmq.MAXMSGSIZE, 4 * P.MAX_FRAME_BYTES)
     if keys:
@@ -41,6 +45,7 @@ def bind_worker_socket(ctx: zmq.asyncio.Context, host: str,
     """The ROUTER socket workers connect to, on a free port of `host`, and its address."""
     sock = ctx.socket(zmq.ROUTER)
     sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.SNDHWM, 0)
     sock.setsockopt(zmq.ROUTER_HANDOVER, 1)  # a restarted worker reconnects under its old identity
     if keys:
         auth.secure_server(sock, keys)
