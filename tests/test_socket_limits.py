@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
 import zmq
 import zmq.asyncio
 
@@ -33,30 +34,27 @@ def received(peer: zmq.Socket) -> list[int]:
     return got
 
 
-def test_a_client_that_reads_late_gets_every_message():
-    ctx = zmq.asyncio.Context()
+def client_pair(ctx: zmq.asyncio.Context) -> tuple[zmq.asyncio.Socket, zmq.Socket]:
     address = f"tcp://127.0.0.1:{free_port()}"
-    sock = bind_router_socket(ctx, address, None)
-    client = dealer(zmq.Context.instance(), address, auth_token="")
-    try:
-        asyncio.run(flood(sock, client))
-        assert received(client) == list(range(MESSAGES))
-    finally:
-        client.close(0)
-        sock.close(0)
-        ctx.term()
+    return bind_router_socket(ctx, address, None), dealer(zmq.Context.instance(), address, auth_token="")
 
 
-def test_a_worker_that_reads_late_gets_every_message():
-    ctx = zmq.asyncio.Context()
+def worker_pair(ctx: zmq.asyncio.Context) -> tuple[zmq.asyncio.Socket, zmq.Socket]:
     sock, address = bind_worker_socket(ctx, "127.0.0.1", None)
     worker = zmq.Context.instance().socket(zmq.DEALER)
     worker.setsockopt(zmq.IDENTITY, b"w0")
     worker.connect(address)
+    return sock, worker
+
+
+@pytest.mark.parametrize("pair", [client_pair, worker_pair], ids=["client", "worker"])
+def test_a_peer_that_reads_late_gets_every_message(pair):
+    ctx = zmq.asyncio.Context()
+    sock, peer = pair(ctx)
     try:
-        asyncio.run(flood(sock, worker))
-        assert received(worker) == list(range(MESSAGES))
+        asyncio.run(flood(sock, peer))
+        assert received(peer) == list(range(MESSAGES))
     finally:
-        worker.close(0)
+        peer.close(0)
         sock.close(0)
         ctx.term()
