@@ -1,5 +1,5 @@
-"""Stop 22, issue 21: the CPU each thread of the serve process (the router, with its Ray driver) and of the bench
-process uses, sampled from /proc every INTERVAL seconds while a bench runs; prints each half-second window where some
+"""Stop 22, issue 21: the CPU each thread of the serve process (the router, with its Ray driver), of the bench
+process and of the Ray worker processes (the engines: `ray::...`) uses, sampled from /proc every INTERVAL seconds while a bench runs; prints each half-second window where some
 thread used more than a third of a core, with that window's busiest threads. Started beside `pdcluster bench`; ends
 when the bench process does.
 
@@ -33,15 +33,16 @@ def threads(pid: int) -> dict[str, float]:
 
 
 def watched(bench: int) -> list[int]:
-    """The bench process and its `serve` child (whose main thread runs the router)."""
+    """The bench process, its `serve` child (whose main thread runs the router) and Ray's worker processes."""
     pids = [bench]
     for pid in os.listdir("/proc"):
         if pid.isdigit():
             try:
-                if open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[1] == str(bench):
-                    cmd = open(f"/proc/{pid}/cmdline").read()
-                    if "serve" in cmd:
-                        pids.append(int(pid))
+                stat = open(f"/proc/{pid}/stat").read()
+                if stat[stat.index("(") + 1:].startswith("ray::"):
+                    pids.append(int(pid))
+                elif stat.rsplit(")", 1)[1].split()[1] == str(bench) and "serve" in open(f"/proc/{pid}/cmdline").read():
+                    pids.append(int(pid))
             except (FileNotFoundError, ProcessLookupError, IndexError):
                 pass
     return pids
