@@ -66,7 +66,10 @@ class BenchConfig:
                                                  "(colocated: replica); given, --num-prefixes is chosen so that the "
                                                  "prefixes fit in all their caches together but not in one")
     trace: str | None = _opt(None, "trace workload: JSON lines {\"arrival\": s, \"input_len\": n, "
-                                   "\"output_len\": n}")
+                                   "\"output_len\": n}, or a CSV of Azure's public LLM inference traces "
+                                   "(TIMESTAMP,ContextTokens,GeneratedTokens); several joined by commas merge "
+                                   "into one (e.g. the code and conversation traces: a bursty chat/coding mix)")
+    trace_start: float = _opt(0.0, "trace workload: replay from this many seconds into the trace")
     slo_ttft: float | None = _opt(None, "SLO on time to first token, seconds (default: 1.0 on GPUs; on CPU "
                                         "--slo-scale x the unloaded TTFT p50)")
     slo_tpot: float | None = _opt(None, "SLO on time per output token after the first, seconds (default: 0.05 "
@@ -118,6 +121,8 @@ class BenchConfig:
             raise ValueError(f"--workload: expected one of {', '.join(WORKLOADS)}, got {self.workload!r}")
         if (self.workload == "trace") != (self.trace is not None):
             raise ValueError("bench: --trace FILE goes with --workload trace, and only with it")
+        if not (math.isfinite(self.trace_start) and self.trace_start >= 0) or (self.trace_start and not self.trace):
+            raise ValueError(f"--trace-start: seconds >= 0 into a --trace, got {self.trace_start:g}")
         for name in ("input_len", "output_len", "long_input_len", "long_output_len"):
             self.lengths(name)
         if not 0 <= self.long_fraction <= 1:

@@ -9,6 +9,7 @@ import math
 import random
 from collections.abc import Iterable
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from pathlib import Path
 
 
@@ -96,6 +97,7 @@ def prefixes_to_fill(cache_tokens: int, workers: int, prefix_len: int, fill: flo
 
 # ---- traces -------------------------------------------------------------------------------------
 TRACE_FIELDS = ("arrival", "input_len", "output_len")
+CSV_HEADER = "TIMESTAMP,ContextTokens,GeneratedTokens"
 
 
 class TraceError(ValueError):
@@ -139,12 +141,69 @@ def parse_trace(lines: Iterable[str], source: str = "trace") -> list[TraceEntry]
     return sorted(entries, key=lambda e: e.arrival)
 
 
-def read_trace(path: str | Path) -> list[TraceEntry]:
-    try:
-        text = Path(path).read_text()
-    except OSError as e:
-        raise TraceError(f"trace {str(path)!r}: cannot read: {e.strerror}") from None
-    return parse_trace(text.splitlines(), source=str(path))
+def parse_csv_trace(lines: Iterable[str], source: str = "trace") -> list[TraceEntry]:
+    """Azure's public LLM inference traces (`TIMESTAMP,ContextTokens,GeneratedTokens`, e.g. the code and
+    conversation traces of the Splitwise paper), arrivals in seconds of the POSIX clock (UTC). Sorted by arrival."""
+    entries = []
+    for n, line in enumerate(lines, 1):
+        if n == 1 or not line.strip():
+            continue
+        where = f"{source} line {n}"
+        stamp, *counts = [field.strip() for field in line.split(",")]
+        if len(counts) != 2:
+            raise TraceError(f"{where}: expected {CSV_HEADER}, got {line.strip()!r}")
+        try:
+            arrival = csv_timestamp(stamp)
+        except ValueError:
+            raise TraceError(f"{where}: TIMESTAMP must be YYYY-MM-DD HH:MM:SS[.fraction], got {stamp!r}") from None
+        lengths = []
+        for key, value in zip(CSV_HEADER.split(",")[1:], counts):
+            if not value.isdigit() or int(value) < 1:
+                raise TraceError(f"{where}: {key} must be an integer >= 1, got {value!r}")
+            lengths.append(int(value))
+        entries.append(TraceEntry(arrival, *lengths))
+    if not entries:
+        raise TraceError(f"{source}: no requests")
+    return sorted(entries, key=lambda e: e.arrival)
+
+
+def csv_timestamp(text: str) -> float:
+    """`2023-11-16 18:17:03.9799600` (any number of fraction digits; UTC) -> POSIX seconds."""
+    whole, _, fraction = text.partition(".")
+    if fraction and not fraction.isdigit():
+        raise ValueError(text)
+    t = datetime.strptime(whole, "%Y-%m-%d %H:%M:%S").replace(tzinfo=timezone.utc).timestamp()
+    return t + (int(fraction) / 10 ** len(fraction) if fraction else 0.0)
+
+
+def read_trace(path: str | Path, start: float = 0.0) -> list[TraceEntry]:
+    """A trace file, or several joined by commas, merged in arrival order. A file is the bench's JSON lines, or a
+    CSV in the schema of Azure's public LLM inference traces (recognised by its header). CSV files share one clock
+    (their timestamps): the code and conversation traces of one hour merge into one mix over the span they both
+    cover. JSON lines have no common origin, so they are not mixed with CSV. `start`: the requests from that many
+    seconds after the first one on."""
+    files, kinds = [], set()
+    for one in str(path).split(","):
+        try:
+            lines = Path(one).read_text().splitlines()
+        except OSError as e:
+            raise TraceError(f"trace {one!r}: cannot read: {e.strerror}") from None
+        csv = bool(lines) and lines[0].strip() == CSV_HEADER
+        kinds.add(csv)
+        files.append(parse_csv_trace(lines, one) if csv else parse_trace(lines, source=one))
+    if len(kinds) > 1:
+        raise TraceError(f"trace {str(path)!r}: JSON-lines and CSV traces have no common clock; give one kind")
+    if len(files) > 1 and kinds == {True}:  # the span every file covers, so that the first requests are a mix
+        first, last = max(f[0].arrival for f in files), min(f[-1].arrival for f in files)
+        files = [[e for e in f if first <= e.arrival <= last] for f in files]
+    entries = sorted((e for f in files for e in f), key=lambda e: e.arrival)
+    if not entries:
+        raise TraceError(f"trace {str(path)!r}: its files share no span of time")
+    kept = [e for e in entries if e.arrival >= entries[0].arrival + start]
+    if not kept:
+        raise TraceError(f"trace {str(path)!r}: nothing {start:g} s in (it spans "
+                         f"{entries[-1].arrival - entries[0].arrival:.0f} s)")
+    return kept
 
 
 def trace_requests(rng: random.Random, entries: list[TraceEntry], vocab_size: int) -> list[BenchRequest]:

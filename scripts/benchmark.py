@@ -134,7 +134,8 @@ def arrivals(cfg: BenchConfig, point: LoadPoint, index: int, requests: list[Benc
 def describe_workload(cfg: BenchConfig, n: int) -> str:
     io = f"input {cfg.input_len}, output {cfg.output_len} tokens"
     if cfg.workload == "trace":
-        return f"trace {cfg.trace} ({n} requests per load point)"
+        start = f" from {cfg.trace_start:g} s in" if cfg.trace_start else ""
+        return f"trace {cfg.trace}{start} ({n} requests per load point)"
     if cfg.workload == "long-short":
         io = (f"{100 * cfg.long_fraction:g}% long (input {cfg.long_input_len}, output {cfg.long_output_len}), "
               f"the others {io}")
@@ -313,7 +314,7 @@ def run_benchmark(cfg: BenchConfig) -> dict:
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
     vocab = model_vocab_size(cfg)
-    trace = W.read_trace(cfg.trace) if cfg.trace else None
+    trace = W.read_trace(cfg.trace, cfg.trace_start) if cfg.trace else None
     points = load_points(cfg, trace)
     n = cfg.num_requests or (len(trace) if trace is not None else DEFAULT_NUM_REQUESTS)
     workloads = [point_requests(cfg, i, n, vocab, trace) for i in range(len(points))]

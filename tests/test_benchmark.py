@@ -244,6 +244,64 @@ def test_an_empty_or_missing_trace_is_an_error(tmp_path):
         W.read_trace(tmp_path / "nope.jsonl")
 
 
+# The schema of Azure's public LLM inference traces (the Splitwise paper's code and conversation traces)
+CODE_CSV = ["TIMESTAMP,ContextTokens,GeneratedTokens", "2023-11-16 18:17:03.9799600,4808,10",
+            "2023-11-16 18:17:05.5000000,110,27", "2023-11-16 18:17:09,300,5"]
+CONV_CSV = ["TIMESTAMP,ContextTokens,GeneratedTokens", "2023-11-16 18:17:01.0000000,1020,129",
+            "2023-11-16 18:17:04.2500000,207,54", "2023-11-16 18:17:07.7500000,2734,424",
+            "2023-11-16 18:17:11.0000000,500,60"]
+
+
+def write_lines(path, lines) -> str:
+    path.write_text("\n".join(lines) + "\n")
+    return str(path)
+
+
+def test_a_csv_trace_in_azures_schema_reads_with_its_timestamps():
+    entries = W.parse_csv_trace(CODE_CSV, "code.csv")
+    assert [(e.input_len, e.output_len) for e in entries] == [(4808, 10), (110, 27), (300, 5)]
+    # seven fraction digits, or none
+    assert [e.arrival - entries[0].arrival for e in entries] == pytest.approx([0.0, 1.52004, 5.02004])
+    assert entries[0].arrival == pytest.approx(1700158623.97996)  # POSIX seconds, UTC
+
+
+def test_csv_traces_merge_over_the_span_they_share_and_replay_from_a_start(tmp_path):
+    code, conv = write_lines(tmp_path / "code.csv", CODE_CSV), write_lines(tmp_path / "conv.csv", CONV_CSV)
+    merged = W.read_trace(f"{code},{conv}")
+    # conv's first request came before code's first and its last after code's last: both are left out
+    assert [(e.input_len, e.output_len) for e in merged] == [(4808, 10), (207, 54), (110, 27), (2734, 424),
+                                                             (300, 5)]
+    later = W.read_trace(f"{code},{conv}", start=1.0)
+    assert [e.input_len for e in later] == [110, 2734, 300]  # 1 s after the first of the merge, on
+    reqs = W.trace_requests(random.Random(0), later, 100)
+    assert [r.arrival for r in reqs] == pytest.approx([0.0, 2.25, 3.5])
+    with pytest.raises(W.TraceError, match="nothing 60 s in"):
+        W.read_trace(code, start=60)
+    jsonl = write_lines(tmp_path / "t.jsonl", TRACE)
+    with pytest.raises(W.TraceError, match="no common clock"):
+        W.read_trace(f"{code},{jsonl}")
+
+
+@pytest.mark.parametrize("line,problem", [
+    ("2023-11-16 18:17:03.5,12", "line 2: expected TIMESTAMP,ContextTokens,GeneratedTokens"),
+    ("16/11/2023 18:17:03,12,5", "line 2: TIMESTAMP must be"),
+    ("2023-11-16 18:17:03.x,12,5", "line 2: TIMESTAMP must be"),
+    ("2023-11-16 18:17:03,0,5", "line 2: ContextTokens must be an integer >= 1, got '0'"),
+    ("2023-11-16 18:17:03,12,-1", "line 2: GeneratedTokens must be an integer >= 1"),
+])
+def test_a_bad_csv_trace_line_is_named(line, problem):
+    with pytest.raises(W.TraceError, match=f"^code.csv {problem}"):
+        W.parse_csv_trace([CODE_CSV[0], line], "code.csv")
+
+
+def test_a_trace_start_needs_a_trace_and_is_not_negative(tmp_path):
+    with pytest.raises(ValueError, match="--trace-start"):
+        config(tmp_path, trace_start=5.0)
+    with pytest.raises(ValueError, match="--trace-start"):
+        config(tmp_path, workload="trace", trace="t.jsonl", trace_start=-1.0)
+    assert config(tmp_path, workload="trace", trace="t.jsonl", trace_start=2.0).trace_start == 2.0
+
+
 def test_bench_reports_a_bad_trace_line_in_one_line(tmp_path, capsys):
     trace = tmp_path / "t.jsonl"
     trace.write_text(TRACE[0] + "\n" + '{"arrival": 1, "input_len": "x", "output_len": 1}\n')

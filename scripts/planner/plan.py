@@ -29,7 +29,7 @@ class Plan:
 
 def workloads(cfg: PlanConfig) -> list[tuple[float, Workload]]:
     """(rate, what arrives) per load point, as `pdcluster bench` would send it."""
-    trace = read_trace(cfg.trace) if cfg.trace else None
+    trace = read_trace(cfg.trace, cfg.trace_start) if cfg.trace else None
     n = cfg.num_requests or (len(trace) if trace else DEFAULT_REQUESTS)
     shared = cfg.workload == "shared-prefix"
     if trace is not None and not cfg.rates:

@@ -104,7 +104,7 @@ def layout_of(run: dict, cfg: BenchConfig, profile: Profile) -> Layout:
 def workload_of(results: dict, cfg: BenchConfig, index: int, records: list[RequestRecord]) -> Workload:
     """Load point `index`'s requests, rebuilt as the bench built them, sent when the bench sent them (in the
     order built: the bench sends them in that order)."""
-    trace = read_trace(cfg.trace) if cfg.trace else None
+    trace = read_trace(cfg.trace, cfg.trace_start) if cfg.trace else None
     n = cfg.num_requests or (len(trace) if trace is not None else DEFAULT_NUM_REQUESTS)
     requests = point_requests(cfg, index, n, vocab_size(results, cfg), trace)
     records = sorted(records, key=lambda r: r.index)
