@@ -125,6 +125,24 @@ def engine_rows(points: list[dict | None]) -> list[tuple[str, list[str]]]:
             if gpus or "GPU" not in name]
 
 
+HANDOFF_ROW = "KV handoffs: transport count (mean send to ack, GB/s)"
+
+
+def handoff_rows(points: list[dict | None]) -> list[tuple[str, list[str]]]:
+    """Which KV transport the prefill workers' handoffs took over each point, how many and how fast. Only where
+    some point has handoffs (results from before they were recorded, colocated modes: none)."""
+    cells = []
+    for point in points:
+        by: dict[str, list[float]] = {}
+        for engine in (point or {}).get("engines") or []:
+            for transport, h in (engine.get("handoffs") or {}).items():
+                row = by.setdefault(transport, [0, 0, 0.0])
+                row[0], row[1], row[2] = row[0] + h["count"], row[1] + h["bytes"], row[2] + h["seconds"]
+        cells.append("; ".join(f"{t} {n} ({ms(s / n)} ms, {b / s / 1e9:.1f} GB/s)" if s > 0 else f"{t} {n}"
+                               for t, (n, b, s) in sorted(by.items())) or "n/a")
+    return [(HANDOFF_ROW, cells)] if any(c != "n/a" for c in cells) else []
+
+
 def table(results: dict, i: int) -> list[str]:
     runs = results["runs"]
     summaries = [p["summary"] if (p := point_of(run, i)) else None for run in runs]
@@ -135,7 +153,8 @@ def table(results: dict, i: int) -> list[str]:
             ratios = [times(tpot_ratio(run, s)) if s else "not run" for run, s in zip(runs, summaries)]
             rows.append((RATIO_ROW, ratios))
     points = [point_of(run, i) for run in runs]
-    return grid(runs, rows + engine_rows(points) + hit_rate_rows(points) + router_rows(points))
+    return grid(runs, rows + engine_rows(points) + handoff_rows(points) + hit_rate_rows(points)
+                + router_rows(points))
 
 
 def unloaded_table(results: dict) -> list[str]:

@@ -143,18 +143,32 @@ async def engine_totals(client: Any) -> dict[str, dict] | None:
     except Exception as e:  # a benchmark of a cluster that cannot say this still measures latencies
         log.warning("no engine totals from the cluster's stats: %s", e)
         return None
-    rows = {w.worker_id: {"role": w.role, **{k: getattr(w, k, 0) for k in TOTALS}} for w in stats.workers}
+    rows = {w.worker_id: {"role": w.role, **{k: getattr(w, k, 0) for k in TOTALS},
+                          "handoffs": {h.transport: [h.count, h.bytes, h.seconds] for h in getattr(w, "handoffs", [])}}
+            for w in stats.workers}
     if (totals := getattr(stats, "totals", None)) is not None:
         rows[ROUTER] = {"role": ROUTER, **{k: getattr(totals, k, 0) for k in ROUTER_TOTALS}}
     return rows
 
 
 def engine_activity(before: dict[str, dict] | None, after: dict[str, dict] | None) -> list[dict] | None:
-    """What each worker's engine ran over a load point: the differences of its totals."""
+    """What each worker's engine ran over a load point: the differences of its totals, and of its KV handoffs by
+    transport (a prefill worker's: which transport its pairs used, how much and how fast)."""
     if before is None or after is None:
         return None
-    return [{"worker_id": wid, "role": a["role"], **{k: a.get(k, 0) - before[wid].get(k, 0) for k in TOTALS}}
+    return [{"worker_id": wid, "role": a["role"], **{k: a.get(k, 0) - before[wid].get(k, 0) for k in TOTALS},
+             "handoffs": handoffs_over(before[wid].get("handoffs") or {}, a.get("handoffs") or {})}
             for wid, a in sorted(after.items()) if wid in before and wid != ROUTER]
+
+
+def handoffs_over(before: dict[str, list], after: dict[str, list]) -> dict[str, dict]:
+    """transport -> {count, bytes, seconds} of the handoffs acknowledged between two of a worker's totals."""
+    out = {}
+    for transport, totals in after.items():
+        count, size, seconds = (a - b for a, b in zip(totals, before.get(transport, (0, 0, 0.0))))
+        if count:
+            out[transport] = {"count": count, "bytes": size, "seconds": seconds}
+    return out
 
 
 def router_activity(before: dict[str, dict] | None, after: dict[str, dict] | None) -> dict | None:

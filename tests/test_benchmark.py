@@ -558,6 +558,39 @@ def test_report_shows_the_prefix_cache_hit_rate_and_reads_the_placement_target()
     assert bench_placement.placement_reading({"load_points": load_points, "runs": results["runs"][:1]}) is None
 
 
+def test_points_keep_the_kv_handoffs_by_transport_and_the_report_shows_them():
+    from types import SimpleNamespace
+
+    from scripts import bench_report
+
+    def stats(ipc: tuple, nccl: tuple | None):
+        handoffs = [SimpleNamespace(transport="cuda_ipc", count=ipc[0], bytes=ipc[1], seconds=ipc[2])]
+        if nccl:
+            handoffs.append(SimpleNamespace(transport="nccl", count=nccl[0], bytes=nccl[1], seconds=nccl[2]))
+        workers = [SimpleNamespace(worker_id="p0", role="prefill", busy_steps=1, handoffs=handoffs),
+                   SimpleNamespace(worker_id="d0", role="decode", busy_steps=1)]  # a decode worker sends none
+        return SimpleNamespace(workers=workers, totals=None)
+
+    class Stats:
+        def __init__(self, *answers):
+            self.answers = list(answers)
+
+        async def stats(self, timeout=None):
+            return self.answers.pop(0)
+
+    monkey = Stats(stats((10, 1e9, 0.5), None), stats((30, 5e9, 1.5), (4, 4e9, 0.2)))
+    before, after = asyncio.run(bench_server.engine_totals(monkey)), asyncio.run(bench_server.engine_totals(monkey))
+    engines = bench_server.engine_activity(before, after)
+    assert {e["worker_id"]: e["handoffs"] for e in engines} == {
+        "p0": {"cuda_ipc": {"count": 20, "bytes": 4e9, "seconds": 1.0},
+               "nccl": {"count": 4, "bytes": 4e9, "seconds": 0.2}},
+        "d0": {}}
+    rows = bench_report.handoff_rows([{"engines": engines}, {"engines": []}, None])
+    assert rows == [(bench_report.HANDOFF_ROW, ["cuda_ipc 20 (50.0 ms, 4.0 GB/s); nccl 4 (50.0 ms, 20.0 GB/s)",
+                                                "n/a", "n/a"])]
+    assert bench_report.handoff_rows([{"engines": [{"role": "colocated", "busy_steps": 1}]}]) == []
+
+
 def test_points_keep_the_routers_decisions_and_the_report_shows_them():
     from types import SimpleNamespace
 
@@ -1002,8 +1035,15 @@ def test_cpu_smoke_run_of_both_modes(tiny_qwen3_dir, tmp_path):
         assert 12 * 15 <= sum(e["decode_tokens_run"] for e in decoders) <= 12 * 16
         assert sum(e["prefill_tokens_run"] for e in point["engines"]) == 12 * 64
         assert 0 < s["goodput"] <= s["request_throughput"]
+        # on CPU every disaggregated prompt's KV goes through the host transport, each handoff acknowledged
+        handoffs = [h for e in point["engines"] for h in e["handoffs"].items()]
+        if run["mode"] == "disagg":
+            assert [(t, h["count"]) for t, h in handoffs] == [("host", 12)] and handoffs[0][1]["bytes"] > 0
+        else:
+            assert handoffs == []
     report = (out / "report.md").read_text()
     assert "| | disagg | colocated |" in report and "## 2 req/s" in report and "| decode tokens per busy step, mean |" in report
+    assert f"| {bench_report.HANDOFF_ROW} | host 12 (" in report
     assert "Not the same number of engines" in report  # 2 worker processes against 1
     for name in PLOTS:
         assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
