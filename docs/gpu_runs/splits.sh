@@ -10,6 +10,8 @@
 #                 ..., 2P2D-auto (the per-request policy), colo (GPUS replicas); default: all of them
 #   STEP=place    prefix-aware against least-loaded placement, two workers a GPU, PREFILL_GPUS (GPUS/2) of them
 #                 prefill, on the shared-prefix workload whose prefixes fit the prefill caches together, not one
+#   STEP=aiperf   issue 18: aiperf (HTTP) beside `pdcluster bench` (ZMQ) on the same load, the even split and the
+#                 colocated replicas (needs .whl/aiperf, docs/gpu_runs/install_aiperf.sh)
 #   STEP=table    the table and the validations of what is under $OUT (PROFILE: the profile's path)
 # DEVICE=cpu CONFIG=tiny-qwen3 runs the same steps on a CPU (a dry run of this script; GPUS then counts workers),
 # with WORKLOAD_ARGS for lengths a tiny model takes and RATES, N for a CPU's pace.
@@ -62,6 +64,14 @@ case ${STEP:-bench} in
       --prefix-len 2048 --prefix-cache-tokens 65536 --input-len 64:256 --output-len 64:256 --rates $RATES \
       --num-requests $N --arrivals gamma --burstiness 2 $SLO --serve-args='--num-kv-blocks 4096' \
       --out $OUT/place 2>&1 | grep -E " ok |rror|hit rate";;
+  aiperf)  # issue 18: NVIDIA's aiperf (HTTP) and `pdcluster bench` (ZMQ) sending the same Poisson load at the mix's
+           # rates to the even split and to the colocated replicas; needs .whl/aiperf carried (install_aiperf.sh)
+    bash docs/gpu_runs/install_aiperf.sh 2>&1 | tail -2
+    common="--model $MODEL --device $DEVICE --rates $RATES --with-bench --requests $N --warmup 8 --isl 1024 --osl 256"
+    timeout 280 python -m scripts.bench_aiperf $common --modes disagg --prefill-workers $((GPUS/2)) \
+      --decode-workers $((GPUS-GPUS/2)) --gpus-per-worker 1 --out $OUT/aiperf 2>&1 | grep -v -i warn | tail -8
+    timeout 280 python -m scripts.bench_aiperf $common --modes colocated --workers $GPUS --gpus-per-worker 1 \
+      --out $OUT/aiperf 2>&1 | grep -v -i warn | tail -8;;
   table)
     python docs/gpu_runs/splits_table.py $OUT/$MIX
     for r in $OUT/$MIX/*/results.json; do
