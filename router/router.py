@@ -78,8 +78,8 @@ class Router:
     # ---- loops --------------------------------------------------------------------------------------
     async def serve(self, stop: asyncio.Event) -> None:
         tasks = [asyncio.create_task(c) for c in (self._client_loop(), self._worker_loop(), self._housekeeping())]
-        async with self.stalls.watching():
-            with startup_heap_frozen():
+        with startup_heap_frozen():  # its full collection first: a startup pause, not a stall while serving
+            async with self.stalls.watching():
                 await stop.wait()
         tasks += self.scaling.tasks
         for t in tasks:
