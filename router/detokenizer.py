@@ -1,5 +1,17 @@
 from __future__ import annotations
 
+from collections.abc import Callable
+
+
+def text_of(tokenizer) -> Callable[[list[int]], str]:
+    """`tokenizer.decode(ids, skip_special_tokens=True)`, through the Rust tokenizer itself where that gives the same
+    text (a fast tokenizer that cleans up no spaces). A streamed token takes two decodes, and transformers' Python
+    around each costs more than the decode."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is not None and not getattr(tokenizer, "clean_up_tokenization_spaces", True):
+        return lambda ids: backend.decode(ids, skip_special_tokens=True)
+    return lambda ids: tokenizer.decode(ids, skip_special_tokens=True)
+
 
 class IncrementalDetokenizer:
     """Turns a growing list of token ids into text deltas.
@@ -9,8 +21,8 @@ class IncrementalDetokenizer:
     joined equal `tokenizer.decode(all_ids)` for byte-level BPE tokenizers.
     """
 
-    def __init__(self, tokenizer):
-        self.tokenizer = tokenizer
+    def __init__(self, tokenizer, decode: Callable[[list[int]], str] | None = None):
+        self.decode = decode or text_of(tokenizer)
         self.ids: list[int] = []
         self.prefix_offset = 0  # start of the window
         self.read_offset = 0  # tokens before this are already emitted
@@ -24,9 +36,8 @@ class IncrementalDetokenizer:
         """The text of the tokens held back, up to the incomplete character that holds them (not yet in `text`)."""
         if self.read_offset == len(self.ids):
             return ""
-        decode = self.tokenizer.decode
-        before = decode(self.ids[self.prefix_offset:self.read_offset], skip_special_tokens=True)
-        window = decode(self.ids[self.prefix_offset:], skip_special_tokens=True)
+        before = self.decode(self.ids[self.prefix_offset:self.read_offset])
+        window = self.decode(self.ids[self.prefix_offset:])
         return window[len(before):].rstrip("\ufffd")
 
     def flush(self) -> str:
@@ -34,9 +45,8 @@ class IncrementalDetokenizer:
         return self._advance(final=True)
 
     def _advance(self, final: bool) -> str:
-        decode = self.tokenizer.decode
-        before = decode(self.ids[self.prefix_offset:self.read_offset], skip_special_tokens=True)
-        window = decode(self.ids[self.prefix_offset:], skip_special_tokens=True)
+        before = self.decode(self.ids[self.prefix_offset:self.read_offset])
+        window = self.decode(self.ids[self.prefix_offset:])
         if len(window) <= len(before) or (window.endswith("\ufffd") and not final):
             return ""
         delta = window[len(before):]

@@ -23,7 +23,7 @@ from common.stalls import Stalls, startup_heap_frozen
 from kvtransfer.errors import TransferError
 from router.admission import Admission, Refused, WaitQueue
 from router.config import RouterConfig
-from router.detokenizer import IncrementalDetokenizer
+from router.detokenizer import IncrementalDetokenizer, text_of
 from router.disagg_policy import DisaggPolicy
 from router.dispatch import Dispatcher
 from router.metrics import Metrics
@@ -52,6 +52,7 @@ class Router:
         keys = auth.keys_from_token(self.auth_token) if self.auth_token else None
         self.config = config
         self.tokenizer = load_tokenizer(config.model)
+        self.decode = text_of(self.tokenizer)
         self.ctx = zmq.asyncio.Context()
         self._authenticator = auth.start_authenticator(self.ctx, keys) if keys else None
         self.frontend = bind_router_socket(self.ctx, config.bind, keys)
@@ -333,7 +334,7 @@ class Router:
                                                          index=len(req.token_ids)))
             text = req.detok.text
         else:
-            text = self.tokenizer.decode(req.token_ids, skip_special_tokens=True)
+            text = self.decode(req.token_ids)
         timings, usage = req.timings(time.monotonic()), req.usage()
         self.metrics.finished(reason, usage, timings)
         self.prompt_tokens += usage.prompt_tokens
@@ -370,7 +371,7 @@ class Router:
                        totals=totals)
 
     def _text(self, stops: list[str]) -> CompletionText:
-        return CompletionText(IncrementalDetokenizer(self.tokenizer), stops)
+        return CompletionText(IncrementalDetokenizer(self.tokenizer, self.decode), stops)
 
     async def to_client(self, identity: bytes, msg: P.Message) -> None:
         sink = self.local_clients.get(identity)

@@ -2,6 +2,7 @@
 once, the latency it adds, and its CPU per request.
 
     python -m scripts.bench_router --model DIR [--workers 10,100,1000] [--modes colocated,disagg] [--step-seconds 3]
+        [--tokens 16] [--stream]
 
 Per mode and N: the router (scripts/router_process.py) pinned to `--router-core`; N instant workers
 (scripts/instant_workers.py: each its own ZMQ identity, hello and heartbeats at the real interval; disaggregated: half
@@ -78,12 +79,13 @@ def wait_registered(address: str, n: int, timeout: float = 120.0) -> None:
 
 
 def start_fleets(address: str, mode: str, n: int, processes: int, tokens: int,
-                 router_core: int | None = None) -> tuple[list, object]:
+                 router_core: int | None = None, stream: bool = False) -> tuple[list, object]:
     ctx = mp.get_context("spawn")
     stop = ctx.Event()
     workers = [(f"{role[0]}{i}", role) for i, role in enumerate(fleet_roles(mode, n))]
     groups = [workers[i::processes] for i in range(min(processes, n))]  # each process has both roles
-    procs = [ctx.Process(target=run_fleet, args=(address, group, tokens, stop, router_core)) for group in groups]
+    procs = [ctx.Process(target=run_fleet, args=(address, group, tokens, stop, router_core, stream))
+             for group in groups]
     for p in procs:
         p.start()
     return procs, stop
@@ -134,11 +136,12 @@ def run_one(args, mode: str, n: int) -> Ceiling:
     core = None if args.router_core < 0 else args.router_core
     profile = f"{args.profile_router}.{mode}-{n}" if args.profile_router else None
     with RouterProcess(RouterSpec(args.model, mode, core=core, profile_out=profile)) as router:
-        fleets, stop = start_fleets(router.worker_address, mode, n, args.fleet_processes, args.tokens, core)
+        fleets, stop = start_fleets(router.worker_address, mode, n, args.fleet_processes, args.tokens, core,
+                                    args.stream)
         try:
             wait_registered(router.spec.address, n)
             with LoadPool(router.spec.address, args.clients, args.tokens, args.prompt_words, core,
-                          args.drain_seconds) as load:
+                          args.drain_seconds, args.stream) as load:
                 return find_ceiling(router, load, args, mode, n)
         finally:
             stop.set()
@@ -166,6 +169,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--workers", default="10,100,1000", help="comma list of registered worker counts")
     p.add_argument("--modes", default="colocated,disagg", help="comma list: colocated, disagg")
     p.add_argument("--tokens", type=int, default=16, help="tokens each answer carries")
+    p.add_argument("--stream", action="store_true", help="stream every answer: the workers report one token an "
+                                                         "update and the router sends a delta a token, as in serving")
     p.add_argument("--prompt-words", type=int, default=32, help="words of each (distinct) text prompt")
     p.add_argument("--clients", type=int, default=2, help="load processes")
     p.add_argument("--fleet-processes", type=int, default=4, help="processes the instant workers share")

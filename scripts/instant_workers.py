@@ -2,7 +2,8 @@
 own (its own ZMQ identity), says hello, heartbeats at the real interval and answers every request at once. Many
 of them live in one process (`run_fleet`), so a thousand registered workers take a few processes.
 
-- colocated: a `generate_task` is answered with one `token_batch` of all its tokens, finished by `length`;
+- colocated: a `generate_task` is answered with one `token_batch` of all its tokens, finished by `length` (streamed:
+  one update a token in that batch, as a real worker's steps would report them, so the router streams each);
 - decode: a `reserve` is answered with `reserved` (block ids for the prompt); when the prefill worker's `kv_handoff`
   reaches the fleet's data inbox (the decode workers' `kv_address`), the request's tokens go out as above; a
   `generate_task` (a prompt it prefills itself) as a colocated worker would;
@@ -49,8 +50,10 @@ def fleet_roles(mode: str, n: int) -> list[str]:
 
 
 class Fleet:
-    def __init__(self, router_address: str, workers: list[tuple[str, str]], tokens: int, host: str = "127.0.0.1"):
+    def __init__(self, router_address: str, workers: list[tuple[str, str]], tokens: int, host: str = "127.0.0.1",
+                 stream: bool = False):
         self.ctx = zmq.Context()
+        self.stream = stream
         self.answer = list(range(100, 100 + tokens))
         self.inbox = self.ctx.socket(zmq.PULL)  # the decode workers' data channel
         self.inbox.setsockopt(zmq.LINGER, 0)
@@ -140,14 +143,17 @@ class Fleet:
             self._answer(w, msg.request_id, w.max_tokens.pop(msg.request_id))
 
     def _answer(self, w: InstantWorker, request_id: str, max_tokens: int) -> None:
-        w.send(P.TokenBatch(updates=[P.TokenUpdate(request_id=request_id, token_ids=self.answer[:max_tokens],
-                                                   finish_reason="length")]))
+        tokens = self.answer[:max_tokens]
+        pieces = [[t] for t in tokens] if self.stream else [tokens]
+        w.send(P.TokenBatch(updates=[P.TokenUpdate(request_id=request_id, token_ids=ids,
+                                                   finish_reason="length" if i == len(pieces) - 1 else None)
+                                     for i, ids in enumerate(pieces)]))
 
 
 def run_fleet(router_address: str, workers: list[tuple[str, str]], tokens: int, stop,
-              router_core: int | None = None) -> None:
+              router_core: int | None = None, stream: bool = False) -> None:
     """A process's entry point: `workers` ((worker id, role) each) until `stop` is set, off the router's core."""
     cores = other_cores(router_core)
     if cores:
         os.sched_setaffinity(0, cores)
-    Fleet(router_address, workers, tokens).run(stop)
+    Fleet(router_address, workers, tokens, stream=stream).run(stop)

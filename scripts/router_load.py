@@ -50,8 +50,9 @@ def prompts(rng: random.Random, words: int, tag: str) -> Iterator[str]:
 
 
 def load_process(address: str, tokens: int, words: int, seed: int, router_core: int | None, commands: mp.Queue,
-                 results: mp.Queue) -> None:
-    """The entry point: connects, warms up, then runs each (rate, seconds, drain) step it is sent until None."""
+                 results: mp.Queue, stream: bool = False) -> None:
+    """The entry point: connects, warms up, then runs each (rate, seconds, drain) step it is sent until None.
+    `stream`: each request streamed (a delta a token), its latency to the result."""
     import uvloop
 
     from router.client import AsyncClient
@@ -62,11 +63,22 @@ def load_process(address: str, tokens: int, words: int, seed: int, router_core: 
     rng = random.Random(seed)
     texts = prompts(rng, words, f"c{seed}-")
 
+    async def request(client) -> None:
+        if not stream:
+            await client.generate(next(texts), max_tokens=tokens, temperature=0)
+            return
+        answer = client.stream(next(texts), max_tokens=tokens, temperature=0)
+        streamed = 0
+        async for delta in answer:
+            streamed += len(delta.token_ids)
+        if answer.result is None or streamed != tokens:
+            raise RuntimeError(f"a stream brought {streamed} of {tokens} tokens")
+
     async def main() -> None:
         client = AsyncClient(address, timeout=120)
         await client.wait_ready(timeout=60)
         for _ in range(WARMUP):
-            await client.generate(next(texts), max_tokens=tokens, temperature=0)
+            await request(client)
         results.put("ready")
         loop = asyncio.get_running_loop()
         while (command := await loop.run_in_executor(None, commands.get)) is not None:
@@ -81,7 +93,7 @@ def load_process(address: str, tokens: int, words: int, seed: int, router_core: 
         async def one(scheduled: float) -> None:
             nonlocal failed, last_done
             try:
-                await client.generate(next(texts), max_tokens=tokens, temperature=0)
+                await request(client)
             except Exception:
                 failed += 1
                 return
@@ -109,12 +121,12 @@ class LoadPool:
     """`clients` load processes, pinned off the router's core."""
 
     def __init__(self, address: str, clients: int, tokens: int, words: int, router_core: int | None,
-                 drain: float = 5.0):
+                 drain: float = 5.0, stream: bool = False):
         ctx = mp.get_context("spawn")
         self.drain = drain
         self.commands = [ctx.Queue() for _ in range(clients)]
         self.results = [ctx.Queue() for _ in range(clients)]
-        self.procs = [ctx.Process(target=load_process, args=(address, tokens, words, i, router_core, c, r))
+        self.procs = [ctx.Process(target=load_process, args=(address, tokens, words, i, router_core, c, r, stream))
                       for i, (c, r) in enumerate(zip(self.commands, self.results))]
         for p in self.procs:
             p.start()

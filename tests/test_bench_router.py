@@ -28,3 +28,16 @@ def test_the_bench_answers_every_request_and_reports_finite_figures(tiny_qwen3_d
     table = capsys.readouterr().out.splitlines()
     assert table[0].startswith("mode") and [line.split()[:2] for line in table[1:]] == [["colocated", "10"],
                                                                                         ["disagg", "10"]]
+
+
+@pytest.mark.slow  # about 8 s
+def test_streamed_answers_bring_every_token_as_a_delta(tiny_qwen3_dir, capsys):
+    """--stream: the workers report one token an update and the router streams them; a load process counts a
+    request answered only when its deltas carried every token."""
+    (c,) = bench_router.main(["--model", str(tiny_qwen3_dir), "--workers", "2", "--modes", "disagg", "--stream",
+                              "--tokens", "24", "--step-seconds", "0.5", "--idle-seconds", "0.3", "--probe-rps", "50",
+                              "--max-steps", "1", "--bisect-steps", "0", "--max-p90-ms", "2000",
+                              "--fleet-processes", "1", "--clients", "1"])
+    steps = [c.at_ceiling, *c.by_fraction.values()]
+    assert all(s.unanswered == 0 and s.answered > 0 for s in steps)
+    assert all(math.isfinite(s.cpu_ms) and s.cpu_ms > 0 for s in steps)
