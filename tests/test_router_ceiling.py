@@ -18,6 +18,20 @@ def test_the_measured_ceiling_falls_as_workers_are_added(mode):
     assert ceilings == sorted(ceilings, reverse=True) and ceilings[0] > 2 * ceilings[3]
 
 
+@pytest.mark.parametrize("mode", sorted(MEASURED))
+def test_streamed_tokens_lower_the_ceiling_by_their_cpu(mode):
+    cost = MEASURED[mode]
+    plain, streamed = cost.ceiling(10), cost.ceiling(10, tokens=300)
+    assert streamed == pytest.approx(plain * (cost.base_s + 10 * cost.per_worker_s)
+                                     / (cost.base_s + 10 * cost.per_worker_s + 300 * cost.per_token_s))
+    assert streamed < plain / 5  # 300 streamed tokens cost the router more than the request around them
+    rate = 0.9 * cost.ceiling(100)
+    assert check(mode, 100, rate).routers == 1
+    streams = check(mode, 100, rate, tokens=300)
+    assert streams.exceeded and streams.routers is not None and streams.routers > 5
+    assert "of 300 streamed tokens" in streams.advice()
+
+
 def test_heartbeats_alone_can_fill_a_router():
     cost = RouterCost(base_s=1e-3, per_worker_s=0.0, heartbeat_share=0.01)
     assert cost.ceiling(50) == pytest.approx(500 * UTILIZATION) and cost.ceiling(100) == 0 == cost.ceiling(200)
@@ -53,5 +67,7 @@ def test_plan_reports_when_a_rate_needs_more_than_one_router(tmp_path):
     record = json.loads((tmp_path / "plan.json").read_text())
     assert {(c["mode"], c["rate"], c["exceeded"]) for c in record["router"]} == {
         (m, r, r > 5) for m in ("colocated", "disagg") for r in (2, 8)}
-    quiet = plan_command("--gpus", "4", "--rates", "2", "--num-requests", "60", "--disagg-policies", "always")
+    quiet = plan_command("--gpus", "4", "--rates", "2", "--num-requests", "60", "--disagg-policies", "always",
+                         "--output-len", "40")
     assert quiet.returncode == 0 and "router: one router carries every rate here" in quiet.stdout
+    assert "req/s of 40 streamed tokens" in quiet.stdout  # the workload's output length, as the bench streams it

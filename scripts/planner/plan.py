@@ -25,6 +25,7 @@ class Plan:
     results: dict[str, list[Point]] = field(default_factory=dict)  # by layout, in the order printed
     skipped_splits: bool = False  # not every split was simulated
     spares: BlockPool = field(default_factory=BlockPool)  # block managers reused from one simulation to the next
+    output_tokens: float = 0.0  # a request's streamed tokens, on average over the loads (the router's work per request)
 
 
 def workloads(cfg: PlanConfig) -> list[tuple[float, Workload]]:
@@ -55,7 +56,8 @@ def run_plan(cfg: PlanConfig, profiles: list[Profile] | None = None) -> Plan:
     if len({p.model for p in profiles}) > 1:
         raise ValueError(f"--profile: profiles of different models ({', '.join(p.model for p in profiles)})")
     loads, slo = workloads(cfg), cfg.slo()
-    plan = Plan(profiles, cfg)
+    outputs = [n for _, w in loads for n in w.output_lens]
+    plan = Plan(profiles, cfg, output_tokens=sum(outputs) / max(1, len(outputs)))
     for profile in profiles:
         _plan_tp(plan, profile, loads, slo)
     plan.results = dict(sorted(plan.results.items(), key=lambda item: _order(item[0])))

@@ -1,11 +1,12 @@
 """One router's ceiling, and how many routers a rate needs.
 
-The router spends CPU on each request (admission, tokenizing, placement, the messages) and on each worker's
-heartbeats. Placement looks at every worker that could take the request, so a request's CPU grows with the workers
-behind the router, and the heartbeats take a share of its core per worker:
+The router spends CPU on each request (admission, tokenizing, placement, the messages), on each token it streams
+(the worker's update read, the text decoded, a delta sent) and on each worker's heartbeats. Placement looks at every
+worker that could take the request, so a request's CPU grows with the workers behind the router, and the heartbeats
+take a share of its core per worker:
 
-    requests/s one router core sustains with W workers
-        = UTILIZATION x (1 - W x heartbeat_share) / (base_s + W x per_worker_s)
+    requests/s one router core sustains with W workers, requests of T streamed tokens
+        = UTILIZATION x (1 - W x heartbeat_share) / (base_s + W x per_worker_s + T x per_token_s)
 
 `MEASURED` holds the coefficients `python -m scripts.bench_router` gave (docs/benchmarks.md, "Router ceiling": the
 machine and the command); UTILIZATION keeps the router off a full core, where its queue and latency grow.
@@ -26,18 +27,21 @@ class RouterCost:
     base_s: float  # router CPU seconds per request with no worker to look at
     per_worker_s: float  # added per worker behind the router
     heartbeat_share: float  # share of the router's core one worker's heartbeats take
+    per_token_s: float = 0.0  # router CPU seconds per streamed token
 
-    def ceiling(self, workers: int) -> float:
-        """Requests/s one router core sustains in front of `workers` workers (0: the heartbeats alone fill it)."""
+    def ceiling(self, workers: int, tokens: float = 0.0) -> float:
+        """Requests/s one router core sustains in front of `workers` workers, each request streaming `tokens`
+        tokens (0: the heartbeats alone fill it)."""
         spare = 1 - workers * self.heartbeat_share
-        return UTILIZATION * max(0.0, spare) / (self.base_s + workers * self.per_worker_s)
+        return UTILIZATION * max(0.0, spare) / (self.base_s + workers * self.per_worker_s + tokens * self.per_token_s)
 
 
 # scripts/bench_router.py's "req/s per core" at 10 and 1,000 instant workers and its heartbeats-only CPU (0.5 s
-# interval), fitted; where and how: docs/benchmarks.md, "Router ceiling".
+# interval), fitted; a streamed token's CPU from its --stream runs at 16 and 256 tokens, as a share of the plain
+# request's in the same session, in the units of the fit; where and how: docs/benchmarks.md, "Router ceiling".
 MEASURED = {
-    "colocated": RouterCost(base_s=0.450e-3, per_worker_s=1.21e-6, heartbeat_share=1.0e-4),
-    "disagg": RouterCost(base_s=0.528e-3, per_worker_s=0.81e-6, heartbeat_share=1.0e-4),
+    "colocated": RouterCost(base_s=0.450e-3, per_worker_s=1.21e-6, heartbeat_share=1.0e-4, per_token_s=34e-6),
+    "disagg": RouterCost(base_s=0.528e-3, per_worker_s=0.81e-6, heartbeat_share=1.0e-4, per_token_s=31e-6),
 }
 
 
@@ -50,6 +54,7 @@ class RouterCheck:
     rate: float
     ceiling: float  # one router's, in front of all of them
     routers: int | None  # routers needed, each in front of an even share of the workers (None: none suffice)
+    tokens: float = 0.0  # streamed tokens a request, on average
 
     @property
     def exceeded(self) -> bool:
@@ -57,7 +62,8 @@ class RouterCheck:
 
     def advice(self) -> str:
         head = (f"{self.mode}, {self.workers} workers, {self.rate:g} req/s: more than one router sustains "
-                f"(about {self.ceiling:.0f} req/s in front of {self.workers} workers)")
+                f"(about {self.ceiling:.0f} req/s of {self.tokens:.0f} streamed tokens in front of {self.workers} "
+                f"workers)")
         if self.routers is None:
             return head + "; no split of these workers among routers carries it"
         share = math.ceil(self.workers / self.routers)
@@ -73,18 +79,21 @@ def routers_needed(rate: float, workers: int, ceiling) -> int | None:
     return None
 
 
-def check(mode: str, workers: int, rate: float, router_rps: float | None = None) -> RouterCheck:
-    """`router_rps`: one router's ceiling whatever the workers (else `MEASURED`'s, which falls as they grow)."""
-    ceiling = (lambda w: router_rps) if router_rps else MEASURED[mode].ceiling
-    return RouterCheck(mode, workers, rate, ceiling(workers), routers_needed(rate, workers, ceiling))
+def check(mode: str, workers: int, rate: float, router_rps: float | None = None, tokens: float = 0.0) -> RouterCheck:
+    """`router_rps`: one router's ceiling whatever the workers (else `MEASURED`'s, which falls as they grow and as
+    each request streams more `tokens`)."""
+    ceiling = (lambda w: router_rps) if router_rps else (lambda w: MEASURED[mode].ceiling(w, tokens))
+    return RouterCheck(mode, workers, rate, ceiling(workers), routers_needed(rate, workers, ceiling), tokens)
 
 
 def plan_checks(plan) -> list[RouterCheck]:
-    """Each worker count and mode of a plan (scripts/planner/plan.py's Plan) at each rate it simulated."""
+    """Each worker count and mode of a plan (scripts/planner/plan.py's Plan) at each rate it simulated, its requests
+    streaming the loads' mean output tokens (as `pdcluster bench` streams every request)."""
     rates = sorted({p.rate for points in plan.results.values() for p in points})
     modes = sorted({"colocated" if "colocated" in name else "disagg" for name in plan.results})
     workers = sorted({plan.config.gpus // profile.tp for profile in plan.profiles})
-    return [check(mode, n, rate, plan.config.router_rps) for n in workers for mode in modes for rate in rates]
+    return [check(mode, n, rate, plan.config.router_rps, plan.output_tokens)
+            for n in workers for mode in modes for rate in rates]
 
 
 def summary(checks: list[RouterCheck]) -> list[str]:
@@ -94,7 +103,8 @@ def summary(checks: list[RouterCheck]) -> list[str]:
     if not over:
         top = max(checks, key=lambda c: c.rate / c.ceiling)
         return [f"router: one router carries every rate here (at most {100 * top.rate / top.ceiling:.0f}% of its "
-                f"ceiling, about {top.ceiling:.0f} req/s for {top.mode} with {top.workers} workers)"]
+                f"ceiling, about {top.ceiling:.0f} req/s of {top.tokens:.0f} streamed tokens for {top.mode} with "
+                f"{top.workers} workers)"]
     first: dict[tuple[str, int], RouterCheck] = {}
     for c in sorted(over, key=lambda c: c.rate):
         first.setdefault((c.mode, c.workers), c)
