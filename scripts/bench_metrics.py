@@ -114,6 +114,8 @@ class Summary:
     itl: Dist
     e2e: Dist
     router_ttft: Dist  # the same first tokens by the router's clock (RequestRecord.router_ttft)
+    # TTFT less the router's own, per request: the submit's way in, the first token's way out, the client's process
+    outside_ttft: Dist
 
 
 def judge(records: list[RequestRecord], slo: SLO, duration: float) -> tuple[float, float]:
@@ -147,4 +149,5 @@ def summarize(records: list[RequestRecord], slo: SLO) -> Summary:
         itl=Dist.of([gap for r in done for gap in r.itl]),
         e2e=Dist.of([r.e2e for r in done]),
         router_ttft=Dist.of([r.router_ttft for r in done if r.router_ttft is not None]),
+        outside_ttft=Dist.of([r.ttft - r.router_ttft for r in done if r.ttft is not None and r.router_ttft is not None]),
     )

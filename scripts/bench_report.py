@@ -59,6 +59,16 @@ SUMMARY_ROWS: list[tuple[str, Cell]] = [
 ]
 
 
+OUTSIDE_ROW = "TTFT outside the router p50 / p99 (ms)"
+
+
+def outside_ttft(s: dict) -> str:
+    """Each request's TTFT less the router's own TTFT: its submit's way to the router and its first token's way back,
+    the client's process included (n/a: results from before the router's timings were kept)."""
+    d = s.get("outside_ttft")
+    return "n/a" if not d or d["p50"] is None else f"{ms(d['p50'])} / {ms(d['p99'])}"
+
+
 def latency_row(key: str, stat: str) -> tuple[str, Cell]:
     return f"{dict(METRICS)[key]} {stat} (ms)", lambda s: ms(s[key][stat])
 
@@ -149,6 +159,8 @@ def table(results: dict, i: int) -> list[str]:
     rows = [(name, cells(summaries, cell)) for name, cell in SUMMARY_ROWS]
     for key, _ in METRICS:
         rows += [(name, cells(summaries, cell)) for name, cell in (latency_row(key, stat) for stat in STATS)]
+        if key == "ttft":
+            rows.append((OUTSIDE_ROW, cells(summaries, outside_ttft)))
         if key == "tpot":
             ratios = [times(tpot_ratio(run, s)) if s else "not run" for run, s in zip(runs, summaries)]
             rows.append((RATIO_ROW, ratios))

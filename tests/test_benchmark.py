@@ -88,6 +88,16 @@ def test_summary_counts_failures_and_goodput_needs_both_slos():
     assert s.e2e.p50 == pytest.approx(0.5)
 
 
+def test_the_ttft_outside_the_router_is_each_requests_ttft_less_the_routers_own():
+    records = [record(0, 0.0, ttft=0.030, e2e=0.5, router_ttft=0.020), record(1, 0.1, ttft=0.210, e2e=0.5,
+               router_ttft=0.010), record(2, 0.2, ttft=0.050, e2e=0.5)]  # the last without the router's timings
+    s = summarize(records, SLO(1.0, 0.1))
+    assert s.outside_ttft.mean == pytest.approx(0.105) and s.outside_ttft.p50 == pytest.approx(0.105)
+    cell = bench_report.outside_ttft(asdict(s))
+    assert cell == f"105.0 / {1e3 * percentile([0.010, 0.200], 99):.1f}"
+    assert bench_report.outside_ttft({"ttft": {}}) == "n/a"  # results from before it was kept
+
+
 def test_summary_of_only_failures_has_no_latencies():
     s = summarize([failed(0, 0.0, 1.0)], SLO(1.0, 0.1))
     assert (s.completed, s.failed, s.goodput, s.slo_attainment) == (0, 1, 0.0, 0.0)
@@ -1043,6 +1053,8 @@ def test_cpu_smoke_run_of_both_modes(tiny_qwen3_dir, tmp_path):
             assert handoffs == []
     report = (out / "report.md").read_text()
     assert "| | disagg | colocated |" in report and "## 2 req/s" in report and "| decode tokens per busy step, mean |" in report
+    outside = next(line for line in report.splitlines() if line.startswith(f"| {bench_report.OUTSIDE_ROW} |"))
+    assert "n/a" not in outside  # both modes' requests carry the router's timings
     assert f"| {bench_report.HANDOFF_ROW} | host 12 (" in report
     assert "Not the same number of engines" in report  # 2 worker processes against 1
     for name in PLOTS:
