@@ -52,7 +52,7 @@ class Router:
         keys = auth.keys_from_token(self.auth_token) if self.auth_token else None
         self.config = config
         self.tokenizer = load_tokenizer(config.model)
-        self.decode = text_of(self.tokenizer)
+        self.text_of = text_of(self.tokenizer)  # token ids -> text, as the tokenizer decodes them
         self.ctx = zmq.asyncio.Context()
         self._authenticator = auth.start_authenticator(self.ctx, keys) if keys else None
         self.frontend = bind_router_socket(self.ctx, config.bind, keys)
@@ -334,7 +334,7 @@ class Router:
                                                          index=len(req.token_ids)))
             text = req.detok.text
         else:
-            text = self.decode(req.token_ids)
+            text = self.text_of(req.token_ids)
         timings, usage = req.timings(time.monotonic()), req.usage()
         self.metrics.finished(reason, usage, timings)
         self.prompt_tokens += usage.prompt_tokens
@@ -371,7 +371,7 @@ class Router:
                        totals=totals)
 
     def _text(self, stops: list[str]) -> CompletionText:
-        return CompletionText(IncrementalDetokenizer(self.tokenizer, self.decode), stops)
+        return CompletionText(IncrementalDetokenizer(self.tokenizer, self.text_of), stops)
 
     async def to_client(self, identity: bytes, msg: P.Message) -> None:
         sink = self.local_clients.get(identity)

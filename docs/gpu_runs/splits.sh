@@ -20,14 +20,15 @@ export PYTHONPATH=$(.gpu-deps/unpack .gpu-deps 2>/dev/null || true):$PWD PYTHONU
 DEVICE=${DEVICE:-cuda}; CONFIG=${CONFIG:-qwen3-8b}; MODEL=/tmp/$CONFIG; MIX=${MIX:-ls}; N=${N:-200}
 GPUS=${GPUS:-$(nvidia-smi -L 2>/dev/null | wc -l)}
 PROFILE=${PROFILE:-$OUT/profile.json}
+RATES_GIVEN=${RATES:-}  # else each mix's own, scaled with the GPUs
 [ -f $MODEL/config.json ] || python -m scripts.cli prepare-model random --config $CONFIG --out $MODEL --overwrite > /dev/null
 nvidia-smi --query-gpu=name,serial --format=csv,noheader 2>/dev/null; echo "GPUS=$GPUS MIX=$MIX"
 mix() {  # MIX -> WORKLOAD, RATES (whole-cluster requests/s, scaled with the GPUs)
   case $1 in
     ls) WORKLOAD="--workload long-short --input-len 128:512 --output-len 128:512 --long-input-len 4096:8192
-          --long-output-len 4:16 --long-fraction 0.2"; RATES=${RATES:-$((2*GPUS)),$((4*GPUS)),$((8*GPUS)),$((12*GPUS))};;
+          --long-output-len 4:16 --long-fraction 0.2"; RATES=${RATES_GIVEN:-$((2*GPUS)),$((4*GPUS)),$((8*GPUS)),$((12*GPUS))};;
     cc) WORKLOAD="--workload trace --trace .traces/AzureLLMInferenceTrace_code.csv,.traces/AzureLLMInferenceTrace_conv.csv
-          --trace-start 180"; RATES=${RATES:-$((2*GPUS)),$((4*GPUS)),$((6*GPUS)),$((8*GPUS))};;
+          --trace-start 180"; RATES=${RATES_GIVEN:-$((2*GPUS)),$((4*GPUS)),$((6*GPUS)),$((8*GPUS))};;
     *) echo "MIX: ls or cc, got $1"; exit 2;;
   esac
   WORKLOAD=${WORKLOAD_ARGS:-$WORKLOAD}
@@ -53,9 +54,9 @@ case ${STEP:-bench} in
     timeout 420 python -m scripts.cli profile --model $MODEL --device $DEVICE --model-name $CONFIG ${QUICK:+--quick} --out $PROFILE \
       > /dev/null 2> $OUT/profile-progress.txt; tail -1 $OUT/profile-progress.txt; rm -f $OUT/profile-progress.txt
     for m in ls cc; do  # the predictions, before any bench ran on this machine
-      (RATES=${RATES:-}; [ -z "$RATES" ] && unset RATES; mix $m
-       python -m scripts.cli plan --profile $PROFILE --gpus $GPUS --num-requests $N $SLO --rates $RATES $WORKLOAD \
-         --out $OUT/plan-$m | tail -$((6 * GPUS + 4))); done;;
+      mix $m
+      python -m scripts.cli plan --profile $PROFILE --gpus $GPUS --num-requests $N $SLO --rates $RATES $WORKLOAD \
+        --out $OUT/plan-$m | tail -$((6 * GPUS + 4)); done;;
   bench) for l in ${LAYOUTS:-$(layouts)}; do bench $l; done;;
   place)  # two workers a GPU: PREFILL_GPUS GPUs of prefill workers, the others decode
     pg=${PREFILL_GPUS:-$((GPUS/2))}
