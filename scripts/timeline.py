@@ -12,7 +12,15 @@ Disaggregated (a reservation on a decode worker, then the prompt on a prefill wo
   seat           first token reported -> its first decode step launched on the decode worker
 Colocated (or prefilled by the decode worker itself): only the queue (received -> launched).
 
-    python -m scripts.timeline DIR [--max-tokens N] [--gap S]
+With `--profile P` (`pdcluster profile`'s JSON for the GPU that served), each load point's prefill steps are set
+against that profile's time for them alone on a GPU: a step from when it had the GPU's queue to itself (its
+launch, or the previous step's end if it was launched while that ran) to its first token, over its time alone
+(the profile's `prompt_step`). Where the prefill worker shares its GPU with a decode worker that always has a step
+queued (the one-GPU disaggregated runs), `pace` is what the two engines got of the GPU together, as processor
+sharing reads it (steps on a GPU of their own: 1 / slowdown instead): 2 x GPU-bound time alone / GPU-bound time
+there (scripts/planner/gpu.py's SHARED_PACE).
+
+    python -m scripts.timeline DIR [--max-tokens N] [--gap S] [--profile P]
 """
 from __future__ import annotations
 
@@ -23,6 +31,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from scripts.bench_metrics import percentile
+from scripts.planner.profile import Profile, load_profile
 
 DISAGG_PARTS = [("to prefill", ("decode", "received"), ("prefill", "received")),
                 ("queue", ("prefill", "received"), ("prefill", "launched")),
@@ -64,12 +73,49 @@ def parts(r: dict) -> dict[str, float] | None:
     return {name: r[b]["t"] - r[a]["t"] for name, a, b in DISAGG_PARTS}
 
 
+def prefill_steps(point: list[dict]) -> list[tuple[float, float, int]]:
+    """The prefill workers' steps among these requests, each (start, first token collected, prompt tokens): a step
+    is the requests one worker launched at one instant, and it starts at its launch, or at the previous step's
+    end where it was launched while that one ran (the engine launches a step before collecting the one before)."""
+    steps: dict[tuple[str, float], list] = {}
+    for r in point:
+        launched, done, got = r.get(("prefill", "launched")), r.get(("prefill", "prefilled")), r.get(("prefill", "received"))
+        if launched and done and got:
+            step = steps.setdefault((launched["worker"], launched["t"]), [launched["t"], 0.0, 0])
+            step[1] = max(step[1], done["t"])
+            step[2] += got.get("tokens", 0)
+    timed, last_end = [], {}
+    for (worker, _), (start, end, tokens) in sorted(steps.items(), key=lambda kv: kv[1][0]):
+        timed.append((max(start, last_end.get(worker, start)), end, tokens))
+        last_end[worker] = end
+    return timed
+
+
+def step_report(point: list[dict], profile: Profile, max_tokens: int | None) -> str:
+    """`prefill steps N: slowdown p50 / p90, pace p50` for the point's prefill steps of at most `max_tokens`."""
+    slowdown, pace = [], []
+    for start, end, tokens in prefill_steps(point):
+        if max_tokens is not None and tokens > max_tokens:
+            continue
+        alone, floor = profile.prompt_step(tokens)
+        if end - start > floor and alone > floor:
+            slowdown.append((end - start) / alone)
+            pace.append(2 * (alone - floor) / (end - start - floor))
+    if not slowdown:
+        return "no prefill steps"
+    return (f"prefill steps {len(slowdown)}: x alone {statistics.median(slowdown):.2f} / {percentile(slowdown, 90):.2f}, "
+            f"pace {statistics.median(pace):.2f}")
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("folder", type=Path)
     p.add_argument("--max-tokens", type=int, default=None, help="only prompts of at most this many tokens")
     p.add_argument("--gap", type=float, default=2.0, help="seconds without a new request that end a load point")
+    p.add_argument("--profile", type=Path, default=None,
+                   help="the serving GPU's profile: set each point's prefill steps against their time alone")
     args = p.parse_args(argv)
+    profile = load_profile(args.profile) if args.profile else None
     requests = load(args.folder)
     if not requests:
         raise SystemExit(f"{args.folder}: no timeline events (was the cluster served with --timeline-dir?)")
@@ -92,6 +138,8 @@ def main(argv: list[str] | None = None) -> None:
         total = [sum(x.values()) for x in split]
         print(f"{min(starts):.1f} | {len(split)} of {len(point)} ({rate:.1f}/s) | " + " | ".join(cells)
               + f" | {1e3 * statistics.median(total):.2f} / {1e3 * percentile(total, 90):.2f}")
+        if profile is not None:
+            print(f"    {step_report(point, profile, args.max_tokens)}")
 
 
 if __name__ == "__main__":

@@ -326,6 +326,8 @@ def test_prompt_steps_are_costed_padded_graphed_up_to_the_graphs_and_eager_past_
     assert engine.step_seconds(prompt(2048)) == pytest.approx(launch + graphs.prefill.seconds(2048))
     assert engine.step_seconds(prompt(3000)) == pytest.approx(launch + eager_cost.seconds(3072))
     assert engine.host_seconds(prompt(3000)) == pytest.approx(launch + eager_cost.base_s)
+    assert graphs.prompt_step(600) == pytest.approx((launch + graphs.prefill.seconds(768), launch))
+    assert graphs.prompt_step(3000) == pytest.approx((launch + eager_cost.seconds(3072), launch + eager_cost.base_s))
     old = SimEngine("p0", "prefill", make_profile())  # measured before prompt graphs: unpadded, every step eager
     assert old.step_seconds(prompt(600)) == pytest.approx(launch + old.profile.prefill.seconds(600))
     assert old.host_seconds(prompt(600)) == pytest.approx(launch + old.profile.prefill.base_s)
@@ -528,3 +530,27 @@ def test_a_kv_copy_on_a_shared_gpu_waits_for_the_other_engines_step_unless_its_o
     prefill, decode = (next(e for e in alone.engines.values() if e.role == r) for r in ("prefill", "decode"))
     alone.gpu_of[decode.name].add(decode, 0.004, now=0.0)
     assert alone._copy_starts(prefill, 0.001) == 0.001
+
+
+def test_handoffs_between_gpus_are_costed_over_nccl_where_the_profile_has_it(tmp_path):
+    """`serve` gives each worker its own GPU, so a handoff between two goes over nccl (kvtransfer/choice.py): a plan
+    costs it so; with no nccl cost in the profile (one measured on one GPU), over its fastest, and says so."""
+    ipc, nccl = HandoffCost(base_s=0.0005, bytes_per_s=1e11), HandoffCost(base_s=0.02, bytes_per_s=1e9)
+    both = make_profile(handoff={"cuda_ipc": ipc, "nccl": nccl})
+    one_gpu = make_profile(handoff={"cuda_ipc": ipc})
+    assert both.transport == "cuda_ipc" and both.transport_across_gpus == "nccl"
+    assert one_gpu.transport_across_gpus == "cuda_ipc"
+    load = Workload([0.0], [list(range(300))], [4], shared_prefixes=False)
+    over = {t: simulate(both, Layout(prefill=1, decode=1, transport=t), load)[0].ttft for t in ("cuda_ipc", "nccl")}
+    assert over["nccl"] - over["cuda_ipc"] == pytest.approx(both.handoff_seconds(300, "nccl")
+                                                            - both.handoff_seconds(300, "cuda_ipc"))
+    cfg = PlanConfig(profile="p.json", gpus=2, rates="1", num_requests=20, disagg_policies="always")
+    plan = run_plan(cfg, [both])
+    assert plan.results["1P:1D"][0].ttft_p50 > run_plan(cfg, [one_gpu]).results["1P:1D"][0].ttft_p50 + 0.015
+    save_profile(one_gpu, tmp_path / "one.json")
+    proc = subprocess.run([sys.executable, "-m", "scripts.cli", "plan", "--profile", str(tmp_path / "one.json"),
+                           "--gpus", "2", "--rates", "1", "--num-requests", "20"], cwd=ROOT,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "note: KV handoffs costed over cuda_ipc" in proc.stdout
+    assert "note: KV handoffs" not in plan_command("--gpus", "2", "--rates", "1", "--num-requests", "20").stdout

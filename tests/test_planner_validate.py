@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 from dataclasses import asdict
+from dataclasses import replace as replace_layout
 from pathlib import Path
 
 import pytest
@@ -38,23 +39,29 @@ class FakeServe:
 
 
 def simulated_bench(tmp_path: Path, monkeypatch, truth: Profile, modes: str = "disagg,colocated",
-                    late: float = 0.0, unloaded_requests: int = 0) -> dict:
+                    late: float = 0.0, unloaded_requests: int = 0, transport: str | None = None) -> dict:
     """`pdcluster bench` on one GPU (1P+1D at half a GPU each, one colocated replica on all of it), each cluster
-    answering as the simulator does under `truth`, every token `late` seconds later; returns results.json as
-    written."""
+    answering as the simulator does under `truth`, every token `late` seconds later, its KV handoffs over
+    `transport` (recorded as the prefill worker records them; None: the profile's fastest, not recorded);
+    returns results.json as written."""
+    def layout(mode: str) -> Layout:
+        return replace_layout(LAYOUTS[mode], transport=transport) if mode != "colocated" else LAYOUTS[mode]
+
     async def fake_cluster(cfg, run, server, points, workloads, warmup, unloaded, slo=None):
         if unloaded:
             load = Workload([10.0 * i for i in range(len(unloaded))], [r.prompt_ids for r in unloaded],
                             [r.output_len for r in unloaded], False)
-            recs = records(shifted(simulate(truth, LAYOUTS[run["mode"]], load), late))
+            recs = records(shifted(simulate(truth, layout(run["mode"]), load), late))
             run["unloaded"] = {"load": {"label": "unloaded"}, "summary": asdict(summarize(recs, slo)),
                                "requests": [r.to_json() for r in recs]}
         for i, (point, requests) in enumerate(zip(points, workloads)):
             sent = arrivals(cfg, point, i, requests)
             load = Workload(sent, [r.prompt_ids for r in requests], [r.output_len for r in requests], False)
-            recs = records(shifted(simulate(truth, LAYOUTS[run["mode"]], load), late))
+            recs = records(shifted(simulate(truth, layout(run["mode"]), load), late))
+            handoffs = {transport: {"count": len(recs), "bytes": 0, "seconds": 0.0}} if transport else {}
+            engines = [{"worker_id": "p0", "role": "prefill", "handoffs": handoffs}] if run["mode"] != "colocated" else []
             run["points"].append({"load": point.to_json(), "summary": asdict(summarize(recs, slo)),
-                                  "requests": [r.to_json() for r in recs]})
+                                  "requests": [r.to_json() for r in recs], "engines": engines})
 
     monkeypatch.setattr(benchmark, "bench_cluster", fake_cluster)
     monkeypatch.setattr(benchmark, "ServeProcess", FakeServe)
@@ -119,6 +126,27 @@ def test_a_wrong_profile_shows_large_errors_and_they_are_marked(tmp_path, monkey
     md = markdown(rows, wrong, "results.json")
     assert md.count("**") == 2 * marked + 2  # each marked cell, and the legend's **bold**
     assert f"{marked} of {len(rows) * len(METRICS)} cells beyond" in md
+
+
+def test_handoffs_are_costed_over_the_transport_the_run_took(tmp_path, monkeypatch):
+    """A cluster whose handoffs went over nccl, slower than the profile's fastest (cuda_ipc): costed over nccl the
+    prediction is exact; a profile with no nccl cost costs them over cuda_ipc, under-predicts TTFT (at the lighter
+    rate by more than the tolerance) and says so."""
+    from scripts.planner.profile import HandoffCost
+    truth = make_profile(handoff={"cuda_ipc": HandoffCost(base_s=0.0005, bytes_per_s=1e11),
+                                  "nccl": HandoffCost(base_s=0.02, bytes_per_s=1e9)})
+    results = simulated_bench(tmp_path, monkeypatch, truth, "disagg", transport="nccl")
+    rows = validate(results, truth)
+    assert all(r.note == "" for r in rows)
+    for row in rows:
+        for _, key in METRICS:
+            assert row.error(key) == pytest.approx(0.0, abs=1e-9), (row.load, key)
+    no_nccl = replace(truth, handoff={"cuda_ipc": truth.handoff["cuda_ipc"]})
+    rows = validate(results, no_nccl)
+    assert rows[0].error("ttft_p50") < -0.15 and all(r.error("ttft_p50") < 0 for r in rows)  # 20 req/s: queueing
+    assert all("went over nccl" in r.note and "costed as cuda_ipc" in r.note for r in rows)
+    assert table(rows).count("note: disagg: the run's KV handoffs went over nccl") == 1
+    assert "Note: disagg: the run's KV handoffs went over nccl" in markdown(rows, no_nccl, "results.json")
 
 
 def test_results_whose_requests_cannot_be_rebuilt_are_refused(tmp_path, monkeypatch):

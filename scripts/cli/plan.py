@@ -50,6 +50,10 @@ def run(args: argparse.Namespace) -> None:
         print(f"(more than {MAX_SPLITS} splits: a coarse grid, then refined around the best; "
               f"--all-splits simulates every one)")
     print(table(plan.results))
+    for p in plan.profiles:
+        if p.transport_across_gpus != "nccl":
+            print(f"note: KV handoffs costed over {p.transport_across_gpus}: the profile ({p.machine}, tp {p.tp}) has no "
+                  "nccl cost, the transport between workers on separate GPUs (`pdcluster profile` measures it on two)")
     best, why = recommend(plan.results, slo)
     print(f"recommendation: {best}: {why}")
     routers = plan_checks(plan)

@@ -32,7 +32,6 @@ from common.engine.block_manager import BlockManager
 from common.engine.launch_clock import LEAD_PREP_FACTOR, LEAD_STEP_SHARE
 from common.engine.scheduler import ScheduledBatch, Scheduler
 from common.engine.sequence import Sequence, SequenceStatus
-from common.engine.step_sizes import padded_tokens
 from common.sampling_params import SamplingParams
 from scripts.planner.profile import Profile
 
@@ -197,7 +196,7 @@ class SimEngine:
         tokens = batch.num_new_tokens[d:]
         if tokens:
             context = sum(n * s.num_computed_tokens for s, n in zip(batch.seqs[d:], tokens))
-            padded = self._padded(sum(tokens))
+            padded = p.padded(sum(tokens))
             pc, _ = p.prefill_cost(padded)
             seconds += pc.base_s + pc.per_token_s * padded + pc.per_token_context_s * context
             if d:
@@ -210,15 +209,7 @@ class SimEngine:
         graph."""
         if batch.decode_only:
             return self.profile.host_launch_s
-        pc, graphed = self.profile.prefill_cost(self._padded(sum(batch.num_new_tokens[batch.num_decodes:])))
-        return self.profile.host_launch_s + (0.0 if graphed else pc.base_s)
-
-    def _padded(self, tokens: int) -> int:
-        """A step's prompt tokens as the engine runs them (step_sizes.padded_tokens). A profile of an engine before
-        prompt graphs was fitted to unpadded counts."""
-        if not self.profile.prefill_graph_max_tokens:
-            return tokens
-        return padded_tokens(tokens, self.profile.max_num_batched_tokens)
+        return self.profile.prompt_step(sum(batch.num_new_tokens[batch.num_decodes:]))[1]
 
     def _schedule(self) -> ScheduledBatch | None:
         """The scheduler's next batch from what had arrived by the cutoff (all of it if that gives none)."""

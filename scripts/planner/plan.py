@@ -70,7 +70,8 @@ def _plan_tp(plan: Plan, profile: Profile, loads: list[tuple[float, Workload]], 
     cfg, n = plan.config, plan.config.gpus // profile.tp
     if n < 2:
         raise ValueError(f"--gpus {cfg.gpus} makes fewer than 2 engines of tp {profile.tp}")
-    common = dict(placement=cfg.placement, local_prefill_chunk=cfg.local_prefill_chunk, tp=profile.tp)
+    common = dict(placement=cfg.placement, local_prefill_chunk=cfg.local_prefill_chunk, tp=profile.tp,
+                  transport=profile.transport_across_gpus)
     for policy in cfg.policy_list():
         seen: dict[int, tuple] = {}
 

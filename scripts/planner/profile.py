@@ -19,6 +19,8 @@ from pathlib import Path
 
 import msgspec
 
+from common.engine.step_sizes import padded_tokens
+
 
 class ProfileError(ValueError):
     """A profile file that cannot be used; the message names the file and the field."""
@@ -102,12 +104,26 @@ class Profile(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     decode_skinny_max_batch: int = 0
     decode_skinny: DecodeCost | None = None
 
-    def prefill_cost(self, padded_tokens: int) -> tuple[PrefillCost, bool]:
-        """The cost of a prompt step of `padded_tokens` (its tokens as the engine pads them), and whether it replays
-        a graph."""
-        if padded_tokens <= self.prefill_graph_max_tokens:
+    def prefill_cost(self, padded: int) -> tuple[PrefillCost, bool]:
+        """The cost of a prompt step of `padded` tokens (its tokens as the engine pads them, `Profile.padded`), and
+        whether it replays a graph."""
+        if padded <= self.prefill_graph_max_tokens:
             return self.prefill, True
         return self.prefill_eager or self.prefill, False
+
+    def padded(self, tokens: int) -> int:
+        """A step's prompt tokens as the engine runs them (step_sizes.padded_tokens). A profile of an engine before
+        prompt graphs was fitted to unpadded counts."""
+        if not self.prefill_graph_max_tokens:
+            return tokens
+        return padded_tokens(tokens, self.max_num_batched_tokens)
+
+    def prompt_step(self, tokens: int) -> tuple[float, float]:
+        """A step of `tokens` prompt tokens and nothing else, alone on its GPU: (its seconds, its launch-bound floor:
+        the host's part, which goes at the host's pace)."""
+        cost, graphed = self.prefill_cost(self.padded(tokens))
+        return (self.host_launch_s + cost.seconds(self.padded(tokens)),
+                self.host_launch_s + (0.0 if graphed else cost.base_s))
 
     def decode_cost(self, batch: int) -> DecodeCost:
         """The cost of a decode step of `batch` sequences."""
@@ -141,6 +157,12 @@ class Profile(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     def transport(self) -> str:
         """The fastest transport for a typical handoff (what the router's `auto` would pick on this machine)."""
         return min(self.handoff, key=lambda t: self.handoff[t].seconds(1024 * self.kv_bytes_per_token))
+
+    @property
+    def transport_across_gpus(self) -> str:
+        """The transport of a handoff between workers on two GPUs as `serve` sets them up (each worker sees its own
+        GPU: nccl, kvtransfer/choice.py), where the profile has its cost; else its fastest."""
+        return "nccl" if "nccl" in self.handoff else self.transport
 
     def handoff_seconds(self, tokens: int, transport: str | None = None) -> float:
         return self.handoff[transport or self.transport].seconds(tokens * self.kv_bytes_per_token)

@@ -64,6 +64,7 @@ class Layout:
     tp: int = 1  # GPUs per engine (the profile's: only the label shows it)
     # Below 1, engines share GPUs (0.5: two on one, --gpus-per-worker), each with that share of its KV blocks
     gpus_per_engine: float = 1.0
+    transport: str | None = None  # the KV transport the handoffs take (None: the profile's fastest)
 
     @property
     def mode(self) -> str:
@@ -269,7 +270,7 @@ class Simulation:
         for seq in seqs:
             req = self.by_rid[seq.request_id]
             if seq.prefill_only:
-                handoff = self.profile.handoff_seconds(seq.num_prompt_tokens)
+                handoff = self.profile.handoff_seconds(seq.num_prompt_tokens, self.layout.transport)
                 self.push(self._copy_starts(engine, collected) + handoff, "land", req)
                 continue
             if req.first is None:

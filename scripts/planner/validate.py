@@ -46,6 +46,7 @@ class Row:
     predicted: Point
     measured: Point
     offset_s: float = 0.0  # the mode's unloaded offset, added to every predicted request (`unloaded_offset`)
+    note: str = ""  # what the simulation of this mode could not take from the run (said under the table)
 
     def error(self, key: str) -> float:
         """(predicted - measured) / measured; 0 when both are 0, inf when only the measurement is."""
@@ -101,6 +102,30 @@ def layout_of(run: dict, cfg: BenchConfig, profile: Profile) -> Layout:
                   tp=tp, gpus_per_engine=per)
 
 
+def run_transport(run: dict) -> str | None:
+    """The KV transport most of the run's handoffs took, as its prefill workers recorded them (None: no handoffs,
+    or results from before they were recorded)."""
+    counts: dict[str, int] = {}
+    for measured in run["points"]:
+        for engine in measured.get("engines") or []:
+            for transport, h in (engine.get("handoffs") or {}).items():
+                counts[transport] = counts.get(transport, 0) + h["count"]
+    return max(counts, key=counts.get) if counts else None
+
+
+def with_transport(layout: Layout, run: dict, profile: Profile) -> tuple[Layout, str]:
+    """The layout with its handoffs costed over the transport the run used, and a note where the profile has no
+    cost for it (then the profile's fastest serves)."""
+    used = run_transport(run)
+    if used is None:
+        return layout, ""
+    if used in profile.handoff:
+        return dataclasses.replace(layout, transport=used), ""
+    return layout, (f"{run['mode']}: the run's KV handoffs went over {used}, which the profile has no cost for (it "
+                    f"has {', '.join(profile.handoff)}; `pdcluster profile` measures nccl on two GPUs): costed as "
+                    f"{profile.transport}")
+
+
 def workload_of(results: dict, cfg: BenchConfig, index: int, records: list[RequestRecord]) -> Workload:
     """Load point `index`'s requests, rebuilt as the bench built them, sent when the bench sent them (in the
     order built: the bench sends them in that order)."""
@@ -153,7 +178,7 @@ def validate(results: dict, profile: Profile) -> list[Row]:
     workloads: dict[int, Workload] = {}
     rows = []
     for run in results["runs"]:
-        layout = layout_of(run, cfg, profile)
+        layout, note = with_transport(layout_of(run, cfg, profile), run, profile)
         offset = unloaded_offset(results, run, cfg, profile, layout)
         for i, measured in enumerate(run["points"]):
             records = [RequestRecord.from_json(r) for r in measured["requests"]]
@@ -164,7 +189,7 @@ def validate(results: dict, profile: Profile) -> list[Row]:
             sent = [r.start for r in sorted(records, key=lambda r: r.index)]  # each mode at its own send times
             sim = shifted(simulate(profile, layout, dataclasses.replace(workloads[i], arrivals=sent)), offset)
             rows.append(Row(run["mode"], str(layout), load["label"], predict_summary(str(layout), rate, sim, slo),
-                            point(run["mode"], rate, summarize(records, slo)), offset))
+                            point(run["mode"], rate, summarize(records, slo)), offset, note))
     return rows
 
 
@@ -198,6 +223,11 @@ def headers() -> list[str]:
                                              for name, key in METRICS]
 
 
+def notes(rows: list[Row]) -> list[str]:
+    """Each mode's note, once."""
+    return list(dict.fromkeys(r.note for r in rows if r.note))
+
+
 def table(rows: list[Row], tolerance: float = TOLERANCE) -> str:
     """The text table: each cell predicted / measured (error), `!` where the error is beyond `tolerance`."""
     body = [[label(r), r.load] + [cell(r, k) + ("!" if beyond(r, k, tolerance) else " ")
@@ -206,7 +236,7 @@ def table(rows: list[Row], tolerance: float = TOLERANCE) -> str:
     lines = ["  ".join(h.ljust(w) for h, w in zip(headers(), widths))]
     lines.append("-" * len(lines[0]))
     lines += ["  ".join(c.ljust(w) for c, w in zip(line, widths)) for line in body]
-    return "\n".join(lines)
+    return "\n".join(lines + [f"note: {n}" for n in notes(rows)])
 
 
 def markdown(rows: list[Row], profile: Profile, source: str, tolerance: float = TOLERANCE) -> str:
@@ -218,11 +248,12 @@ def markdown(rows: list[Row], profile: Profile, source: str, tolerance: float = 
     for r in rows:
         cells = [f"**{cell(r, k)}**" if beyond(r, k, tolerance) else cell(r, k) for _, k in METRICS]
         lines.append(f"| {label(r)} | {r.load} | " + " | ".join(cells) + " |")
+    lines += [""] + [f"Note: {n}" for n in notes(rows)] if notes(rows) else []
     return "\n".join(lines) + "\n"
 
 
 def to_json(rows: list[Row], tolerance: float = TOLERANCE) -> list[dict]:
-    return [{"mode": r.mode, "layout": r.layout, "load": r.load, "unloaded_offset_s": r.offset_s,
+    return [{"mode": r.mode, "layout": r.layout, "load": r.load, "unloaded_offset_s": r.offset_s, "note": r.note,
              "metrics": {k: {"predicted": _finite(getattr(r.predicted, k)), "measured": _finite(getattr(r.measured, k)),
                              "error": _finite(r.error(k)), "beyond": beyond(r, k, tolerance)} for _, k in METRICS},
              "attainment": {"predicted": r.predicted.attainment, "measured": r.measured.attainment}}

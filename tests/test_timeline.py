@@ -1,0 +1,74 @@
+"""scripts/timeline.py's prefill steps against a profile (`--profile`): steps grouped by launch, each timed from
+when it had the worker's GPU queue to itself, set against the profile's time alone."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from scripts import timeline
+from tests.test_planner import make_profile
+
+
+def event(t: float, role: str, request: str, name: str, **extra) -> dict:
+    return {"t": t, "worker": f"{role[0]}0", "role": role, "request": request, "event": name, **extra}
+
+
+def write_prefill_steps(folder, steps: list[tuple[float, float, list[int]]]) -> None:
+    """A prefill worker's timeline: each step (launched, first token collected, prompt tokens of its requests)."""
+    lines, n = [], 0
+    for launched, done, prompts in steps:
+        for tokens in prompts:
+            rid = f"r{n}"
+            n += 1
+            lines += [event(launched - 0.001, "prefill", rid, "received", tokens=tokens),
+                      event(launched, "prefill", rid, "launched"), event(done, "prefill", rid, "prefilled")]
+    (folder / "p0.jsonl").write_text("\n".join(json.dumps(e) for e in lines))
+
+
+def test_a_step_launched_while_the_one_before_ran_is_timed_from_that_ones_end(tmp_path):
+    # The second step is launched at 5 ms, while the first (to 10 ms) runs; its two prompts count together.
+    write_prefill_steps(tmp_path, [(0.0, 0.010, [300]), (0.005, 0.018, [200, 100]), (0.030, 0.034, [64])])
+    point = list(timeline.load(tmp_path).values())
+    steps = timeline.prefill_steps(point)
+    assert [tokens for _, _, tokens in steps] == [300, 300, 64]
+    assert [t for start, end, _ in steps for t in (start, end)] == pytest.approx([0.0, 0.010, 0.010, 0.018,
+                                                                                  0.030, 0.034])
+
+
+def test_the_report_sets_each_step_against_its_time_alone(tmp_path):
+    """Eager steps (a profile without prompt graphs): alone = launch + base + per token; the floor (launch + base)
+    goes at the host's pace, so the GPU pace of two engines is 2 x (alone - floor) / (measured - floor)."""
+    profile = make_profile()
+    alone, floor = profile.prompt_step(100)
+    assert floor == pytest.approx(profile.host_launch_s + profile.prefill.base_s)
+    # One step exactly as processor sharing between two engines at full pace has it (GPU part twice as long),
+    # one twice that slow.
+    shared = floor + 2 * (alone - floor)
+    write_prefill_steps(tmp_path, [(0.0, shared, [100]), (1.0, 1.0 + floor + 4 * (alone - floor), [100]),
+                                   (2.0, 2.0 + alone, [5000])])
+    point = list(timeline.load(tmp_path).values())
+    report = timeline.step_report(point, profile, max_tokens=2048)  # the 5000-token step is left out
+    assert report.startswith("prefill steps 2:")
+    slowdowns = sorted([shared / alone, (floor + 4 * (alone - floor)) / alone])
+    assert f"x alone {(slowdowns[0] + slowdowns[1]) / 2:.2f}" in report
+    assert "pace 0.75" in report  # the median of 1.0 and 0.5
+    assert timeline.step_report(point, profile, max_tokens=10) == "no prefill steps"
+
+
+def test_the_command_prints_the_step_report_under_each_point(tmp_path, capsys):
+    profile_path = tmp_path / "profile.json"
+    from scripts.planner.profile import save_profile
+    save_profile(make_profile(), profile_path)
+    folder = tmp_path / "timeline"
+    folder.mkdir()
+    write_prefill_steps(folder, [(0.0, 0.030, [100])])
+    decode = [event(-0.002, "decode", "r0", "received", tokens=100), event(0.031, "decode", "r0", "kv_record"),
+              event(0.032, "decode", "r0", "landed"), event(0.033, "decode", "r0", "launched")]
+    prefill_sent = [event(0.0305, "prefill", "r0", "kv_sent")]
+    (folder / "d0.jsonl").write_text("\n".join(json.dumps(e) for e in decode))
+    (folder / "p1.jsonl").write_text("\n".join(json.dumps(e) for e in prefill_sent))
+    timeline.main([str(folder), "--profile", str(profile_path)])
+    out = capsys.readouterr().out.splitlines()
+    assert " | 1 of 1 " in out[1]
+    assert out[2].strip().startswith("prefill steps 1: x alone")
