@@ -538,8 +538,8 @@ def test_handoffs_between_gpus_are_costed_over_nccl_where_the_profile_has_it(tmp
     ipc, nccl = HandoffCost(base_s=0.0005, bytes_per_s=1e11), HandoffCost(base_s=0.02, bytes_per_s=1e9)
     both = make_profile(handoff={"cuda_ipc": ipc, "nccl": nccl})
     one_gpu = make_profile(handoff={"cuda_ipc": ipc})
-    assert both.transport == "cuda_ipc" and both.transport_across_gpus == "nccl"
-    assert one_gpu.transport_across_gpus == "cuda_ipc"
+    assert both.transport == "cuda_ipc" and both.cost_transport("nccl") == "nccl"
+    assert one_gpu.cost_transport("nccl") == "cuda_ipc" and one_gpu.cost_transport(None) == "cuda_ipc"
     load = Workload([0.0], [list(range(300))], [4], shared_prefixes=False)
     over = {t: simulate(both, Layout(prefill=1, decode=1, transport=t), load)[0].ttft for t in ("cuda_ipc", "nccl")}
     assert over["nccl"] - over["cuda_ipc"] == pytest.approx(both.handoff_seconds(300, "nccl")
@@ -552,5 +552,20 @@ def test_handoffs_between_gpus_are_costed_over_nccl_where_the_profile_has_it(tmp
                            "--gpus", "2", "--rates", "1", "--num-requests", "20"], cwd=ROOT,
                           env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "note: KV handoffs costed over cuda_ipc" in proc.stdout
+    assert "note: KV handoffs between GPUs go over nccl, costed here as cuda_ipc" in proc.stdout
     assert "note: KV handoffs" not in plan_command("--gpus", "2", "--rates", "1", "--num-requests", "20").stdout
+
+
+def test_an_nccl_handoff_waits_for_the_work_the_decode_worker_has_queued():
+    """The decode worker posts an nccl receive on its compute stream (kvtransfer/nccl/transport.py), so the bytes
+    move once the GPU work it has queued is done: its step in flight, and the next one where that is launched.
+    At the same cost as cuda_ipc, a prompt handed off to an idle decode worker lands as soon; one handed off while
+    it decodes another request lands up to two of its steps later."""
+    cost = HandoffCost(base_s=0.001, bytes_per_s=1e9)
+    profile = make_profile(handoff={"cuda_ipc": cost, "nccl": cost})
+    load = Workload([0.0, 0.5], [list(range(300)), list(range(1000, 1300))], [400, 4], shared_prefixes=False)
+    runs = {t: simulate(profile, Layout(prefill=1, decode=1, transport=t), load) for t in ("cuda_ipc", "nccl")}
+    assert runs["nccl"][0].first == pytest.approx(runs["cuda_ipc"][0].first, rel=1e-12)
+    step = profile.host_launch_s + profile.decode.seconds(1, 700)  # the longest of request 0's decode steps
+    wait = runs["nccl"][1].first - runs["cuda_ipc"][1].first
+    assert 0 < wait <= 2 * step

@@ -35,6 +35,7 @@ def run(args: argparse.Namespace) -> None:
     from scripts.planner.plots import draw
     from scripts.planner.report import ATTAINMENT, recommend, table
     from scripts.planner.router_ceiling import plan_checks, summary
+    from scripts.planner.sim import ACROSS_GPUS
 
     cfg = dataclass_from_args(PlanConfig, args, exclude=BENCH_ONLY)
     if cfg.validate:
@@ -51,9 +52,9 @@ def run(args: argparse.Namespace) -> None:
               f"--all-splits simulates every one)")
     print(table(plan.results))
     for p in plan.profiles:
-        if p.transport_across_gpus != "nccl":
-            print(f"note: KV handoffs costed over {p.transport_across_gpus}: the profile ({p.machine}, tp {p.tp}) has no "
-                  "nccl cost, the transport between workers on separate GPUs (`pdcluster profile` measures it on two)")
+        if (stand_in := p.cost_transport(ACROSS_GPUS)) != ACROSS_GPUS:
+            print(f"note: KV handoffs between GPUs go over {ACROSS_GPUS}, costed here as {stand_in}: the profile "
+                  f"({p.machine}, tp {p.tp}) has no {ACROSS_GPUS} cost (`pdcluster profile` measures it on two GPUs)")
     best, why = recommend(plan.results, slo)
     print(f"recommendation: {best}: {why}")
     routers = plan_checks(plan)

@@ -16,7 +16,7 @@ from scripts.planner.config import DEFAULT_REQUESTS, DEFAULT_VOCAB, MAX_SPLITS, 
 from scripts.planner.engine import BlockPool
 from scripts.planner.profile import Profile, load_profile
 from scripts.planner.report import Point, score, summarize
-from scripts.planner.sim import Layout, Workload, simulate
+from scripts.planner.sim import ACROSS_GPUS, Layout, Workload, simulate
 
 @dataclass
 class Plan:
@@ -71,7 +71,7 @@ def _plan_tp(plan: Plan, profile: Profile, loads: list[tuple[float, Workload]], 
     if n < 2:
         raise ValueError(f"--gpus {cfg.gpus} makes fewer than 2 engines of tp {profile.tp}")
     common = dict(placement=cfg.placement, local_prefill_chunk=cfg.local_prefill_chunk, tp=profile.tp,
-                  transport=profile.transport_across_gpus)
+                  transport=ACROSS_GPUS)
     for policy in cfg.policy_list():
         seen: dict[int, tuple] = {}
 

@@ -158,14 +158,13 @@ class Profile(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         """The fastest transport for a typical handoff (what the router's `auto` would pick on this machine)."""
         return min(self.handoff, key=lambda t: self.handoff[t].seconds(1024 * self.kv_bytes_per_token))
 
-    @property
-    def transport_across_gpus(self) -> str:
-        """The transport of a handoff between workers on two GPUs as `serve` sets them up (each worker sees its own
-        GPU: nccl, kvtransfer/choice.py), where the profile has its cost; else its fastest."""
-        return "nccl" if "nccl" in self.handoff else self.transport
+    def cost_transport(self, transport: str | None) -> str:
+        """The transport whose measured cost stands for a handoff over `transport`: itself where the profile has it,
+        else (and for None) the fastest (a profile measured on one GPU has no nccl)."""
+        return transport if transport in self.handoff else self.transport
 
     def handoff_seconds(self, tokens: int, transport: str | None = None) -> float:
-        return self.handoff[transport or self.transport].seconds(tokens * self.kv_bytes_per_token)
+        return self.handoff[self.cost_transport(transport)].seconds(tokens * self.kv_bytes_per_token)
 
 
 def decode_cost(batch: int, decode: DecodeCost, skinny: DecodeCost | None, skinny_max_batch: int) -> DecodeCost:

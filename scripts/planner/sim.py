@@ -23,9 +23,10 @@ scheduled while the step runs (`SimEngine.cutoff`), and a worker takes no messag
 a step (`SimEngine.polls_at`): the decode worker's answer to a reservation (the prompt then goes to the prefill
 worker) and its taking in of a KV handoff wait for that. On a GPU two engines share, an idle prefill worker's KV
 copy waits for the other engine's step in flight (`_copy_starts`). The decode worker reports a handed-off request's
-first token (the prefill worker's) as it takes it in. Not modelled yet: the messages' own latencies (the bench's
-unloaded reference measures them: validate.py's offset), preemption's recompute cost beyond the scheduler's own,
-tensor parallelism other than through the profile's `tp`.
+first token (the prefill worker's) as it takes it in; an nccl handoff's bytes move once the decode worker has read
+its record and the GPU work it had queued is done (`SimEngine.queued_until`). Not modelled yet: the messages' own
+latencies (the bench's unloaded reference measures them: validate.py's offset), preemption's recompute cost beyond
+the scheduler's own, tensor parallelism other than through the profile's `tp`.
 """
 from __future__ import annotations
 
@@ -49,6 +50,10 @@ from scripts.planner.gpu import Gpu, pack
 from scripts.planner.profile import Profile
 
 HEARTBEAT_S = 0.5  # how often workers' engine totals reach the disaggregation policy (`auto`)
+# `serve` gives each worker its own GPU, and kvtransfer/choice.py pairs workers on two GPUs over nccl
+ACROSS_GPUS = "nccl"
+# The transports whose bytes move only once the decode worker has read the `kv_handoff` record and posted a receive
+RECEIVER_POSTS = frozenset({"nccl"})
 
 
 @dataclass(frozen=True)
@@ -64,7 +69,8 @@ class Layout:
     tp: int = 1  # GPUs per engine (the profile's: only the label shows it)
     # Below 1, engines share GPUs (0.5: two on one, --gpus-per-worker), each with that share of its KV blocks
     gpus_per_engine: float = 1.0
-    transport: str | None = None  # the KV transport the handoffs take (None: the profile's fastest)
+    transport: str | None = None  # the KV transport the handoffs take (None: the profile's fastest), costed as
+    # `Profile.cost_transport` says
 
     @property
     def mode(self) -> str:
@@ -104,6 +110,7 @@ class SimRequest:
     decode_seq: object = None
     refused: str = ""  # the router's answer to a request it did not take (`overloaded`)
     landing: bool = False  # its KV handoff waits for the decode worker to take the message
+    receiving: bool = False  # an nccl handoff: the decode worker has posted its receive, the bytes are under way
 
     @property
     def ttft(self) -> float:
@@ -270,6 +277,9 @@ class Simulation:
         for seq in seqs:
             req = self.by_rid[seq.request_id]
             if seq.prefill_only:
+                if self.layout.transport in RECEIVER_POSTS:  # the record goes now; the bytes once it is read
+                    self.push(collected, "land", req)
+                    continue
                 handoff = self.profile.handoff_seconds(seq.num_prompt_tokens, self.layout.transport)
                 self.push(self._copy_starts(engine, collected) + handoff, "land", req)
                 continue
@@ -305,6 +315,13 @@ class Simulation:
             self.push(at, "land", req)
             return
         prefill = self.engines[req.prefill_seq.worker]
+        if self.layout.transport in RECEIVER_POSTS and not req.receiving:
+            # The decode worker posts its receive on its compute stream: the bytes move once the GPU work it has
+            # queued is done (kvtransfer/nccl/transport.py, `receive`).
+            req.receiving = True
+            handoff = self.profile.handoff_seconds(req.prefill_seq.seq.num_prompt_tokens, self.layout.transport)
+            self.push(decode.queued_until(self.now) + handoff, "land", req)
+            return
         prefill.release(req.prefill_seq.seq)
         self._kick(prefill)  # it may have waited for these blocks
         # The decode worker reports the first token (the prefill worker's) as it admits the request.

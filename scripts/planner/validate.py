@@ -114,16 +114,17 @@ def run_transport(run: dict) -> str | None:
 
 
 def with_transport(layout: Layout, run: dict, profile: Profile) -> tuple[Layout, str]:
-    """The layout with its handoffs costed over the transport the run used, and a note where the profile has no
-    cost for it (then the profile's fastest serves)."""
+    """The layout with its handoffs over the transport the run used, and a note where the profile has no cost for
+    it (then the profile's fastest stands in)."""
     used = run_transport(run)
     if used is None:
         return layout, ""
-    if used in profile.handoff:
-        return dataclasses.replace(layout, transport=used), ""
+    layout = dataclasses.replace(layout, transport=used)
+    if (stand_in := profile.cost_transport(used)) == used:
+        return layout, ""
     return layout, (f"{run['mode']}: the run's KV handoffs went over {used}, which the profile has no cost for (it "
                     f"has {', '.join(profile.handoff)}; `pdcluster profile` measures nccl on two GPUs): costed as "
-                    f"{profile.transport}")
+                    f"{stand_in}")
 
 
 def workload_of(results: dict, cfg: BenchConfig, index: int, records: list[RequestRecord]) -> Workload:
