@@ -88,6 +88,27 @@ def bench_ms(fn: Callable[[], object], **kwargs: Any) -> float:
     return do_bench(fn, return_mode="median", **kwargs)
 
 
+def graph_us(fn: Callable[[], object], reps: int = 30, warmup: int = 3) -> float:
+    """Microseconds a call of ``fn`` takes replayed from a CUDA graph (CUDA events around ``reps`` replays, after
+    one eager call and ``warmup`` replays): for chains of kernels too short to time one by one."""
+    import torch
+
+    fn()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    for _ in range(warmup):
+        graph.replay()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(reps):
+        graph.replay()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) / reps * 1e3
+
+
 def copy_bandwidth(src: Any = "cuda", dst: Any = None, nbytes: int = COPY_BYTES) -> float:
     """Payload GB/s of ``copy_`` of one ``nbytes`` buffer from ``src`` to ``dst`` (default: within ``src``):
     bytes copied a second, each byte counted once (not read + written)."""

@@ -20,6 +20,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 from common.engine.attention import triton_ops
 from common.engine.attention.decode_plan import PLAN_ROWS, DecodePlan
 from common.engine.attention.triton_ops import DecodeLaunch, paged_decode_attention
+from scripts.bench_gpu import graph_us
 
 LAYERS, HQ, HKV, D, PAGE = 28, 16, 8, 128, 16
 CUDA = torch.cuda.is_available()
@@ -96,24 +97,11 @@ def fixed_plan(batch: int, context: int, unit: int) -> DecodePlan:
 
 
 def timed(fn, reps=30) -> float:
-    """us a call of fn, replayed from a CUDA graph (on CPU: one plain call)."""
-    fn()
+    """us a call of fn, replayed from a CUDA graph (on CPU: one plain call, 0)."""
     if not CUDA:
-        return 0.0
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
         fn()
-    for _ in range(3):
-        g.replay()
-    torch.cuda.synchronize()
-    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    s.record()
-    for _ in range(reps):
-        g.replay()
-    e.record()
-    torch.cuda.synchronize()
-    return s.elapsed_time(e) / reps * 1e3
+        return 0.0
+    return graph_us(fn, reps)
 
 
 @triton.jit
