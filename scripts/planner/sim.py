@@ -69,8 +69,7 @@ class Layout:
     tp: int = 1  # GPUs per engine (the profile's: only the label shows it)
     # Below 1, engines share GPUs (0.5: two on one, --gpus-per-worker), each with that share of its KV blocks
     gpus_per_engine: float = 1.0
-    transport: str | None = None  # the KV transport the handoffs take (None: the profile's fastest), costed as
-    # `Profile.cost_transport` says
+    transport: str | None = None  # the handoffs' KV transport (None: the profile's fastest); Profile.cost_transport
 
     @property
     def mode(self) -> str:
