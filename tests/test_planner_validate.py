@@ -19,7 +19,7 @@ from scripts.bench_metrics import SLO, summarize
 from scripts.benchmark import BenchConfig, arrivals
 from scripts.planner.profile import DecodeCost, Profile, save_profile
 from scripts.planner.report import records
-from scripts.planner.sim import Layout, Workload, simulate
+from scripts.planner.sim import Layout, Simulation, Workload, simulate
 from scripts.planner.validate import METRICS, ValidationError, beyond, markdown, shifted, table, validate
 from tests.test_planner import make_profile
 
@@ -57,9 +57,11 @@ def simulated_bench(tmp_path: Path, monkeypatch, truth: Profile, modes: str = "d
         for i, (point, requests) in enumerate(zip(points, workloads)):
             sent = arrivals(cfg, point, i, requests)
             load = Workload(sent, [r.prompt_ids for r in requests], [r.output_len for r in requests], False)
-            recs = records(shifted(simulate(truth, layout(run["mode"]), load), late))
+            sim = Simulation(truth, layout(run["mode"]), load)
+            recs = records(shifted(sim.run(), late))
             handoffs = {transport: {"count": len(recs), "bytes": 0, "seconds": 0.0}} if transport else {}
-            engines = [{"worker_id": "p0", "role": "prefill", "handoffs": handoffs}] if run["mode"] != "colocated" else []
+            engines = [{"worker_id": name, "role": e.role, "busy_seconds": e.busy_seconds,
+                        "handoffs": handoffs if e.role == "prefill" else {}} for name, e in sim.engines.items()]
             run["points"].append({"load": point.to_json(), "summary": asdict(summarize(recs, slo)),
                                   "requests": [r.to_json() for r in recs], "engines": engines})
 
@@ -92,8 +94,11 @@ def test_the_true_profile_predicts_the_bench_exactly(tmp_path, monkeypatch):
             assert row.error(key) == pytest.approx(0.0, abs=1e-9), (row.mode, row.load, key)
     # the heavier rate is a real test: requests wait, and not all meet the SLO
     assert rows[1].measured.ttft_p90 > 2 * rows[0].measured.ttft_p50
+    # engines busy: beside the metrics where each engine has its GPU (colocated here), not where two share one
+    assert [r.busy is None for r in rows] == [True, True, False, False, True, True]
+    assert all(r.busy[0] == pytest.approx(r.busy[1], rel=1e-9) for r in rows if r.busy)
     text = table(rows)
-    assert "!" not in text and text.count("(+0.0%)") == len(rows) * len(METRICS)
+    assert "!" not in text and text.count("(+0.0%)") == len(rows) * len(METRICS) + 2 and text.count("n/a") == 4
 
 
 def test_a_fixed_delay_outside_the_steps_is_found_from_the_unloaded_requests(tmp_path, monkeypatch):
@@ -120,6 +125,9 @@ def test_a_wrong_profile_shows_large_errors_and_they_are_marked(tmp_path, monkey
     wrong = replace(truth, decode=DecodeCost(base_s=3 * truth.decode.base_s, per_seq_s=truth.decode.per_seq_s))
     rows = validate(results, wrong)
     assert all(r.error("tpot_p50") > 0.5 for r in rows)
+    # the colocated engine's steps cost more; where it saturates, fewer and larger steps hide part of it
+    busy = [r.busy for r in rows if r.busy]
+    assert len(busy) == 2 and busy[0][0] > 1.2 * busy[0][1] and busy[1][0] > busy[1][1]
     assert all(beyond(r, "tpot_p90", 0.15) for r in rows)
     marked = sum(beyond(r, k, 0.15) for r in rows for _, k in METRICS)
     assert table(rows).count("!") == marked

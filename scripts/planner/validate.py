@@ -25,11 +25,12 @@ from scripts.planner.config import DEFAULT_VOCAB
 from scripts.planner.profile import Profile
 from scripts.planner.report import Point, point
 from scripts.planner.report import summarize as predict_summary
-from scripts.planner.sim import Layout, Workload, simulate
+from scripts.planner.sim import Layout, Simulation, Workload, simulate
 
 TOLERANCE = 0.15  # a prediction within this share of the measurement agrees
 METRICS = (("TTFT p50", "ttft_p50"), ("TTFT p90", "ttft_p90"), ("TPOT p50", "tpot_p50"), ("TPOT p90", "tpot_p90"),
            ("goodput", "goodput"))
+BUSY = "engines busy (s)"  # a diagnosis beside the metrics, not one of them
 
 
 class ValidationError(ValueError):
@@ -47,6 +48,7 @@ class Row:
     measured: Point
     offset_s: float = 0.0  # the mode's unloaded offset, added to every predicted request (`unloaded_offset`)
     note: str = ""  # what the simulation of this mode could not take from the run (said under the table)
+    busy: tuple[float, float] | None = None  # the engines' busy seconds, simulated and measured (`busy_seconds`)
 
     def error(self, key: str) -> float:
         """(predicted - measured) / measured; 0 when both are 0, inf when only the measurement is."""
@@ -163,6 +165,16 @@ def unloaded_offset(results: dict, run: dict, cfg: BenchConfig, profile: Profile
     return max(0.0, statistics.median(m.ttft - s.ttft for m, s in zip(records, simulated)))
 
 
+def busy_seconds(sim: Simulation, measured: dict, layout: Layout) -> tuple[float, float] | None:
+    """The engines' busy seconds at a point, summed, simulated and measured: how the profile costs the steps this
+    load made, apart from how long requests waited for them. None where engines share GPUs (a step's wall time there
+    holds the other engine's turns) or the run recorded none."""
+    engines = measured.get("engines") or []
+    if layout.gpus_per_engine < 1 or not engines or any("busy_seconds" not in e for e in engines):
+        return None
+    return sum(e.busy_seconds for e in sim.engines.values()), sum(e["busy_seconds"] for e in engines)
+
+
 def shifted(requests: list, offset: float) -> list:
     """Every request's first and last token `offset` later (what the client sees of them)."""
     for req in requests:
@@ -188,9 +200,11 @@ def validate(results: dict, profile: Profile) -> list[Row]:
             if i not in workloads:  # the same requests in every mode (their prefix keys computed once)
                 workloads[i] = workload_of(results, cfg, i, records)
             sent = [r.start for r in sorted(records, key=lambda r: r.index)]  # each mode at its own send times
-            sim = shifted(simulate(profile, layout, dataclasses.replace(workloads[i], arrivals=sent)), offset)
+            simulation = Simulation(profile, layout, dataclasses.replace(workloads[i], arrivals=sent))
+            sim = shifted(simulation.run(), offset)
             rows.append(Row(run["mode"], str(layout), load["label"], predict_summary(str(layout), rate, sim, slo),
-                            point(run["mode"], rate, summarize(records, slo)), offset, note))
+                            point(run["mode"], rate, summarize(records, slo)), offset, note,
+                            busy_seconds(simulation, measured, layout)))
     return rows
 
 
@@ -211,6 +225,14 @@ def cell(row: Row, key: str) -> str:
             f"({_error(row.error(key))})")
 
 
+def busy_cell(row: Row) -> str:
+    """`predicted / measured (error)` of the engines' busy seconds; not judged against the tolerance."""
+    if row.busy is None:
+        return "n/a"
+    p, m = row.busy
+    return f"{p:.2f} / {m:.2f} ({_error((p - m) / m) if m else 'inf'})"
+
+
 def label(row: Row) -> str:
     return f"{row.mode} ({row.layout}; +{1e3 * row.offset_s:.1f} ms)"
 
@@ -221,7 +243,7 @@ def beyond(row: Row, key: str, tolerance: float) -> bool:
 
 def headers() -> list[str]:
     return ["mode (simulated as)", "load"] + [f"{name} ({'req/s' if key == 'goodput' else 'ms'})"
-                                             for name, key in METRICS]
+                                             for name, key in METRICS] + [BUSY]
 
 
 def notes(rows: list[Row]) -> list[str]:
@@ -232,7 +254,7 @@ def notes(rows: list[Row]) -> list[str]:
 def table(rows: list[Row], tolerance: float = TOLERANCE) -> str:
     """The text table: each cell predicted / measured (error), `!` where the error is beyond `tolerance`."""
     body = [[label(r), r.load] + [cell(r, k) + ("!" if beyond(r, k, tolerance) else " ")
-                                                 for _, k in METRICS] for r in rows]
+                                                 for _, k in METRICS] + [busy_cell(r)] for r in rows]
     widths = [max(len(line[i]) for line in [headers(), *body]) for i in range(len(headers()))]
     lines = ["  ".join(h.ljust(w) for h, w in zip(headers(), widths))]
     lines.append("-" * len(lines[0]))
@@ -245,9 +267,9 @@ def markdown(rows: list[Row], profile: Profile, source: str, tolerance: float = 
     lines = [f"Predicted (`pdcluster plan`, profile of {profile.model} on {profile.machine}) / measured "
              f"(`pdcluster bench`, {source}) (error); **bold**: beyond {100 * tolerance:g}%. "
              f"{missed} of {len(rows) * len(METRICS)} cells beyond.", "",
-             "| " + " | ".join(headers()) + " |", "|---|---|" + "---:|" * len(METRICS)]
+             "| " + " | ".join(headers()) + " |", "|---|---|" + "---:|" * (len(METRICS) + 1)]
     for r in rows:
-        cells = [f"**{cell(r, k)}**" if beyond(r, k, tolerance) else cell(r, k) for _, k in METRICS]
+        cells = [f"**{cell(r, k)}**" if beyond(r, k, tolerance) else cell(r, k) for _, k in METRICS] + [busy_cell(r)]
         lines.append(f"| {label(r)} | {r.load} | " + " | ".join(cells) + " |")
     lines += [""] + [f"Note: {n}" for n in notes(rows)] if notes(rows) else []
     return "\n".join(lines) + "\n"
@@ -257,7 +279,8 @@ def to_json(rows: list[Row], tolerance: float = TOLERANCE) -> list[dict]:
     return [{"mode": r.mode, "layout": r.layout, "load": r.load, "unloaded_offset_s": r.offset_s, "note": r.note,
              "metrics": {k: {"predicted": _finite(getattr(r.predicted, k)), "measured": _finite(getattr(r.measured, k)),
                              "error": _finite(r.error(k)), "beyond": beyond(r, k, tolerance)} for _, k in METRICS},
-             "attainment": {"predicted": r.predicted.attainment, "measured": r.measured.attainment}}
+             "attainment": {"predicted": r.predicted.attainment, "measured": r.measured.attainment},
+             "busy_seconds": None if r.busy is None else {"predicted": r.busy[0], "measured": r.busy[1]}}
             for r in rows]
 
 
