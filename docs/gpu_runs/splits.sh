@@ -15,6 +15,8 @@
 #   STEP=table    the table and the validations of what is under $OUT (PROFILE: the profile's path)
 # DEVICE=cpu CONFIG=tiny-qwen3 runs the same steps on a CPU (a dry run of this script; GPUS then counts workers),
 # with WORKLOAD_ARGS for lengths a tiny model takes and RATES, N for a CPU's pace.
+# TIMELINE=1: each bench serves with `--timeline-dir $OUT/$MIX/<layout>-timeline` (split by `python -m scripts.timeline`).
+# A call brings back at most 8 files: STEP=bench keeps only each layout's results.json (and timelines), unless FULL=1.
 set -u
 export PYTHONPATH=$(.gpu-deps/unpack .gpu-deps 2>/dev/null || true):$PWD PYTHONUNBUFFERED=1
 DEVICE=${DEVICE:-cuda}; CONFIG=${CONFIG:-qwen3-8b}; MODEL=/tmp/$CONFIG; MIX=${MIX:-ls}; N=${N:-200}
@@ -46,8 +48,10 @@ bench() {  # LAYOUT -> one bench run
            flags="--modes $mode --prefill-workers $p --decode-workers $d";;
   esac
   echo "## $MIX $l"
+  [ "${TIMELINE:-0}" = 1 ] && flags="$flags --serve-args=--timeline-dir=$OUT/$MIX/$l-timeline"  # 2 folders down: it comes back
   timeout ${LIMIT:-560} python -m scripts.cli bench --model $MODEL --device $DEVICE $flags $WORKLOAD --rates $RATES \
     --num-requests $N $SLO --gpus-per-worker 1 ${EXTRA:-} --out $OUT/$MIX/$l 2>&1 | grep -E " ok |rror"
+  [ "${FULL:-0}" = 1 ] || find $OUT/$MIX/$l -type f ! -name "*.json" -delete
 }
 case ${STEP:-bench} in
   profile)
