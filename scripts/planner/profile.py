@@ -121,9 +121,9 @@ class Profile(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     def prompt_step(self, tokens: int) -> tuple[float, float]:
         """A step of `tokens` prompt tokens and nothing else, alone on its GPU: (its seconds, its launch-bound floor:
         the host's part, which goes at the host's pace)."""
-        cost, graphed = self.prefill_cost(self.padded(tokens))
-        return (self.host_launch_s + cost.seconds(self.padded(tokens)),
-                self.host_launch_s + (0.0 if graphed else cost.base_s))
+        padded = self.padded(tokens)
+        cost, graphed = self.prefill_cost(padded)
+        return self.host_launch_s + cost.seconds(padded), self.host_launch_s + (0.0 if graphed else cost.base_s)
 
     def decode_cost(self, batch: int) -> DecodeCost:
         """The cost of a decode step of `batch` sequences."""
