@@ -282,14 +282,14 @@ def test_the_receiver_posts_what_needs_no_wait_when_nothing_earlier_is_left(monk
     monkeypatch.setattr(L, "post", post)
     monkeypatch.setattr(L, "IN_FLIGHT", 2)
     link = object.__new__(L.Link)
-    link.lock, link.unposted, link.error, link.group = threading.Lock(), 0, None, None
+    link.lock, link.unposted, link.error, link.group, link.stream = threading.Lock(), 0, None, None, None
     link.backend, link.timeout, link.jobs = "gloo", 1.0, queue.SimpleQueue()
 
     def op(i, **kw):
         return L.Op("send", lambda: torch.tensor([i]), **kw)
 
     def transfer(*ops):
-        return L.Transfer(link, list(ops), None, None)
+        return L.Transfer(link, list(ops), None)
 
     def run_jobs():
         def loop():

@@ -54,14 +54,23 @@ def decode_peer(kind: str, device: str, conn) -> None:
             record = P.KVHandoff(request_id=request_id, src_worker_id="p0", first_token=0, num_tokens=1,
                                  transport=kind, dst_block_ids=dst_ids, reply_to="", nccl=stream)
             try:
-                if op == "receive":
+                busy = op == "receive-while-busy"
+                if busy:
+                    freed, total = busy_compute_stream()
+                    assert not torch.cuda.current_stream().query(), "the set-up waited for its own queued work"
+                if op.startswith("receive"):
                     pending = transport.receive(record, dst_ids, frames)
                 else:
                     pending = transport.discard(record, frames)
                 if pending is not None:
                     pending.result(timeout=60)
+                landed_early = busy and not torch.cuda.current_stream().query()
                 torch.cuda.synchronize()
                 problem = check(pool, dst_ids, expected)
+                if busy and not landed_early:
+                    problem += " the blocks landed only after the compute stream's later work"
+                if busy and int(total.sum()) != freed:
+                    problem += f" the receive wrote memory a queued kernel read: sum {int(total.sum())}, not {freed}"
                 pool.kv.fill_(SENTINEL)  # before answering: a cuda_ipc sender writes as soon as it hears back
                 torch.cuda.synchronize()
                 conn.send(("ok", problem))
@@ -69,6 +78,27 @@ def decode_peer(kind: str, device: str, conn) -> None:
                 conn.send(("error", f"{type(e).__name__}: {e}"))
     finally:
         transport.close()
+
+
+def busy_compute_stream() -> tuple[int, torch.Tensor]:
+    """The decode worker's compute stream with a second of work queued and, after it, kernels reading buffers freed
+    already (their memory is the allocator's to give out again on this stream): buffers of every size the receive
+    allocates, all ones. Returns how many ones, and where those kernels write their sums. Everything those kernels
+    need is allocated before the sleep (a read done once ahead): a device allocation then could wait for the GPU."""
+    buffers = [torch.ones(n, dtype=torch.uint8, device="cuda") for n in (5 * LAYOUT.block_bytes, 32) for _ in range(4)]
+    totals = torch.zeros(len(buffers), dtype=torch.int64, device="cuda")
+
+    def read() -> None:
+        for i, b in enumerate(buffers):
+            torch.sum(b, dim=0, dtype=torch.int64, out=totals[i])
+    read()
+    totals.zero_()
+    torch.cuda.synchronize()
+    torch.cuda._sleep(2_000_000_000)  # about a second of GPU clock cycles
+    read()
+    freed = sum(b.numel() for b in buffers)
+    buffers.clear()
+    return freed, totals
 
 
 def check(pool: KVPool, dst_ids: list[int], expected: torch.Tensor | None) -> str:
@@ -269,6 +299,27 @@ def test_nccl_send_does_not_wait_for_work_queued_after_the_blocks_were_written()
         assert not torch.cuda.current_stream(0).query(), "the blocks moved only after the compute stream's later work"
     finally:
         torch.cuda.synchronize()
+        sender.close()
+        peer.close()
+
+
+@two_gpus()
+def test_nccl_receive_does_not_wait_for_the_decode_workers_queued_work(small_chunks):
+    """The decode side posts its receive on the link's stream, with its buffers from there: the blocks land while
+    its compute stream still runs earlier work, and that work's freed memory is not written under it. (Scattered
+    ids through chunks of 5 blocks: the receive's scratch buffers are the size of the ones freed.)"""
+    src = source_pool("cuda:0")
+    peer = Peer("nccl", "cuda:1")
+    sender = NcclTransport(src, "127.0.0.1", 60.0)
+    try:
+        rng = random.Random(1)
+        for n in range(3):  # the first handoff opens the link; the next ones are posted by the receiving thread
+            src_ids, dst_ids = rng.sample(range(NUM_BLOCKS), 23), rng.sample(range(NUM_BLOCKS), 23)
+            sent = sender.send(f"r{n}", "d0", peer.descriptor, src_ids, dst_ids)
+            op = "receive-while-busy" if n else "receive"
+            assert peer.ask(op, f"r{n}", dst_ids, sent, src.kv[src_ids].cpu()) == ""
+            sent.done.result(timeout=60)
+    finally:
         sender.close()
         peer.close()
 

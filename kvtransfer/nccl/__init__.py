@@ -14,7 +14,8 @@ a chunk of at most CHUNK_BYTES into a buffer and the receiver receives into one 
 reserved blocks. Views are all posted at once (the NCCL stream runs them back to back); at most two
 segments that hold a scratch buffer are in flight on each side, so a gather or scatter overlaps the next
 message and scratch memory stays at two chunks. The thread that calls `receive` posts what needs no wait
-itself, when the link has nothing earlier left to post; the link threads post the rest. The receiver
+itself, when the link has nothing earlier left to post; the link threads post the rest. Everything is posted on
+the link's stream, behind nothing the worker's steps queued (`Link.on_stream` says why that is safe). The receiver
 checks the trailer once everything has arrived: bytes of a link out of step could only have landed in
 blocks reserved for this handoff, which then fails. (Traced on 2xH200: a header checked before posting
 into the pool, and the receiving link thread's wake-up, held the bytes back ~0.4 ms a handoff.)

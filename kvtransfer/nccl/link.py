@@ -2,6 +2,7 @@
 order, and how a transfer's operations are posted (the package docstring says why this shape)."""
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import logging
 import os
@@ -73,7 +74,8 @@ class Link:
             rest = True
             if post_here and self.group is not None and self.error is None and self.unposted == 0:
                 try:
-                    rest = not transfer.post_now()
+                    with self.on_stream():
+                        rest = not transfer.post_now()
                 except Exception as e:  # the two sides may no longer agree on what comes next
                     self.error, rest = e, False
             self.unposted += rest
@@ -87,6 +89,13 @@ class Link:
                         self.unposted -= 1
             transfer.finish()
         return self.submit(job)
+
+    def on_stream(self) -> contextlib.AbstractContextManager:
+        """Where a transfer's operations are posted and its buffers allocated: the link's own stream (CUDA), so
+        they wait for nothing the worker queued on its compute stream, and take no memory that stream may still be
+        using. The blocks written are safe without that order: a reservation never takes a block a launched step
+        may still write (`BlockManager.fenced`)."""
+        return contextlib.nullcontext() if self.stream is None else torch.cuda.stream(self.stream)
 
     def submit(self, job: Callable[[], None]) -> Future:
         future: Future = Future()
@@ -115,11 +124,9 @@ class Link:
                 future.set_exception(TransferError(f"KV link {self.name} to {self.peer_id} is broken: {self.error}"))
                 continue
             try:
-                if self.stream is None:
+                with self.on_stream():
                     job()
-                else:
-                    with torch.cuda.stream(self.stream):
-                        job()
+                if self.stream is not None:
                     self.stream.synchronize()
                 future.set_result(None)
             except Exception as e:  # the two sides may no longer agree on what comes next: stop here
@@ -222,26 +229,22 @@ class Transfer:
     The receiving worker's thread posts what it can at once (`post_now`: operations that need no wait for an
     earlier one), so bytes start to move as soon as its `kv_handoff` record is read, without waking the
     link thread; the link thread posts the rest, waits for completion and checks. The sender posts on its
-    link thread: its record goes out only when `send` returns, and posting there delayed the record."""
+    link thread: its record goes out only when `send` returns, and posting there delayed the record. Both
+    post on the link's stream (`Link.on_stream`)."""
 
-    def __init__(self, link: Link, ops: list[Op], check: Callable[[], None] | None,
-                 ready: torch.cuda.Event | None):
+    def __init__(self, link: Link, ops: list[Op], check: Callable[[], None] | None):
         self.ops = deque(ops)
         self.posted = Posted(link)
         self.check = check
-        self.ready = ready  # the compute stream's work before the handoff, for the link stream to wait on
 
     def post_now(self) -> bool:
-        """On the caller's thread (its current stream orders the operations after the compute stream's
-        work): post the leading operations that need no wait; True when none is left."""
+        """On the caller's thread: post the leading operations that need no wait; True when none is left."""
         while self.ops and self.posted.can_post_without_waiting(self.ops[0]):
             self.posted.post(self.ops.popleft())
         return not self.ops
 
     def post_rest(self) -> None:
         """On the link thread."""
-        if self.ready is not None and self.ops:
-            torch.cuda.current_stream().wait_event(self.ready)
         while self.ops:
             self.posted.post(self.ops.popleft())
 

@@ -69,7 +69,7 @@ class NcclTransport(Transport):
         segments = plan_segments(src_block_ids, dst_block_ids, block_bytes, self.strategy)
         # No wait on the compute stream: the caller saw the step that wrote these blocks finish, and overlap has
         # queued the next prefill there since (the send would start only after it).
-        done = link.run(Transfer(link, self._send_ops(seq, request_id, src_block_ids, segments), None, None))
+        done = link.run(Transfer(link, self._send_ops(seq, request_id, src_block_ids, segments), None))
         stream = NcclStream(link=link.name, seq=seq, block_bytes=block_bytes, segments=[n for _, n in segments])
         return Sent(nccl=stream, done=done)
 
@@ -116,7 +116,7 @@ class NcclTransport(Transport):
             self._consume(link, record.request_id, stream)
             raise TransferError(problem)
         ops, check = self._recv_ops(record.request_id, stream, dst_block_ids)
-        return link.run(Transfer(link, ops, check, self._mark()), post_here=True)
+        return link.run(Transfer(link, ops, check), post_here=True)
 
     def discard(self, record, frames):
         stream, link = self._incoming(record, frames)
@@ -146,22 +146,27 @@ class NcclTransport(Transport):
 
     def _consume(self, link: Link, request_id: str, stream: NcclStream) -> Future:
         """Receive a refused handoff's bytes into scratch memory, so the link stays aligned."""
-        return link.run(Transfer(link, *self._recv_ops(request_id, stream, None), None))
+        return link.run(Transfer(link, *self._recv_ops(request_id, stream, None)))
 
     def _recv_ops(self, request_id: str, stream: NcclStream,
                   dst: list[int] | None) -> tuple[list[Op], Callable[[], None]]:
         """The blocks in destination order (straight into the pool where a segment's ids are a run, else into
-        a buffer scattered from), the trailer, and the check of the trailer once everything has arrived."""
+        a buffer scattered from), the trailer, and the check of the trailer once everything has arrived.
+        Buffers are made as their operation is posted, on the link's stream."""
         kv = self.pool.kv
         block_bytes, counts = stream.block_bytes, stream.segments
         blocks = None if dst is None else BlockIds(kv, dst)
-        # refused: land it anywhere (one buffer: nothing reads it)
-        sink = torch.empty(max(counts) * block_bytes, dtype=torch.uint8, device=kv.device) if dst is None else None
+        made: dict[str, torch.Tensor] = {}
+
+        def buffer(name: str, nbytes: int) -> torch.Tensor:
+            if name not in made:
+                made[name] = torch.empty(nbytes, dtype=torch.uint8, device=kv.device)
+            return made[name]
         ops: list[Op] = []
         off = 0
         for n in counts:
-            if blocks is None:
-                ops.append(Op("recv", lambda sink=sink, n=n: sink[:n * block_bytes]))
+            if blocks is None:  # refused: land it anywhere (one buffer: nothing reads it)
+                ops.append(Op("recv", lambda n=n: buffer("sink", max(counts) * block_bytes)[:n * block_bytes]))
             elif (view := blocks.run(off, n)) is not None:
                 ops.append(Op("recv", lambda view=view: view))
             else:
@@ -169,24 +174,16 @@ class NcclTransport(Transport):
                               scratch=True,
                               then=lambda data, off=off, n=n: kv.index_copy_(0, blocks.index(off, n), data)))
             off += n
-        received = torch.empty(4, dtype=torch.int64, device=kv.device)
-        ops.append(Op("recv", lambda: received))
+        ops.append(Op("recv", lambda: buffer("trailer", 32).view(torch.int64)))
 
         def check() -> None:
             expected = trailer(stream.seq, request_id, sum(counts) * block_bytes, len(counts), "cpu")
-            if not torch.equal(received.cpu(), expected):
+            received = made["trailer"].view(torch.int64).cpu()
+            if not torch.equal(received, expected):
                 raise TransferError(f"KV link out of step: trailer {received.tolist()}, expected {expected.tolist()}")
         return ops, check
 
     # ---- both ---------------------------------------------------------------------------------------
-    def _mark(self) -> torch.cuda.Event | None:
-        """An event after the work queued so far on the compute stream (CUDA), for the link's stream to wait on."""
-        if self.device.type != "cuda":
-            return None
-        event = torch.cuda.Event()
-        event.record(torch.cuda.current_stream(self.device))
-        return event
-
     def _retire(self, link: Link) -> None:
         link.close()
         self.retired = [old for old in self.retired if old.thread.is_alive()] + [link]

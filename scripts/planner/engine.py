@@ -227,28 +227,19 @@ class SimEngine:
         (then when that is done)."""
         if self.busy_until is None:
             return now
-        _, _, blocked, until = self._in_flight(now)
+        blocked, until = self._launch_window(now)
         return until if blocked < now < until else now
 
-    def queued_until(self, now: float) -> float:
-        """When the GPU work this engine has queued by `now` is done (`now` when idle): the step in flight, and the
-        next one where its launch is done already (the engine launches it before collecting the one in flight),
-        costed as long as this one. What the worker then puts on its stream (an nccl receive) waits for that."""
-        if self.busy_until is None:
-            return now
-        end, step, _, launched = self._in_flight(now)
-        return max(now, end + (step if launched <= now < end else 0.0))
-
-    def _in_flight(self, now: float) -> tuple[float, float, float, float]:
-        """The step in flight at `now` (a fast run's current one): (its end, its length, when the worker starts
-        launching the next one, when that launch is done)."""
+    def _launch_window(self, now: float) -> tuple[float, float]:
+        """While the step in flight at `now` (a fast run's current one) runs: when the worker starts launching the
+        next one, and when that launch is done."""
         if self.fast is None:
-            return self.busy_until, self.step_time, self.blocked_from, self.blocked_until
+            return self.blocked_from, self.blocked_until
         run = self.fast
         k = min(max(run.steps_begun_by(now), 1), run.steps)
         end, step = run.start + run.elapsed(k), run.first + run.growth * (k - 1)
         _, blocked, until = self._window(end - step, end, step, decode_only=True)
-        return end, step, blocked, until
+        return blocked, until
 
     def _prep(self) -> float:
         """The host's time to schedule and launch a step, as the engine's launch clock takes it."""

@@ -24,7 +24,7 @@ a step (`SimEngine.polls_at`): the decode worker's answer to a reservation (the 
 worker) and its taking in of a KV handoff wait for that. On a GPU two engines share, an idle prefill worker's KV
 copy waits for the other engine's step in flight (`_copy_starts`). The decode worker reports a handed-off request's
 first token (the prefill worker's) as it takes it in; an nccl handoff's bytes move once the decode worker has read
-its record and the GPU work it had queued is done (`SimEngine.queued_until`). Not modelled yet: the messages' own
+its record (it posts the receive then, on the link's stream). Not modelled yet: the messages' own
 latencies (the bench's unloaded reference measures them: validate.py's offset), preemption's recompute cost beyond
 the scheduler's own, tensor parallelism other than through the profile's `tp`.
 """
@@ -315,11 +315,11 @@ class Simulation:
             return
         prefill = self.engines[req.prefill_seq.worker]
         if self.layout.transport in RECEIVER_POSTS and not req.receiving:
-            # The decode worker posts its receive on its compute stream: the bytes move once the GPU work it has
-            # queued is done (kvtransfer/nccl/transport.py, `receive`).
+            # The decode worker posts its receive as it reads the record, on the link's stream: it waits for none of
+            # the GPU work the worker has queued (kvtransfer/nccl/link.py, `Link.on_stream`).
             req.receiving = True
             handoff = self.profile.handoff_seconds(req.prefill_seq.seq.num_prompt_tokens, self.layout.transport)
-            self.push(decode.queued_until(self.now) + handoff, "land", req)
+            self.push(self.now + handoff, "land", req)
             return
         prefill.release(req.prefill_seq.seq)
         self._kick(prefill)  # it may have waited for these blocks
