@@ -569,3 +569,14 @@ def test_an_nccl_handoff_moves_once_its_record_is_read_whatever_the_decode_worke
     step = profile.host_launch_s + profile.decode.seconds(1, 700)  # the longest of request 0's decode steps
     wait = runs["nccl"][1].first - runs["cuda_ipc"][1].first
     assert abs(wait) <= profile.host_launch_s + 1e-9 < step
+
+
+@pytest.mark.parametrize("transport", ["cuda_ipc", "nccl"])
+def test_one_links_handoffs_land_one_after_another(transport):
+    """Two prompts prefilled in one step go over one link: an nccl pair's transfers run in order on its stream, and a
+    prefill worker's cuda_ipc copies in its loop. So the second lands a whole handoff after the first."""
+    cost = HandoffCost(base_s=0.05, bytes_per_s=1e12)
+    profile = make_profile(handoff={"cuda_ipc": cost, "nccl": cost})
+    load = Workload([0.0, 0.0], [list(range(300)), list(range(1000, 1300))], [4, 4], shared_prefixes=False)
+    first, second = sorted(r.first for r in simulate(profile, Layout(prefill=1, decode=1, transport=transport), load))
+    assert second - first == pytest.approx(profile.handoff_seconds(300, transport), rel=0.05)

@@ -24,7 +24,8 @@ a step (`SimEngine.polls_at`): the decode worker's answer to a reservation (the 
 worker) and its taking in of a KV handoff wait for that. On a GPU two engines share, an idle prefill worker's KV
 copy waits for the other engine's step in flight (`_copy_starts`). The decode worker reports a handed-off request's
 first token (the prefill worker's) as it takes it in; an nccl handoff's bytes move once the decode worker has read
-its record (it posts the receive then, on the link's stream). Not modelled yet: the messages' own
+its record (it posts the receive then, on the link's stream); one link's handoffs (an nccl pair's, a prefill worker's
+cuda_ipc copies) run one after another (`_transfer`). Not modelled yet: the messages' own
 latencies (the bench's unloaded reference measures them: validate.py's offset), preemption's recompute cost beyond
 the scheduler's own, tensor parallelism other than through the profile's `tp`.
 """
@@ -171,6 +172,7 @@ class Simulation:
         self.now = 0.0
         self.finished = 0
         self._last_loads: dict[str, P.WorkerLoad] = {}
+        self.link_free: dict[tuple[str, ...], float] = {}  # when each link's handoffs so far are done (`_transfer`)
 
     # ---- the event loop -----------------------------------------------------------------------------
     def push(self, t: float, kind: str, obj: object, gen: int = 0) -> None:
@@ -280,7 +282,7 @@ class Simulation:
                     self.push(collected, "land", req)
                     continue
                 handoff = self.profile.handoff_seconds(seq.num_prompt_tokens, self.layout.transport)
-                self.push(self._copy_starts(engine, collected) + handoff, "land", req)
+                self.push(self._transfer((engine.name,), self._copy_starts(engine, collected), handoff), "land", req)
                 continue
             if req.first is None:
                 req.first = first_end if first_end < self.now else collected  # a fast run's first step: earlier
@@ -307,6 +309,14 @@ class Simulation:
             return at
         return max([at, *(end for other, end in gpu.ends(self.now).items() if other is not engine)])
 
+    def _transfer(self, link: tuple[str, ...], start: float, seconds: float) -> float:
+        """When a handoff that can start at `start` is done. One link's handoffs run one after another: an nccl
+        pair's on its link's thread and stream (kvtransfer/nccl/link.py), a prefill worker's cuda_ipc copies in its
+        loop (each `send` waits for its copy). So a batch's prompts, finished together, land one after another."""
+        end = max(start, self.link_free.get(link, 0.0)) + seconds
+        self.link_free[link] = end
+        return end
+
     def _land(self, req: SimRequest) -> None:
         decode = self.engines[req.decode_seq.worker]
         if (at := decode.polls_at(self.now)) > self.now and not req.landing:
@@ -319,7 +329,7 @@ class Simulation:
             # the GPU work the worker has queued (kvtransfer/nccl/link.py, `Link.on_stream`).
             req.receiving = True
             handoff = self.profile.handoff_seconds(req.prefill_seq.seq.num_prompt_tokens, self.layout.transport)
-            self.push(self.now + handoff, "land", req)
+            self.push(self._transfer((prefill.name, decode.name), self.now, handoff), "land", req)
             return
         prefill.release(req.prefill_seq.seq)
         self._kick(prefill)  # it may have waited for these blocks
