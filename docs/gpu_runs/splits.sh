@@ -5,7 +5,7 @@
 # call only measures; a call takes what fits its 10 minutes, and the next goes on with LAYOUTS.
 #   STEP=profile  this machine's Qwen3-8B profile ($OUT/profile.json), then the planner's predictions for every
 #                 split of GPUS on both mixes, made before any bench (keep them: they are the prediction)
-#   STEP=bench    MIX=ls (long-short) or cc (the bursty chat/coding mix: Azure's code and conversation traces,
+#   STEP=bench    MIX=ls (long-short), ph (prefill-heavy; TTFT SLO 0.5 s) or cc (the bursty chat/coding mix: Azure's code and conversation traces,
 #                 carried under .traces/, docs/benchmarks.md "Workloads"); LAYOUTS: a list of 1P3D, 2P2D, 1P1D,
 #                 ..., 2P2D-auto (the per-request policy), colo (GPUS replicas); default: all of them
 #   STEP=place    prefix-aware against least-loaded placement, two workers a GPU, PREFILL_GPUS (GPUS/2) of them
@@ -26,16 +26,20 @@ RATES_GIVEN=${RATES:-}  # else each mix's own, scaled with the GPUs
 [ -f $MODEL/config.json ] || python -m scripts.cli prepare-model random --config $CONFIG --out $MODEL --overwrite > /dev/null
 nvidia-smi --query-gpu=name,serial --format=csv,noheader 2>/dev/null; echo "GPUS=$GPUS MIX=$MIX"
 mix() {  # MIX -> WORKLOAD, RATES (whole-cluster requests/s, scaled with the GPUs)
+  SLO_TTFT=${SLO_TTFT_GIVEN:-1}
   case $1 in
     ls) WORKLOAD="--workload long-short --input-len 128:512 --output-len 128:512 --long-input-len 4096:8192
           --long-output-len 4:16 --long-fraction 0.2"; RATES=${RATES_GIVEN:-$((2*GPUS)),$((4*GPUS)),$((8*GPUS)),$((12*GPUS))};;
+    ph) WORKLOAD="--input-len 512:2048 --output-len 64:256"; SLO_TTFT=${SLO_TTFT_GIVEN:-0.5}  # prefill-heavy
+        RATES=${RATES_GIVEN:-$((4*GPUS)),$((8*GPUS)),$((12*GPUS)),$((16*GPUS))};;
     cc) WORKLOAD="--workload trace --trace .traces/AzureLLMInferenceTrace_code.csv,.traces/AzureLLMInferenceTrace_conv.csv
           --trace-start 180"; RATES=${RATES_GIVEN:-$((2*GPUS)),$((4*GPUS)),$((6*GPUS)),$((8*GPUS))};;
-    *) echo "MIX: ls or cc, got $1"; exit 2;;
+    *) echo "MIX: ls, ph or cc, got $1"; exit 2;;
   esac
   WORKLOAD=${WORKLOAD_ARGS:-$WORKLOAD}
+  SLO="--slo-ttft $SLO_TTFT --slo-tpot ${SLO_TPOT:-0.03}"
 }
-SLO="--slo-ttft ${SLO_TTFT:-1} --slo-tpot ${SLO_TPOT:-0.03}"
+SLO_TTFT_GIVEN=${SLO_TTFT:-}
 [ "${STEP:-bench}" = profile ] || mix $MIX
 layouts() {  # every split of GPUS, the per-request policy on the even split, the colocated replicas
   for p in $(seq 1 $((GPUS-1))); do echo ${p}P$((GPUS-p))D; done; echo $((GPUS/2))P$((GPUS-GPUS/2))D-auto; echo colo
@@ -57,7 +61,7 @@ case ${STEP:-bench} in
   profile)
     timeout 420 python -m scripts.cli profile --model $MODEL --device $DEVICE --model-name $CONFIG ${QUICK:+--quick} --out $PROFILE \
       > /dev/null 2> $OUT/profile-progress.txt; tail -1 $OUT/profile-progress.txt; rm -f $OUT/profile-progress.txt
-    for m in ls cc; do  # the predictions, before any bench ran on this machine
+    for m in ls ph cc; do  # the predictions, before any bench ran on this machine
       mix $m
       python -m scripts.cli plan --profile $PROFILE --gpus $GPUS --num-requests $N $SLO --rates $RATES $WORKLOAD \
         --out $OUT/plan-$m | tail -$((6 * GPUS + 4)); done;;

@@ -2,7 +2,8 @@
 # stream, no longer behind the GPU work queued on its compute stream (kvtransfer/nccl/link.py, `Link.on_stream`).
 #   TESTS=1  the nccl GPU tests on this tree (TEST_K: pytest's -k, default nccl); the new receive test on the tree before (.ab/old, `git archive 45e0011`,
 #            expected to fail: its receive waits) and on .ab/bug (this tree with the receive's buffers made on the
-#            compute stream, expected to fail: the receive writes memory a queued kernel still reads)
+#            compute stream: `_recv_ops` makes the scratch and trailer buffers when called, not as posted; expected to fail:
+#            the receive writes memory a queued kernel still reads)
 #   TREES    the Qwen3-8B bench (splits.sh STEP=bench MIX LAYOUTS; MIX=ls long-short by default) on each tree
 #            listed, in order; this tree's with the workers' timelines
 set -u
