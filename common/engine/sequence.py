@@ -75,4 +75,4 @@ class Sequence:
         return self.status == SequenceStatus.FINISHED
 
     def num_uncomputed(self) -> int:
-        return self.num_tokens - self.num_computed_tokens
+        return len(self.token_ids) - self.num_computed_tokens
