@@ -17,17 +17,12 @@ from common.engine.kv_pool import KVPool
 from common.protocol import KVDescriptors
 from kvtransfer import segments as S
 from kvtransfer.nccl.transport import NcclTransport
+from stop24_recv_probe import ids_for  # this folder: the script's own
 from tests.test_kvtransfer_gpu import LAYOUT, NUM_BLOCKS, source_pool
 
 CASES = [(main, interval, ids) for ids in ("run", "scattered") for main, interval in
          (("blocked", 0.005), ("python", 0.005), ("python", 0.0005))]
 REPEAT = 10
-
-
-def ids_for(kind: str, rng: random.Random) -> tuple[list[int], list[int]]:
-    if kind == "run":
-        return list(range(10, 33)), list(range(40, 63))
-    return rng.sample(range(NUM_BLOCKS), 23), rng.sample(range(NUM_BLOCKS), 23)
 
 
 def decode(conn) -> None:
