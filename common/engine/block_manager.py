@@ -47,7 +47,7 @@ class BlockManager:
 
         All or nothing: returns False (and changes nothing) when too few blocks are free.
         """
-        if seq.block_table and -(-num_tokens // self.block_size) <= len(seq.block_table):
+        if seq.block_table and self.blocks_needed(num_tokens) <= len(seq.block_table):
             return True  # covered already: most of a decode step's sequences
         hits = self._match_prefix(seq) if use_cache and not seq.block_table else []
         fresh = self.blocks_needed(num_tokens) - len(seq.block_table) - len(hits)
