@@ -5,6 +5,8 @@ heads than ranks), and tp=2 splits them.
 """
 from __future__ import annotations
 
+import threading
+
 import pytest
 
 from common.config import ConfigError
@@ -36,6 +38,27 @@ def test_tensor_parallel_equals_single_rank(tiny_qwen3_dir, single, tp):
     assert tokens == single[0]
     # Each rank holds 1/tp of the KV heads (but at least one), so the same memory holds more blocks.
     assert num_blocks >= single[1]
+
+
+def test_a_forward_outside_a_step_runs_on_every_rank(tiny_qwen3_dir, single):
+    """The warm-up's forwards at each padded step size (`forward_fresh`; on a GPU, before `LLM(...)` returns) are
+    sent to the other ranks too. Run by rank 0 alone, their all-reduces paired with the other ranks' wait for the
+    next step, and the group hung (TP=2 on two H100s)."""
+    llm = LLM(str(tiny_qwen3_dir), device="cpu", tensor_parallel_size=2, kv_cache_memory=16 << 20)
+    result = {}
+
+    def warm_then_generate() -> None:
+        llm.engine.runner.forward_fresh(16)
+        result["tokens"] = [o.token_ids for o in llm.generate(PROMPTS, GREEDY, use_tqdm=False)]
+
+    thread = threading.Thread(target=warm_then_generate, daemon=True)
+    thread.start()
+    thread.join(120)
+    assert not thread.is_alive(), "the tensor-parallel group hung"  # its ranks are daemons: they end with pytest
+    try:
+        assert result["tokens"] == single[0]
+    finally:
+        llm.close()
 
 
 def test_tensor_parallel_size_must_divide_the_heads(tiny_qwen3_dir):

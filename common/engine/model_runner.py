@@ -125,7 +125,9 @@ class ModelRunner:
         cfg = self.config
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
-        self.forward_fresh(min(cfg.max_num_batched_tokens, cfg.max_model_len * cfg.max_num_seqs))
+        # every rank runs this forward in its own start-up, so rank 0 does not send it (`forward_fresh`)
+        largest = min(cfg.max_num_batched_tokens, cfg.max_model_len * cfg.max_num_seqs)
+        self.execute(unpack_step(*self._fresh_step(largest)))
         torch.cuda.synchronize()
         free, total = torch.cuda.mem_get_info()
         peak = torch.cuda.max_memory_allocated()
@@ -135,12 +137,25 @@ class ModelRunner:
 
     @torch.inference_mode()
     def forward_fresh(self, num_tokens: int) -> None:
-        """One forward of `num_tokens` prompt tokens (as many max_model_len prompts as that takes) that stores and
-        reads no KV: to size memory, and to meet a step size's GEMM shapes before serving (warmup.py)."""
+        """Rank 0: one forward of `num_tokens` prompt tokens that stores and reads no KV, to meet a step size's GEMM
+        shapes before serving (warmup.py); the other tensor-parallel ranks run it too."""
+        header, payload = self._fresh_step(num_tokens)
+        self._send_to_ranks(header, payload)
+        self.execute(unpack_step(header, payload))
+
+    def _fresh_step(self, num_tokens: int) -> tuple[StepHeader, torch.Tensor]:
+        """`num_tokens` fresh prompt tokens, as many max_model_len prompts as that takes, on the device."""
         seq_len = min(self.config.max_model_len, num_tokens)
         lens = [seq_len] * (num_tokens // seq_len) + ([num_tokens % seq_len] if num_tokens % seq_len else [])
         step = warmup_step(lens)
-        self.execute(unpack_step(step.header, step.payload.to(self.device)))
+        return step.header, step.payload.to(self.device)
+
+    def _send_to_ranks(self, header: StepHeader, payload: torch.Tensor) -> None:
+        """Rank 0, before each forward it runs: the other ranks wait in `serve_forever` for the step, and a forward
+        they were not sent would pair its all-reduces with their wait for the next header, hanging the group."""
+        if self.world > 1:
+            dist.broadcast(header.pack().to(self.device), 0)
+            dist.broadcast(payload, 0)
 
     # ---- one step -----------------------------------------------------------------------------------
     @torch.inference_mode()
@@ -159,9 +174,7 @@ class ModelRunner:
             dst, src = rest.pop(0).unbind(0)
             payload[dst] = self._last_tokens[src]
         sampling = sampling.uploaded(rest)
-        if self.world > 1:
-            dist.broadcast(step.header.pack().to(self.device), 0)
-            dist.broadcast(payload, 0)
+        self._send_to_ranks(step.header, payload)
         started = InFlight.mark() if self.device.type == "cuda" else None
         logits = self.execute(unpack_step(step.header, payload))
         tokens = sample(logits, sampling)
