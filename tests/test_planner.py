@@ -85,6 +85,28 @@ def test_a_profile_costs_as_its_formulas_say():
     assert p.prefill.seconds(0) == p.decode.seconds(0, 0) == 0.0
 
 
+def test_a_prompt_steps_attention_grows_with_each_chunks_own_square():
+    """A chunk's attention over its own tokens grows as their square: four prompts of 1,024 tokens in one step cost
+    less than one prompt of 4,096, by the pairs they do not have; a chunk after 1,000 computed tokens also pays
+    for those. A profile fitted before the term (0) costs both alike."""
+    pairs = PrefillCost(base_s=0.01, per_token_s=1e-5, per_token_context_s=2e-10, per_chunk_pair_s=4e-10)
+    engine = SimEngine("p0", "prefill", make_profile(prefill=pairs))
+
+    def step(*chunks: tuple[int, int]) -> ScheduledBatch:
+        seqs = []
+        for i, (n, computed) in enumerate(chunks):
+            seqs.append(Sequence(f"r{i}", [2] * (computed + n), SamplingParams()))
+            seqs[-1].num_computed_tokens = computed
+        return ScheduledBatch(seqs, [n for n, _ in chunks])
+    one, four = step((4096, 0)), step(*[(1024, 0)] * 4)
+    assert engine.step_seconds(one) - engine.step_seconds(four) == pytest.approx(4e-10 * (4096**2 - 4 * 1024**2) / 2)
+    assert engine.step_seconds(step((1024, 1000))) - engine.step_seconds(step((1024, 0))) == pytest.approx(
+        2e-10 * 1024 * 1000)
+    assert pairs.seconds(4096) == pytest.approx(0.01 + 4096e-5 + 4e-10 * 4096**2 / 2)
+    before = SimEngine("p0", "prefill", make_profile(prefill=PrefillCost(base_s=0.01, per_token_s=1e-5)))
+    assert before.step_seconds(one) == pytest.approx(before.step_seconds(four))
+
+
 # ---- the simulator against known answers --------------------------------------------------------
 def test_a_single_queue_waits_as_pollaczek_khinchine_says():
     """One replica serving one request at a time, each a single prefill step of a fixed length (M/D/1): the
@@ -345,6 +367,23 @@ def test_prefill_points_are_fitted_as_two_lines_at_the_graphs_limit():
     assert set(fits) == {"prefill", "prefill_eager"} and fits["prefill"].worst_error < 1e-9
     one, none, fits = fit_prefill_costs(points, 0.0001, 0)  # no prompt graphs: one line through every point
     assert none is None and set(fits) == {"prefill"} and fits["prefill"].worst_error > 0.05
+
+
+def test_both_prompt_lines_share_the_attention_they_run_with_the_same_kernels():
+    """Past the graphs' limit a profile measures two prompt sizes, too few to tell a square from a line: a chunk's
+    pairs with its context and among its own tokens are fitted over every point, one coefficient each for both
+    lines, which keep their own base and per-token cost."""
+    from scripts.planner.fit import PrefillPoint, fit_prefill_costs
+
+    graphed = PrefillCost(base_s=0.002, per_token_s=3e-6, per_token_context_s=1e-9, per_chunk_pair_s=4e-10)
+    eager = PrefillCost(base_s=0.012, per_token_s=4e-6, per_token_context_s=1e-9, per_chunk_pair_s=4e-10)
+    points = [PrefillPoint(n, c, 0.0001 + (graphed if n <= 2048 else eager).seconds(n, c))
+              for c in (0, 1024) for n in (64, 256, 1024, 2048, 4096, 8192)]
+    prefill, prefill_eager, fits = fit_prefill_costs(points, 0.0001, 2048)
+    for fitted, truth in ((prefill, graphed), (prefill_eager, eager)):
+        assert [getattr(fitted, f) for f in truth.__struct_fields__] == pytest.approx(
+            [getattr(truth, f) for f in truth.__struct_fields__])
+    assert max(f.worst_error for f in fits.values()) < 1e-9
 
 
 def test_decode_steps_of_a_few_sequences_are_costed_on_the_skinny_line():

@@ -27,11 +27,13 @@ def close(a: float, b: float, rel: float = 1e-6) -> bool:
 # ---- fits ---------------------------------------------------------------------------------------------
 
 def test_prefill_fit_recovers_known_coefficients_with_the_host_work_split_off():
-    truth, host = PrefillCost(base_s=4e-3, per_token_s=3e-5, per_token_context_s=2e-9), 5e-4
+    truth = PrefillCost(base_s=4e-3, per_token_s=3e-5, per_token_context_s=2e-9, per_chunk_pair_s=5e-10)
+    host = 5e-4
     points = [PrefillPoint(n, c, host + truth.seconds(n, c)) for c in (0, 1024, 4096) for n in (64, 512, 2048, 8192)]
     cost, fit = fit_prefill(points, host)
     assert close(cost.base_s, truth.base_s) and close(cost.per_token_s, truth.per_token_s)
     assert close(cost.per_token_context_s, truth.per_token_context_s) and fit.worst_error < 1e-9
+    assert close(cost.per_chunk_pair_s, truth.per_chunk_pair_s)
 
 
 def test_decode_and_handoff_fits_recover_known_coefficients():

@@ -82,7 +82,7 @@ def run(args: argparse.Namespace) -> None:
     for name, cost in (("prefill", pc), ("prefill_eager", profile.prefill_eager)):
         if cost is not None:
             print(f"\n{name}: base_s {cost.base_s:.3e}, per_token_s {cost.per_token_s:.3e}, per_token_context_s "
-                  f"{cost.per_token_context_s:.3e}")
+                  f"{cost.per_token_context_s:.3e}, per_chunk_pair_s {cost.per_chunk_pair_s:.3e}")
     print(f"decode: base_s {dc.base_s:.3e}, per_seq_s {dc.per_seq_s:.3e}, per_seq_context_s {dc.per_seq_context_s:.3e}")
     print(f"mixed_step_s {profile.mixed_step_s:.3e}: added to a step with prompt tokens and decodes")
     for name, cost in profile.handoff.items():

@@ -195,10 +195,9 @@ class SimEngine:
         seconds = p.host_launch_s + p.decode_cost(d).seconds(d, sum(s.num_computed_tokens for s in batch.seqs[:d]))
         tokens = batch.num_new_tokens[d:]
         if tokens:
-            context = sum(n * s.num_computed_tokens for s, n in zip(batch.seqs[d:], tokens))
             padded = p.padded(sum(tokens))
             pc, _ = p.prefill_cost(padded)
-            seconds += pc.base_s + pc.per_token_s * padded + pc.per_token_context_s * context
+            seconds += pc.step_seconds(padded, [(n, s.num_computed_tokens) for s, n in zip(batch.seqs[d:], tokens)])
             if d:
                 seconds += p.mixed_step_s
         return seconds

@@ -58,7 +58,7 @@ class Fit:
     def summary(self, name: str) -> str:
         line = f"{name}: worst relative error {100 * self.worst_error:.1f}% over its points"
         if self.worst_error > WARN_ERROR:
-            line += f" -- WARNING: above {100 * WARN_ERROR:.0f}%, the linear model fits this machine poorly"
+            line += f" -- WARNING: above {100 * WARN_ERROR:.0f}%, the cost model fits this machine poorly"
         return line
 
 
@@ -121,24 +121,37 @@ def worst_error(features: list[list[float]], seconds: list[float], x: list[float
 
 def fit_prefill(points: list[PrefillPoint], host_launch_s: float = 0.0) -> tuple[PrefillCost, Fit]:
     """A prefill-only step: the simulator charges host_launch_s + PrefillCost.seconds(tokens, context)."""
-    fit = fit_relative([[1.0, p.tokens, p.tokens * p.context] for p in points], [p.seconds for p in points],
-                       host_launch_s)
-    base, per_token, per_context = fit.coefficients
-    return PrefillCost(base_s=base, per_token_s=per_token, per_token_context_s=per_context), fit
+    fit = fit_relative([[1.0, p.tokens, p.tokens * p.context, p.tokens * p.tokens / 2] for p in points],
+                       [p.seconds for p in points], host_launch_s)
+    base, per_token, per_context, per_pair = fit.coefficients
+    return PrefillCost(base_s=base, per_token_s=per_token, per_token_context_s=per_context,
+                       per_chunk_pair_s=per_pair), fit
 
 
 def fit_prefill_costs(points: list[PrefillPoint], host_launch_s: float, graph_max: int
                       ) -> tuple[PrefillCost, PrefillCost | None, dict[str, Fit]]:
     """`Profile.prefill` and `prefill_eager`: prompt steps of up to `graph_max` tokens replay a graph, those past it
-    run eagerly, launch-bound, so each side has its own line. One line for all (and None) when one side has no
-    points."""
+    run eagerly, launch-bound, so each side has its own base and per-token cost. Attention (a chunk's pairs with the
+    context before it and among its own tokens) runs the same kernels on both sides, so they share those two
+    coefficients, fitted over every point: the eager side alone measures too few prompt sizes to tell its own
+    square from its line. One cost for all (and None) when one side has no points."""
     graphed = [p for p in points if p.tokens <= graph_max]
     eager = [p for p in points if p.tokens > graph_max]
     if not (graphed and eager):
         prefill, fit = fit_prefill(points, host_launch_s)
         return prefill, None, {"prefill": fit}
-    (prefill, fit), (prefill_eager, eager_fit) = fit_prefill(graphed, host_launch_s), fit_prefill(eager, host_launch_s)
-    return prefill, prefill_eager, {"prefill": fit, "prefill_eager": eager_fit}
+
+    def row(p: PrefillPoint) -> list[float]:
+        side = [1.0, p.tokens, 0.0, 0.0] if p.tokens <= graph_max else [0.0, 0.0, 1.0, p.tokens]
+        return side + [p.tokens * p.context, p.tokens * p.tokens / 2]
+    x = fit_relative([row(p) for p in points], [p.seconds for p in points], host_launch_s).coefficients
+    base, per_token, eager_base, eager_per_token, per_context, per_pair = x
+    prefill = PrefillCost(base_s=base, per_token_s=per_token, per_token_context_s=per_context, per_chunk_pair_s=per_pair)
+    prefill_eager = PrefillCost(base_s=eager_base, per_token_s=eager_per_token, per_token_context_s=per_context,
+                                per_chunk_pair_s=per_pair)
+    fits = {name: Fit(x, worst_error([row(p) for p in side], [p.seconds for p in side], x, host_launch_s))
+            for name, side in (("prefill", graphed), ("prefill_eager", eager))}
+    return prefill, prefill_eager, fits
 
 
 def fit_decode(points: list[DecodePoint], host_launch_s: float = 0.0) -> tuple[DecodeCost, Fit]:

@@ -1,14 +1,16 @@
 """A machine's cost profile for the planner: fitted cost models of one model on one GPU kind (tensor-free).
 
-    prefill step seconds = base + per_token * tokens + per_token_context * tokens * context
+    prefill step seconds = base + per_token * tokens
+                           + per a chunk of n tokens after c: per_token_context * n * c + per_chunk_pair * n * n / 2
     decode step seconds  = base + per_seq * batch + per_seq_context * batch * mean_context
                            (a second line for the few-sequence steps of the skinny GEMMs: decode_skinny)
     handoff seconds      = base + bytes / bytes_per_s                      (one model per KV transport)
     host launch seconds  = the host's work per engine step, added to every step
     mixed step seconds   = added to a step that has both prompt tokens and decodes (its decodes run eagerly)
 
-`tokens` are the prompt tokens a step computes, `context` the tokens before them (a cached prefix, or earlier
-chunks), so the attention term grows with both. A profile names the machine and the model it was measured on;
+`tokens` are the prompt tokens a step computes, a chunk a prompt's share of them, `context` the tokens before it (a
+cached prefix, or earlier chunks): attention grows with both, so four prompts of 1,000 tokens cost less than one of
+4,000. A profile names the machine and the model it was measured on;
 `pdcluster profile` measures one on this machine (scripts/planner/measure/), and scripts/planner/profiles/ holds
 an example.
 """
@@ -38,11 +40,21 @@ class PrefillCost(_Cost):
     base_s: float
     per_token_s: float
     per_token_context_s: float = 0.0
+    # A chunk's attention over its own tokens, a causal square: n * n / 2 pairs of n tokens. Profiles fitted before
+    # it have 0, and their per_token_s holds an average of it.
+    per_chunk_pair_s: float = 0.0
 
     def seconds(self, tokens: int, context: int = 0) -> float:
+        """A step of one prompt chunk of `tokens` after `context` tokens."""
+        return self.step_seconds(tokens, [(tokens, context)])
+
+    def step_seconds(self, tokens: int, chunks: list[tuple[int, int]]) -> float:
+        """A step that runs `tokens` prompt tokens (padded, as the engine runs them) for these chunks: (tokens,
+        context before them) each."""
         if tokens <= 0:
             return 0.0
-        return self.base_s + self.per_token_s * tokens + self.per_token_context_s * tokens * context
+        pairs = sum(n * (self.per_token_context_s * c + self.per_chunk_pair_s * n / 2) for n, c in chunks)
+        return self.base_s + self.per_token_s * tokens + pairs
 
 
 class DecodeCost(_Cost):
@@ -123,7 +135,8 @@ class Profile(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         the host's part, which goes at the host's pace)."""
         padded = self.padded(tokens)
         cost, graphed = self.prefill_cost(padded)
-        return self.host_launch_s + cost.seconds(padded), self.host_launch_s + (0.0 if graphed else cost.base_s)
+        return (self.host_launch_s + cost.step_seconds(padded, [(tokens, 0)]),
+                self.host_launch_s + (0.0 if graphed else cost.base_s))
 
     def decode_cost(self, batch: int) -> DecodeCost:
         """The cost of a decode step of `batch` sequences."""
