@@ -2,9 +2,9 @@
 relative residuals, so a 2 ms step and a 200 ms one count alike, and every coefficient stays >= 0 as
 `Profile.check` wants.
 
-The models are linear in their coefficients (scripts/planner/profile.py); with at most three unknowns, exact NNLS
-is cheap by enumeration: solve the unconstrained problem on every subset of the unknowns, keep the best solution
-whose coefficients are all >= 0.
+The models are linear in their coefficients (scripts/planner/profile.py); with at most six unknowns (the two prompt
+lines fitted together), exact NNLS is cheap by enumeration: solve the unconstrained problem on every subset of the
+unknowns, keep the best solution whose coefficients are all >= 0.
 """
 from __future__ import annotations
 
