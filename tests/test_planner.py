@@ -356,7 +356,8 @@ def test_prompt_steps_are_costed_padded_graphed_up_to_the_graphs_and_eager_past_
 
 
 def test_prefill_points_are_fitted_as_two_lines_at_the_graphs_limit():
-    from scripts.planner.fit import PrefillPoint, fit_prefill_costs
+    from scripts.planner.fit import fit_prefill_costs
+    from scripts.planner.points import PrefillPoint
 
     graphed, eager = PrefillCost(base_s=0.002, per_token_s=3e-6), PrefillCost(base_s=0.012, per_token_s=4e-6)
     points = [PrefillPoint(n, 0, 0.0001 + (graphed if n <= 2048 else eager).seconds(n))
@@ -373,7 +374,8 @@ def test_both_prompt_lines_share_the_attention_they_run_with_the_same_kernels():
     """Past the graphs' limit a profile measures two prompt sizes, too few to tell a square from a line: a chunk's
     pairs with its context and among its own tokens are fitted over every point, one coefficient each for both
     lines, which keep their own base and per-token cost."""
-    from scripts.planner.fit import PrefillPoint, fit_prefill_costs
+    from scripts.planner.fit import fit_prefill_costs
+    from scripts.planner.points import PrefillPoint
 
     graphed = PrefillCost(base_s=0.002, per_token_s=3e-6, per_token_context_s=1e-9, per_chunk_pair_s=4e-10)
     eager = PrefillCost(base_s=0.012, per_token_s=4e-6, per_token_context_s=1e-9, per_chunk_pair_s=4e-10)
@@ -405,7 +407,8 @@ def test_decode_steps_of_a_few_sequences_are_costed_on_the_skinny_line():
 
 
 def test_decode_points_are_fitted_as_two_lines_at_the_skinny_limit():
-    from scripts.planner.fit import DecodePoint, fit_decode_costs
+    from scripts.planner.fit import fit_decode_costs
+    from scripts.planner.points import DecodePoint
 
     skinny, wide = DecodeCost(base_s=0.0008, per_seq_s=2e-5), DecodeCost(base_s=0.0013, per_seq_s=6e-6)
     points = [DecodePoint(b, b * c, 0.0001 + (skinny if b <= 2 else wide).seconds(b, b * c))

@@ -11,11 +11,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import msgspec
 import pytest
 
-from scripts.planner.fit import (DecodePoint, HandoffPoint, MixedPoint, PrefillPoint, apart_seconds, fit_decode,
-                                 fit_handoff, fit_mixed, fit_prefill, fit_relative, nnls)
-from scripts.planner.profile import DecodeCost, HandoffCost, PrefillCost, load_profile
+from scripts.planner.fit import apart_seconds, fit_decode, fit_handoff, fit_mixed, fit_prefill, fit_relative, nnls, refit
+from scripts.planner.points import DecodePoint, HandoffPoint, MixedPoint, PrefillPoint
+from scripts.planner.profile import DecodeCost, HandoffCost, PrefillCost, ProfileError, load_profile, save_profile
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -162,7 +163,7 @@ def test_the_command_writes_a_profile_of_the_engine_it_built(profiled):
     assert profile.kv_bytes_per_token == 2 * 2 * 2 * 32 * 4  # tiny-qwen3: layers x (K, V) x KV heads x dim x fp32
     assert profile.num_kv_blocks == (2 << 30) // (16 * profile.kv_bytes_per_token)  # the CPU pool's default 2 GiB
     assert set(profile.handoff) == {"host"} and "skipped: handoff cuda_ipc" in stdout
-    assert profile.prefill.per_token_s > 0 and profile.host_launch_s > 0
+    assert profile.prefill.seconds(256) > profile.prefill.seconds(16) and profile.host_launch_s > 0  # grows with prompts
     # the launch clock's own figure: scheduling and launching a step, more than the scheduler's part of it
     assert profile.launch_prep_s > profile.host_launch_s
     assert profile.mixed_step_s >= 0 and "profile: mixed" in stderr
@@ -196,6 +197,33 @@ def test_its_coefficients_predict_its_own_points(profiled):
     assert len(prefill) >= 6 and len(decode) >= 3 and len(handoff) >= 3
     for name, errors in (("prefill", prefill), ("decode", decode), ("handoff", handoff)):
         assert statistics.median(errors) < 0.5, (name, errors)
+
+
+def test_the_profile_keeps_its_points_so_a_changed_model_refits_them_without_a_gpu(profiled, tmp_path):
+    """The points every cost was fitted to are in the profile; fitted again by the same models they give the same
+    profile, and a profile whose costs came from another model gets this tree's (`pdcluster refit-profile`)."""
+    out, _, _ = profiled
+    profile = load_profile(out)
+    points = profile.points
+    assert len(points.prefill) >= 6 and len(points.decode) >= 3 and len(points.mixed) >= 1
+    assert len(points.handoff["host"]) >= 3
+    same, fits = refit(profile)
+    assert same == profile and {"prefill", "decode", "mixed", "handoff.host"} <= set(fits)
+
+    other = msgspec.structs.replace(profile, prefill=PrefillCost(base_s=1.0, per_token_s=1.0),
+                                    decode=DecodeCost(base_s=1.0, per_seq_s=1.0))
+    save_profile(other, tmp_path / "other.json")
+    proc = pdcluster("refit-profile", str(tmp_path / "other.json"), "--out", str(tmp_path / "refitted.json"))
+    assert proc.returncode == 0, proc.stderr
+    refitted = load_profile(tmp_path / "refitted.json")
+    assert (refitted.prefill, refitted.decode) == (profile.prefill, profile.decode)
+    assert "refitted to its points" in refitted.note and re.search(r"^prefill: worst relative error", proc.stdout, re.M)
+
+    save_profile(msgspec.structs.replace(profile, points=None), tmp_path / "before.json")
+    line = one_error_line(pdcluster("refit-profile", str(tmp_path / "before.json"), "--out", str(tmp_path / "x.json")))
+    assert "keeps no measured points" in line
+    with pytest.raises(ProfileError, match="keeps no measured points"):
+        refit(msgspec.structs.replace(profile, points=None))
 
 
 def test_plan_runs_with_the_measured_profile(profiled, tmp_path):

@@ -14,10 +14,10 @@ import sys
 from common.config import ConfigError
 from common.sampling_params import InvalidRequest
 
-from scripts.cli import bench, client, generate, plan, prepare_model, profile, scale, serve
+from scripts.cli import bench, client, generate, plan, prepare_model, profile, refit_profile, scale, serve
 from scripts.cli.args import UsageError
 
-SUBCOMMANDS = (generate, serve, prepare_model, client, scale, bench, plan, profile)
+SUBCOMMANDS = (generate, serve, prepare_model, client, scale, bench, plan, profile, refit_profile)
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 
 

@@ -42,7 +42,7 @@ def run(args: argparse.Namespace) -> None:
     print(f"host_launch_s {profile.host_launch_s:.3e}: the host's work per step, added to every simulated step")
     h = profile.host_launch_s
     print(f"\n{'prefill tokens':>14} {'cached':>7} {'measured ms':>12} {'fit ms':>9}")
-    for p in measured.prefill:
+    for p in measured.points.prefill:
         cost, _ = profile.prefill_cost(p.tokens)
         fit = h + cost.seconds(p.tokens, p.context)
         print(f"{p.tokens:>14} {p.context:>7} {p.seconds * 1e3:>12.3f} {fit * 1e3:>9.3f}")
@@ -53,7 +53,7 @@ def run(args: argparse.Namespace) -> None:
         if name in measured.fits:
             print(measured.fits[name].summary(name))
     print(f"\n{'decode batch':>12} {'mean ctx':>9} {'measured ms':>12} {'fit ms':>9}")
-    for d in measured.decode:
+    for d in measured.points.decode:
         print(f"{d.batch:>12} {d.total_context // d.batch:>9} {d.seconds * 1e3:>12.3f} "
               f"{(h + profile.decode_cost(d.batch).seconds(d.batch, d.total_context)) * 1e3:>9.3f}")
     if profile.decode_skinny is not None:
@@ -62,15 +62,15 @@ def run(args: argparse.Namespace) -> None:
     for name in ("decode", "decode_skinny"):
         if name in measured.fits:
             print(measured.fits[name].summary(name))
-    if measured.mixed:
+    if measured.points.mixed:
         print(f"\n{'mixed: decodes':>14} {'mean ctx':>9} {'prompt':>7} {'measured ms':>12} {'apart ms':>9} "
               f"{'fit ms':>9}")
-        for m in measured.mixed:
+        for m in measured.points.mixed:
             apart = apart_seconds(m, h, profile.prefill, profile.decode_cost)
             print(f"{m.batch:>14} {m.total_context // m.batch:>9} {m.tokens:>7} {m.seconds * 1e3:>12.3f} "
                   f"{apart * 1e3:>9.3f} {(apart + profile.mixed_step_s) * 1e3:>9.3f}")
         print(measured.fits["mixed"].summary("mixed"))
-    for name, points in measured.handoff.items():
+    for name, points in measured.points.handoff.items():
         print(f"\n{'handoff ' + name:>16} {'MB':>9} {'measured ms':>12} {'fit ms':>9}")
         for pt in points:
             print(f"{'':>16} {pt.num_bytes / 1e6:>9.2f} {pt.seconds * 1e3:>12.3f} "

@@ -15,39 +15,12 @@ import math
 import statistics
 from dataclasses import dataclass
 
-from scripts.planner.profile import DecodeCost, HandoffCost, PrefillCost
+import msgspec
+
+from scripts.planner.points import DecodePoint, HandoffPoint, MeasuredPoints, MixedPoint, PrefillPoint
+from scripts.planner.profile import DecodeCost, HandoffCost, PrefillCost, Profile, ProfileError, decode_cost
 
 WARN_ERROR = 0.2  # a fit whose worst point is off by more than this gets a warning line
-
-
-@dataclass(frozen=True)
-class PrefillPoint:
-    tokens: int  # prompt tokens the step computed
-    context: int  # tokens before them (a cached prefix)
-    seconds: float  # the whole step, as measured
-
-
-@dataclass(frozen=True)
-class DecodePoint:
-    batch: int
-    total_context: int  # the batch's contexts added up
-    seconds: float  # one decode step, as measured
-
-
-@dataclass(frozen=True)
-class MixedPoint:
-    """A step with a prompt of `tokens` beside a decode batch (the engine runs it eagerly, no decode graph)."""
-
-    batch: int
-    total_context: int  # the decodes' contexts added up
-    tokens: int
-    seconds: float  # the whole step, as measured
-
-
-@dataclass(frozen=True)
-class HandoffPoint:
-    num_bytes: int
-    seconds: float
 
 
 @dataclass(frozen=True)
@@ -204,3 +177,35 @@ def fit_mixed(points: list[MixedPoint], host_launch_s: float, prefill: PrefillCo
     extra = max(0.0, statistics.median(p.seconds - a for p, a in zip(points, apart)))
     worst = max(abs(a + extra - p.seconds) / p.seconds for p, a in zip(points, apart))
     return extra, Fit([extra], worst)
+
+
+def fit_costs(points: MeasuredPoints, host_launch_s: float, graph_max: int, skinny_max: int
+              ) -> tuple[dict[str, object], dict[str, Fit]]:
+    """A profile's cost fields fitted to `points` (prompt steps past `graph_max` tokens run eagerly, decode steps of
+    up to `skinny_max` sequences the skinny GEMMs), and each fit, by name."""
+    prefill, prefill_eager, fits = fit_prefill_costs(points.prefill, host_launch_s, graph_max)
+    decode, decode_skinny, decode_fits = fit_decode_costs(points.decode, host_launch_s, skinny_max)
+    fits.update(decode_fits)
+    mixed_step_s, fits["mixed"] = fit_mixed(points.mixed, host_launch_s, prefill,
+                                            lambda b: decode_cost(b, decode, decode_skinny, skinny_max))
+    handoff = {}
+    for name, handoffs in points.handoff.items():
+        handoff[name], fits[f"handoff.{name}"] = fit_handoff(handoffs)
+    costs = dict(prefill=prefill, prefill_eager=prefill_eager, decode=decode, decode_skinny=decode_skinny,
+                 decode_skinny_max_batch=skinny_max if decode_skinny else 0, mixed_step_s=mixed_step_s,
+                 handoff=handoff)
+    return costs, fits
+
+
+def refit(profile: Profile) -> tuple[Profile, dict[str, Fit]]:
+    """`profile` with its costs fitted again to the points it keeps, by this tree's models. A transport with no
+    points (a cost added by hand) keeps its cost."""
+    if profile.points is None:
+        raise ProfileError("this profile keeps no measured points (measured before stop 25): measure it again with "
+                           "`pdcluster profile`")
+    costs, fits = fit_costs(profile.points, profile.host_launch_s, profile.prefill_graph_max_tokens,
+                            profile.decode_skinny_max_batch)
+    costs["handoff"] = {**profile.handoff, **costs["handoff"]}
+    fitted = msgspec.structs.replace(profile, **costs)
+    fitted.check()
+    return fitted, fits

@@ -22,6 +22,7 @@ from pathlib import Path
 import msgspec
 
 from common.engine.step_sizes import padded_tokens
+from scripts.planner.points import MeasuredPoints
 
 
 class ProfileError(ValueError):
@@ -115,6 +116,9 @@ class Profile(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # batch (profiles measured before them).
     decode_skinny_max_batch: int = 0
     decode_skinny: DecodeCost | None = None
+    # What the costs above were fitted to (`pdcluster profile` since stop 25): a changed model refits them without a
+    # GPU (`pdcluster refit-profile`). None in profiles before, and in those written by hand.
+    points: MeasuredPoints | None = None
 
     def prefill_cost(self, padded: int) -> tuple[PrefillCost, bool]:
         """The cost of a prompt step of `padded` tokens (its tokens as the engine pads them, `Profile.padded`), and

@@ -20,7 +20,7 @@ from common.engine.kv_pool import KVPool
 from common.protocol import KVDescriptors, KVLayout
 from kvtransfer.channel import DataChannel
 from kvtransfer.endpoint import make_transport
-from scripts.planner.fit import HandoffPoint
+from scripts.planner.points import HandoffPoint
 from scripts.planner.measure.steps import device_now
 
 TIMEOUT = 120.0

@@ -28,12 +28,12 @@ import torch
 from common.config import ConfigError, EngineConfig
 from common.engine.llm import LLM
 from common.protocol.kv import DTYPE_BYTES
-from scripts.planner.fit import (DecodePoint, Fit, HandoffPoint, MixedPoint, PrefillPoint, fit_decode_costs,
-                                 fit_handoff, fit_mixed, fit_prefill_costs)
+from scripts.planner.fit import Fit, fit_costs
 from scripts.planner.measure.handoff import handoff_sizes, measure_handoffs
 from scripts.planner.measure.steps import (Grid, Prompts, host_launch_seconds, launch_prep_seconds, measure_decode,
                                            measure_mixed, measure_prefill)
-from scripts.planner.profile import Profile, decode_cost
+from scripts.planner.points import MeasuredPoints
+from scripts.planner.profile import Profile
 from scripts.planner.profile_config import ProfileConfig
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -43,10 +43,7 @@ ROOT = Path(__file__).resolve().parents[3]
 class Measured:
     """A run's points and fits, beside the profile they make: what the command prints."""
 
-    prefill: list[PrefillPoint] = field(default_factory=list)
-    decode: list[DecodePoint] = field(default_factory=list)
-    mixed: list[MixedPoint] = field(default_factory=list)
-    handoff: dict[str, list[HandoffPoint]] = field(default_factory=dict)
+    points: MeasuredPoints = field(default_factory=MeasuredPoints)
     fits: dict[str, Fit] = field(default_factory=dict)  # "prefill", "decode", "handoff.NAME"
     skipped: list[str] = field(default_factory=list)  # points or transports left out, and why
     engine_start_s: float = 0.0
@@ -77,12 +74,12 @@ def measure_profile(cfg: ProfileConfig, progress: Callable[[str], None]) -> tupl
                  f"{ec.block_size} tokens, step budget {ec.max_num_batched_tokens} tokens, max_model_len "
                  f"{ec.max_model_len}")
         prompts = Prompts(ec.model_config.vocab_size)
-        measured.prefill = measure_prefill(engine, grid, prompts, progress)
+        measured.points.prefill = measure_prefill(engine, grid, prompts, progress)
         decodes, skipped = measure_decode(engine, grid, prompts, progress)
-        measured.decode = [d.point for d in decodes]
+        measured.points.decode = [d.point for d in decodes]
         measured.skipped += [f"decode {s}" for s in skipped]
         host_launch_s, launch_prep_s = host_launch_seconds(decodes), launch_prep_seconds(decodes)
-        measured.mixed = measure_mixed(engine, grid, prompts, progress)
+        measured.points.mixed = measure_mixed(engine, grid, prompts, progress)
         # An int, not the graph runner: a reference to it would keep the model and its KV pool alive past close().
         graph_max = engine.runner.prefill_graphs.sizes[-1] if engine.runner.prefill_graphs is not None else 0
         skinny_max = skinny_max_batch(engine.runner.device)
@@ -96,26 +93,16 @@ def measure_profile(cfg: ProfileConfig, progress: Callable[[str], None]) -> tupl
     kv_bytes_per_token = mc.num_layers * 2 * mc.num_kv_heads * mc.head_dim * DTYPE_BYTES[layout.dtype]
     # One rank's shard moves; the simulator asks for the whole model's KV (docs/planner.md: TP handoffs).
     scale = kv_bytes_per_token / (layout.block_bytes // layout.block_size)
-    measured.handoff, skipped = measure_handoffs(layout, device, handoff_sizes(grid.handoff_tokens, ec.max_model_len),
+    measured.points.handoff, skipped = measure_handoffs(layout, device, handoff_sizes(grid.handoff_tokens, ec.max_model_len),
                                                  grid.handoff_reps, progress, scale)
     measured.skipped += [f"handoff {s}" for s in skipped]
 
-    prefill, prefill_eager, fits = fit_prefill_costs(measured.prefill, host_launch_s, graph_max)
-    measured.fits.update(fits)
-    decode, decode_skinny, fits = fit_decode_costs(measured.decode, host_launch_s, skinny_max)
-    measured.fits.update(fits)
-    mixed_step_s, measured.fits["mixed"] = fit_mixed(measured.mixed, host_launch_s, prefill,
-                                                     lambda b: decode_cost(b, decode, decode_skinny, skinny_max))
-    handoff = {}
-    for name, points in measured.handoff.items():
-        handoff[name], measured.fits[f"handoff.{name}"] = fit_handoff(points)
+    costs, measured.fits = fit_costs(measured.points, host_launch_s, graph_max, skinny_max)
     profile = Profile(machine=machine_name(device, cfg.tp), model=model_name(cfg), tp=cfg.tp, device=device.type,
                       note=note(cfg, device), block_size=ec.block_size, num_kv_blocks=num_blocks,
                       kv_bytes_per_token=kv_bytes_per_token, max_num_batched_tokens=ec.max_num_batched_tokens,
                       max_num_seqs=ec.max_num_seqs, host_launch_s=host_launch_s, launch_prep_s=launch_prep_s,
-                      mixed_step_s=mixed_step_s, prefill=prefill, prefill_graph_max_tokens=graph_max, prefill_eager=prefill_eager,
-                      decode=decode, decode_skinny_max_batch=skinny_max if decode_skinny else 0,
-                      decode_skinny=decode_skinny, handoff=handoff)
+                      prefill_graph_max_tokens=graph_max, points=measured.points, **costs)
     profile.check()
     return profile, measured
 

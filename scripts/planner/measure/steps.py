@@ -19,7 +19,7 @@ import torch
 from common.config import ConfigError
 from common.engine.llm_engine import LLMEngine
 from common.sampling_params import SamplingParams
-from scripts.planner.fit import DecodePoint, MixedPoint, PrefillPoint
+from scripts.planner.points import DecodePoint, MixedPoint, PrefillPoint
 
 WARM_DECODE_STEPS = 3  # decode steps run, untimed, before a decode point's timed ones
 
