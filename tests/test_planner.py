@@ -488,6 +488,22 @@ def test_a_prefill_heavy_workload_gets_more_prefill_gpus():
     assert recommend(results, slo)[0] == "3P:1D"
 
 
+def test_layouts_simulated_in_several_processes_give_the_plan_of_one(monkeypatch):
+    from scripts.planner import plan as plan_module
+
+    pooled = []
+    made = plan_module.Layouts.__init__
+
+    def recorded(self, *args):
+        made(self, *args)
+        pooled.append(self.pool is not None)
+    monkeypatch.setattr(plan_module.Layouts, "__init__", recorded)
+    flags = dict(input_len="64:512", output_len="16:128", rates="4,12", num_requests=120)
+    one, several = plan_for(make_profile(), jobs=1, **flags), plan_for(make_profile(), jobs=2, **flags)
+    assert pooled == [False, True]
+    assert list(one) == ["1P:3D", "2P:2D", "3P:1D", "colocated x4"] and one == several
+
+
 def test_profiles_at_two_tp_sizes_are_compared_on_the_same_gpus():
     tp1, tp2 = make_profile(), make_profile(tp=2, block_size=32, num_kv_blocks=4096)
     cfg = PlanConfig(profile="given", gpus=4, rates="5", num_requests=50, input_len="100", output_len="10",

@@ -11,6 +11,7 @@ from scripts.bench_config import DEFAULT_RATES, PLACEMENT_VARIANTS, POLICY_VARIA
 from scripts.bench_workloads import ARRIVALS
 
 MAX_SPLITS = 16
+MAX_JOBS = 8  # processes a plan uses by default: each holds its own simulated engines' block managers
 DEFAULT_VOCAB = 151936
 DEFAULT_REQUESTS = 1000
 VALIDATE_FLAGS = ("validate", "profile", "out", "tolerance")  # the flags --validate reads
@@ -44,6 +45,8 @@ class PlanConfig(BenchConfig):
     placement: str = _opt("prefix", "the router's placement: prefix or load")
     local_prefill_chunk: int = _opt(512, "decode workers' prefill chunk (prompts they prefill themselves)")
     all_splits: bool = _opt(False, f"simulate every split even beyond {MAX_SPLITS}")
+    jobs: int = _opt(0, f"layouts simulated at once, each in a process of its own (0: this machine's cores, at most "
+                        f"{MAX_JOBS}; 1: one after another in this process); the plan is the same either way")
     validate: str | None = _opt(None, "a `pdcluster bench` results.json: simulate its modes on its requests at its "
                                       "send times and print predicted / measured (error) beside each other, "
                                       "instead of a plan (the workload, rates and layouts come from the results)")
@@ -83,6 +86,8 @@ class PlanConfig(BenchConfig):
         for policy in self.policy_list():
             if policy not in POLICY_VARIANTS:
                 raise ValueError(f"--disagg-policies: expected always, never or auto, got {policy!r}")
+        if self.jobs < 0:
+            raise ValueError(f"--jobs: must be >= 0, got {self.jobs}")
         for name in ("slo_ttft", "slo_tpot", "num_requests", "local_prefill_chunk", "vocab_size", "burstiness",
                      "router_rps"):
             value = getattr(self, name)

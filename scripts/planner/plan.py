@@ -8,11 +8,14 @@ cases tried; a bumpy one could hide a better split between grid points, which th
 """
 from __future__ import annotations
 
+import multiprocessing as mp
+import os
+from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import dataclass, field
 
 from scripts.bench_workloads import read_trace, trace_rate
 from scripts.benchmark import LoadPoint, arrivals, point_requests
-from scripts.planner.config import DEFAULT_REQUESTS, DEFAULT_VOCAB, MAX_SPLITS, SLO, PlanConfig
+from scripts.planner.config import DEFAULT_REQUESTS, DEFAULT_VOCAB, MAX_JOBS, MAX_SPLITS, SLO, PlanConfig
 from scripts.planner.engine import BlockPool
 from scripts.planner.profile import Profile, load_profile
 from scripts.planner.report import Point, score, summarize
@@ -51,6 +54,49 @@ def evaluate(profile: Profile, layout: Layout, loads: list[tuple[float, Workload
     return [summarize(str(layout), rate, simulate(profile, layout, w, spares=spares), slo) for rate, w in loads]
 
 
+# What a forked simulating process inherits rather than receives pickled (the loads hold every prompt's tokens), and
+# its own block managers, reused from one layout to the next.
+_SHARED: tuple[Profile, list[tuple[float, Workload]], SLO] | None = None
+_SPARES = BlockPool()
+
+
+def _evaluate_shared(layout: Layout) -> list[Point]:
+    profile, loads, slo = _SHARED
+    return evaluate(profile, layout, loads, slo, _SPARES)
+
+
+class Layouts:
+    """Simulates layouts at every load: in this process, or in `jobs` forked ones at once (where the platform forks).
+    A simulation is a function of its inputs, so the results are the same either way."""
+
+    def __init__(self, jobs: int, profile: Profile, loads: list[tuple[float, Workload]], slo: SLO, spares: BlockPool):
+        global _SHARED
+        self.profile, self.loads, self.slo, self.spares = profile, loads, slo, spares
+        self.pool = None
+        if jobs > 1 and "fork" in mp.get_all_start_methods():
+            _SHARED = (profile, loads, slo)
+            self.pool = ProcessPoolExecutor(jobs, mp_context=mp.get_context("fork"))
+
+    def start(self, layouts: list[Layout]) -> list[Future]:
+        if self.pool is not None:
+            return [self.pool.submit(_evaluate_shared, layout) for layout in layouts]
+        done = []
+        for layout in layouts:
+            done.append(Future())
+            done[-1].set_result(evaluate(self.profile, layout, self.loads, self.slo, self.spares))
+        return done
+
+    def close(self) -> None:
+        global _SHARED
+        if self.pool is not None:
+            self.pool.shutdown()
+            _SHARED = None
+
+
+def jobs(cfg: PlanConfig) -> int:
+    return cfg.jobs or min(MAX_JOBS, os.cpu_count() or 1)
+
+
 def run_plan(cfg: PlanConfig, profiles: list[Profile] | None = None) -> Plan:
     profiles = profiles or [load_profile(path) for path in cfg.profile_list()]
     if len({p.model for p in profiles}) > 1:
@@ -66,35 +112,41 @@ def run_plan(cfg: PlanConfig, profiles: list[Profile] | None = None) -> Plan:
 
 
 def _plan_tp(plan: Plan, profile: Profile, loads: list[tuple[float, Workload]], slo: SLO) -> None:
-    """The splits (and colocated) of the GPUs into engines of the profile's TP size."""
+    """The splits (and colocated) of the GPUs into engines of the profile's TP size. The splits of each round (the
+    coarse grid, then each halving step's neighbours) are simulated at once."""
     cfg, n = plan.config, plan.config.gpus // profile.tp
     if n < 2:
         raise ValueError(f"--gpus {cfg.gpus} makes fewer than 2 engines of tp {profile.tp}")
     common = dict(placement=cfg.placement, local_prefill_chunk=cfg.local_prefill_chunk, tp=profile.tp,
                   transport=ACROSS_GPUS)
-    for policy in cfg.policy_list():
-        seen: dict[int, tuple] = {}
+    layouts = Layouts(jobs(cfg), profile, loads, slo, plan.spares)
+    try:
+        colocated = Layout(colocated=n, **common)
+        colocated_points = layouts.start([colocated])[0]
+        for policy in cfg.policy_list():
+            seen: dict[int, tuple] = {}
 
-        def run(x: int) -> tuple:
-            if x not in seen:
-                layout = Layout(prefill=x, decode=n - x, policy=policy, **common)
-                plan.results[str(layout)] = evaluate(profile, layout, loads, slo, plan.spares)
-                seen[x] = score(plan.results[str(layout)], slo)
-            return seen[x]
+            def best_of(xs: list[int]) -> int:
+                """The best scoring split of `xs` (the first of equals), each simulated once."""
+                new = [Layout(prefill=x, decode=n - x, policy=policy, **common) for x in dict.fromkeys(xs)
+                       if x not in seen]
+                for layout, points in zip(new, layouts.start(new)):
+                    plan.results[str(layout)] = points.result()
+                    seen[layout.prefill] = score(plan.results[str(layout)], slo)
+                return max(xs, key=seen.__getitem__)
 
-        splits = range(1, n)
-        if len(splits) <= MAX_SPLITS or cfg.all_splits:
-            for x in splits:
-                run(x)
-        else:
-            plan.skipped_splits = True
-            step = -(-(n - 1) // MAX_SPLITS)
-            best = max(range(1, n, step), key=run)
-            while step > 1:
-                step //= 2
-                best = max((x for x in (best - step, best, best + step) if 1 <= x < n), key=run)
-    colocated = Layout(colocated=n, **common)
-    plan.results[str(colocated)] = evaluate(profile, colocated, loads, slo, plan.spares)
+            if n - 1 <= MAX_SPLITS or cfg.all_splits:
+                best_of(list(range(1, n)))
+            else:
+                plan.skipped_splits = True
+                step = -(-(n - 1) // MAX_SPLITS)
+                best = best_of(list(range(1, n, step)))
+                while step > 1:
+                    step //= 2
+                    best = best_of([x for x in (best - step, best, best + step) if 1 <= x < n])
+        plan.results[str(colocated)] = colocated_points.result()
+    finally:
+        layouts.close()
 
 
 def _order(name: str) -> tuple:
