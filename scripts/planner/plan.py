@@ -54,15 +54,20 @@ def evaluate(profile: Profile, layout: Layout, loads: list[tuple[float, Workload
     return [summarize(str(layout), rate, simulate(profile, layout, w, spares=spares), slo) for rate, w in loads]
 
 
-# What a forked simulating process inherits rather than receives pickled (the loads hold every prompt's tokens), and
-# its own block managers, reused from one layout to the next.
-_SHARED: tuple[Profile, list[tuple[float, Workload]], SLO] | None = None
-_SPARES = BlockPool()
+# A simulating process's own: what it simulates every layout on (handed over when it is forked, not pickled: the loads
+# hold every prompt's tokens), and its block managers, reused from one layout to the next. Unset in the planner's
+# own process.
+_worker: tuple[Profile, list[tuple[float, Workload]], SLO, BlockPool] | None = None
 
 
-def _evaluate_shared(layout: Layout) -> list[Point]:
-    profile, loads, slo = _SHARED
-    return evaluate(profile, layout, loads, slo, _SPARES)
+def _start_worker(profile: Profile, loads: list[tuple[float, Workload]], slo: SLO) -> None:
+    global _worker
+    _worker = (profile, loads, slo, BlockPool())
+
+
+def _evaluate_in_worker(layout: Layout) -> list[Point]:
+    profile, loads, slo, spares = _worker
+    return evaluate(profile, layout, loads, slo, spares)
 
 
 class Layouts:
@@ -70,16 +75,15 @@ class Layouts:
     A simulation is a function of its inputs, so the results are the same either way."""
 
     def __init__(self, jobs: int, profile: Profile, loads: list[tuple[float, Workload]], slo: SLO, spares: BlockPool):
-        global _SHARED
         self.profile, self.loads, self.slo, self.spares = profile, loads, slo, spares
         self.pool = None
         if jobs > 1 and "fork" in mp.get_all_start_methods():
-            _SHARED = (profile, loads, slo)
-            self.pool = ProcessPoolExecutor(jobs, mp_context=mp.get_context("fork"))
+            self.pool = ProcessPoolExecutor(jobs, mp_context=mp.get_context("fork"), initializer=_start_worker,
+                                            initargs=(profile, loads, slo))
 
     def start(self, layouts: list[Layout]) -> list[Future]:
         if self.pool is not None:
-            return [self.pool.submit(_evaluate_shared, layout) for layout in layouts]
+            return [self.pool.submit(_evaluate_in_worker, layout) for layout in layouts]
         done = []
         for layout in layouts:
             done.append(Future())
@@ -87,10 +91,8 @@ class Layouts:
         return done
 
     def close(self) -> None:
-        global _SHARED
         if self.pool is not None:
             self.pool.shutdown()
-            _SHARED = None
 
 
 def jobs(cfg: PlanConfig) -> int:
