@@ -73,38 +73,42 @@ def parts(r: dict) -> dict[str, float] | None:
     return {name: r[b]["t"] - r[a]["t"] for name, a, b in DISAGG_PARTS}
 
 
-def prefill_steps(point: list[dict]) -> list[tuple[float, float, int]]:
-    """The prefill workers' steps among these requests, each (start, first token collected, prompt tokens): a step
-    is the requests one worker launched at one instant, and it starts at its launch, or at the previous step's
+def prefill_steps(point: list[dict]) -> list[tuple[float, float, list[int]]]:
+    """The prefill workers' steps among these requests, each (start, first token collected, its prompts' tokens): a
+    step is the requests one worker launched at one instant, and it starts at its launch, or at the previous step's
     end where it was launched while that one ran (the engine launches a step before collecting the one before)."""
     steps: dict[tuple[str, float], list] = {}
     for r in point:
         launched, done, got = r.get(("prefill", "launched")), r.get(("prefill", "prefilled")), r.get(("prefill", "received"))
         if launched and done and got:
-            step = steps.setdefault((launched["worker"], launched["t"]), [launched["t"], 0.0, 0])
+            step = steps.setdefault((launched["worker"], launched["t"]), [launched["t"], 0.0, []])
             step[1] = max(step[1], done["t"])
-            step[2] += got.get("tokens", 0)
+            step[2].append(got.get("tokens", 0))
     timed, last_end = [], {}
-    for (worker, _), (start, end, tokens) in sorted(steps.items(), key=lambda kv: kv[1][0]):
-        timed.append((max(start, last_end.get(worker, start)), end, tokens))
+    for (worker, _), (start, end, prompts) in sorted(steps.items(), key=lambda kv: kv[1][0]):
+        timed.append((max(start, last_end.get(worker, start)), end, prompts))
         last_end[worker] = end
     return timed
 
 
 def step_report(point: list[dict], profile: Profile, max_tokens: int | None) -> str:
-    """`prefill steps N: slowdown p50 / p90, pace p50` for the point's prefill steps of at most `max_tokens`."""
-    slowdown, pace = [], []
-    for start, end, tokens in prefill_steps(point):
+    """`prefill steps N: slowdown p50 / p90 (steps of one prompt, of several), pace p50` for the point's prefill steps
+    of at most `max_tokens`, each set against the profile's time for its prompts (each a chunk of its own) alone."""
+    slowdown, pace, by_count = [], [], {"one prompt": [], "several": []}
+    for start, end, prompts in prefill_steps(point):
+        tokens = sum(prompts)
         if max_tokens is not None and tokens > max_tokens:
             continue
-        alone, floor = profile.prompt_step(tokens)
+        alone, floor = profile.prompt_step(tokens, [(n, 0) for n in prompts])
         if end - start > floor and alone > floor:
             slowdown.append((end - start) / alone)
             pace.append(2 * (alone - floor) / (end - start - floor))
+            by_count["one prompt" if len(prompts) == 1 else "several"].append(slowdown[-1])
     if not slowdown:
         return "no prefill steps"
-    return (f"prefill steps {len(slowdown)}: x alone {statistics.median(slowdown):.2f} / {percentile(slowdown, 90):.2f}, "
-            f"pace {statistics.median(pace):.2f}")
+    split = ", ".join(f"{name} {statistics.median(x):.2f} of {len(x)}" for name, x in by_count.items() if x)
+    return (f"prefill steps {len(slowdown)}: x alone {statistics.median(slowdown):.2f} / {percentile(slowdown, 90):.2f} "
+            f"({split}), pace {statistics.median(pace):.2f}")
 
 
 def main(argv: list[str] | None = None) -> None:

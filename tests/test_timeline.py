@@ -31,7 +31,7 @@ def test_a_step_launched_while_the_one_before_ran_is_timed_from_that_ones_end(tm
     write_prefill_steps(tmp_path, [(0.0, 0.010, [300]), (0.005, 0.018, [200, 100]), (0.030, 0.034, [64])])
     point = list(timeline.load(tmp_path).values())
     steps = timeline.prefill_steps(point)
-    assert [tokens for _, _, tokens in steps] == [300, 300, 64]
+    assert [prompts for _, _, prompts in steps] == [[300], [200, 100], [64]]
     assert [t for start, end, _ in steps for t in (start, end)] == pytest.approx([0.0, 0.010, 0.010, 0.018,
                                                                                   0.030, 0.034])
 
@@ -54,6 +54,20 @@ def test_the_report_sets_each_step_against_its_time_alone(tmp_path):
     assert f"x alone {(slowdowns[0] + slowdowns[1]) / 2:.2f}" in report
     assert "pace 0.75" in report  # the median of 1.0 and 0.5
     assert timeline.step_report(point, profile, max_tokens=10) == "no prefill steps"
+
+
+def test_a_step_of_several_prompts_is_set_against_their_chunks_and_reported_apart(tmp_path):
+    """Attention grows with each prompt's own square: two prompts of 100 in one step are set against two chunks of
+    100, not one of 200, and steps of one prompt and of several are reported apart."""
+    from scripts.planner.profile import PrefillCost
+
+    profile = make_profile(prefill=PrefillCost(base_s=0.01, per_token_s=1e-4, per_chunk_pair_s=1e-6))
+    two, _ = profile.prompt_step(200, [(100, 0), (100, 0)])
+    one, _ = profile.prompt_step(200)
+    assert one - two == pytest.approx(1e-6 * (200 * 200 - 2 * 100 * 100) / 2)
+    write_prefill_steps(tmp_path, [(0.0, 1.1 * one, [200]), (1.0, 1.0 + 0.9 * two, [100, 100])])
+    report = timeline.step_report(list(timeline.load(tmp_path).values()), profile, max_tokens=None)
+    assert "(one prompt 1.10 of 1, several 0.90 of 1)" in report
 
 
 def test_the_command_prints_the_step_report_under_each_point(tmp_path, capsys):

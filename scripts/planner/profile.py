@@ -134,12 +134,13 @@ class Profile(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             return tokens
         return padded_tokens(tokens, self.max_num_batched_tokens)
 
-    def prompt_step(self, tokens: int) -> tuple[float, float]:
+    def prompt_step(self, tokens: int, chunks: list[tuple[int, int]] | None = None) -> tuple[float, float]:
         """A step of `tokens` prompt tokens and nothing else, alone on its GPU: (its seconds, its launch-bound floor:
-        the host's part, which goes at the host's pace)."""
+        the host's part, which goes at the host's pace). `chunks`: its prompts' (tokens, context before them), one
+        fresh prompt by default."""
         padded = self.padded(tokens)
         cost, graphed = self.prefill_cost(padded)
-        return (self.host_launch_s + cost.step_seconds(padded, [(tokens, 0)]),
+        return (self.host_launch_s + cost.step_seconds(padded, chunks or [(tokens, 0)]),
                 self.host_launch_s + (0.0 if graphed else cost.base_s))
 
     def decode_cost(self, batch: int) -> DecodeCost:
