@@ -1,5 +1,5 @@
 """Stop 25: how long a KV receive takes to resolve while the receiving process's main thread runs Python, against the
-main thread blocked on it; stop24_gil_gpu_probe.py on either device. `cuda`: nccl between two GPUs; `cpu`: gloo between
+main thread blocked on it, on either device (stop 24's GPU-only probe, as run at stop 25, is in git at 1f48a66). `cuda`: nccl between two GPUs; `cpu`: gloo between
 two processes (the same link code, except that gloo's `wait` blocks instead of polling). 23 blocks in segments of 5,
 ids one run or scattered; the switch interval 5 ms (the default) or SWITCH seconds.
 `python docs/gpu_runs/stop25_gil_probe.py cpu|cuda [REPEAT]`"""
@@ -19,17 +19,12 @@ from common.engine.kv_pool import KVPool
 from common.protocol import KVDescriptors
 from kvtransfer import segments as S
 from kvtransfer.nccl.transport import NcclTransport
+from stop24_recv_probe import ids_for  # this folder: the script's own
 from tests.test_kvtransfer_gpu import LAYOUT, NUM_BLOCKS, source_pool
 
 SWITCH = float(os.environ.get("SWITCH", "0.0005"))
 CASES = [(main, interval, ids) for ids in ("run", "scattered") for main, interval in
          (("blocked", 0.005), ("python", 0.005), ("python", SWITCH))]
-
-
-def ids_for(kind: str, rng: random.Random) -> tuple[list[int], list[int]]:
-    if kind == "run":
-        return list(range(10, 33)), list(range(40, 63))
-    return rng.sample(range(NUM_BLOCKS), 23), rng.sample(range(NUM_BLOCKS), 23)
 
 
 def decode(conn, device: str) -> None:

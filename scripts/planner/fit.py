@@ -92,10 +92,15 @@ def worst_error(features: list[list[float]], seconds: list[float], x: list[float
     return max(abs(offset + sum(f * c for f, c in zip(row, x)) - s) / s for row, s in zip(features, seconds))
 
 
+def attention_features(p: PrefillPoint) -> list[float]:
+    """A one-prompt step's pairs of tokens attended: with the context before it, and among its own (causal)."""
+    return [p.tokens * p.context, p.tokens * p.tokens / 2]
+
+
 def fit_prefill(points: list[PrefillPoint], host_launch_s: float = 0.0) -> tuple[PrefillCost, Fit]:
     """A prefill-only step: the simulator charges host_launch_s + PrefillCost.seconds(tokens, context)."""
-    fit = fit_relative([[1.0, p.tokens, p.tokens * p.context, p.tokens * p.tokens / 2] for p in points],
-                       [p.seconds for p in points], host_launch_s)
+    fit = fit_relative([[1.0, p.tokens, *attention_features(p)] for p in points], [p.seconds for p in points],
+                       host_launch_s)
     base, per_token, per_context, per_pair = fit.coefficients
     return PrefillCost(base_s=base, per_token_s=per_token, per_token_context_s=per_context,
                        per_chunk_pair_s=per_pair), fit
@@ -116,7 +121,7 @@ def fit_prefill_costs(points: list[PrefillPoint], host_launch_s: float, graph_ma
 
     def row(p: PrefillPoint) -> list[float]:
         side = [1.0, p.tokens, 0.0, 0.0] if p.tokens <= graph_max else [0.0, 0.0, 1.0, p.tokens]
-        return side + [p.tokens * p.context, p.tokens * p.tokens / 2]
+        return side + attention_features(p)
     x = fit_relative([row(p) for p in points], [p.seconds for p in points], host_launch_s).coefficients
     base, per_token, eager_base, eager_per_token, per_context, per_pair = x
     prefill = PrefillCost(base_s=base, per_token_s=per_token, per_token_context_s=per_context, per_chunk_pair_s=per_pair)
