@@ -263,6 +263,40 @@ def test_posted_segments_bound_only_those_holding_scratch_memory(monkeypatch):
     assert events[-2:] == ["wait view2", "wait scratch2"] and not posted.ops and posted.scratch == 0
 
 
+def test_nccl_waits_only_where_no_later_wait_covers_an_operation(monkeypatch):
+    """NCCL completes a link's operations in posting order: a transfer waits for a scratch operation before its
+    scatter (and to free its buffer) and for the last one, not for the views between, whose tensors stay alive
+    until a later wait. Each wait on a link thread gives the GIL to a worker's busy main thread (stop 25)."""
+    events: list[str] = []
+
+    class Work:
+        def __init__(self, name):
+            self.name = name
+
+        def is_completed(self):
+            return True
+
+        def wait(self):
+            events.append(f"wait {self.name}")
+
+    monkeypatch.setattr(L, "IN_FLIGHT", 2)
+    posted = L.Posted(SimpleNamespace(backend="nccl", timeout=1.0))
+    views = [torch.empty(1) for _ in range(3)]
+    for i, t in enumerate(views):
+        posted.add(Work(f"view{i}"), t)
+    posted.add(Work("scratch0"), torch.empty(1), scratch=True, then=lambda: events.append("scatter0"))
+    posted.add(Work("scratch1"), torch.empty(1), scratch=True, then=lambda: events.append("scatter1"))
+    assert events == ["wait scratch0", "scatter0"] and posted.covered == []
+    posted.add(Work("view3"), views[0])
+    posted.add(Work("gather"), torch.empty(1), scratch=True)  # a sender's gather: no `then`
+    assert events[-2:] == ["wait scratch1", "scatter1"]
+    posted.add(Work("trailer"), torch.empty(1))
+    posted.drain()
+    assert events[-1] == "wait trailer" and events.count("wait trailer") == 1
+    assert not any(e.startswith(("wait view", "wait gather")) for e in events)
+    assert not posted.ops and posted.scratch == 0 and posted.covered == []
+
+
 def test_the_receiver_posts_what_needs_no_wait_when_nothing_earlier_is_left(monkeypatch):
     """Bytes start to move without waking the link thread, and both sides still post in handoff order: the
     caller posts leading views and one scratch receive; a second scratch segment, anything behind a transfer

@@ -188,12 +188,19 @@ class Posted:
     """One side's posted operations of a transfer, in order. Views of a pool and small tensors stay posted
     until the end (the link stream runs them back to back, with no host round trip between); at most
     IN_FLIGHT that hold a scratch buffer are outstanding, the oldest waited for (and its `then`, a scatter,
-    queued) before another is posted."""
+    queued) before another is posted.
+
+    NCCL completes one link's operations in the order they were posted, so there an operation without a `then`
+    is not waited for when a later wait covers it; its tensor is kept until that wait. Each wait on a link thread
+    hands the GIL to the worker's main thread, and gets it back only once that thread blocks or its switch
+    interval ends (docs/benchmarks.md, stop 25)."""
 
     def __init__(self, link: Link):
         self.link = link
+        self.in_order = link.backend == "nccl"
         self.ops: deque = deque()  # (work, tensor kept alive, holds scratch, then)
         self.scratch = 0
+        self.covered: list[torch.Tensor] = []  # tensors of operations the next wait covers
 
     def can_post_without_waiting(self, op: Op) -> bool:
         return not op.scratch or self.scratch + 1 < IN_FLIGHT
@@ -206,17 +213,21 @@ class Posted:
     def add(self, work, tensor: torch.Tensor, scratch: bool = False, then: Callable[[], object] | None = None):
         self.ops.append((work, tensor, scratch, then))
         self.scratch += scratch
-        while self.scratch >= IN_FLIGHT:
-            self._finish_oldest()
+        while self.scratch >= IN_FLIGHT:  # the loop waits for a scratch operation, which covers the views before it
+            self._retire_oldest(covered=not self.ops[0][2])
 
     def drain(self) -> None:
         while self.ops:
-            self._finish_oldest()
+            self._retire_oldest(covered=len(self.ops) > 1)
 
-    def _finish_oldest(self) -> None:
+    def _retire_oldest(self, covered: bool) -> None:
         work, tensor, scratch, then = self.ops.popleft()
-        wait(self.link, work)
         self.scratch -= scratch
+        if covered and self.in_order and then is None:
+            self.covered.append(tensor)
+            return
+        wait(self.link, work)
+        self.covered.clear()
         if then is not None:
             if tensor.is_cuda:  # made on the caller's stream, maybe: keep it from reuse there until `then` has read it
                 tensor.record_stream(torch.cuda.current_stream(tensor.device))
@@ -254,5 +265,6 @@ class Transfer:
             self.check()
 
 
-def trailer(seq: int, request_id: str, total_bytes: int, segments: int, device) -> torch.Tensor:
-    return torch.tensor([seq, zlib.crc32(request_id.encode()), total_bytes, segments], dtype=torch.int64, device=device)
+def trailer(seq: int, request_id: str, total_bytes: int, segments: int) -> list[int]:
+    """What closes a transfer: checked by the receiver as a list, so the check makes no torch call."""
+    return [seq, zlib.crc32(request_id.encode()), total_bytes, segments]

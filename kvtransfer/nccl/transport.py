@@ -98,7 +98,8 @@ class NcclTransport(Transport):
             else:
                 ops.append(Op("send", lambda off=off, n=n: blocks.gather(off, n), scratch=True))
         total = sum(n for _, n in segments) * self.pool.layout.block_bytes
-        ops.append(Op("send", lambda: trailer(seq, request_id, total, len(segments), kv.device)))
+        ops.append(Op("send", lambda: torch.tensor(trailer(seq, request_id, total, len(segments)), dtype=torch.int64,
+                                                   device=kv.device)))
         return ops
 
     # ---- decode side --------------------------------------------------------------------------------
@@ -177,10 +178,10 @@ class NcclTransport(Transport):
         ops.append(Op("recv", lambda: buffer("trailer", 32).view(torch.int64)))
 
         def check() -> None:
-            expected = trailer(stream.seq, request_id, sum(counts) * block_bytes, len(counts), "cpu")
-            received = made["trailer"].view(torch.int64).cpu()
-            if not torch.equal(received, expected):
-                raise TransferError(f"KV link out of step: trailer {received.tolist()}, expected {expected.tolist()}")
+            expected = trailer(stream.seq, request_id, sum(counts) * block_bytes, len(counts))
+            received = made["trailer"].view(torch.int64).tolist()
+            if received != expected:
+                raise TransferError(f"KV link out of step: trailer {received}, expected {expected}")
         return ops, check
 
     # ---- both ---------------------------------------------------------------------------------------
