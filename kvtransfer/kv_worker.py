@@ -3,6 +3,7 @@ handoff table, polled by the worker's loop. The prefill and decode workers are i
 from __future__ import annotations
 
 import logging
+import sys
 
 import msgspec
 import zmq
@@ -17,6 +18,10 @@ from kvtransfer.handoff import Handoff, HandoffTable
 
 log = logging.getLogger(__name__)
 
+# The GIL switch interval of a KV worker's process: a link thread waiting for the GIL gets it back from a main
+# thread busy in Python within this, not the interpreter's default 5 ms (docs/benchmarks.md, stop 25).
+SWITCH_INTERVAL_S = 0.0005
+
 
 class KVWorker(Worker):
     """A role says which records it takes on its data channel (`data_records`, handled by `on_record`) and how it
@@ -26,6 +31,7 @@ class KVWorker(Worker):
 
     def __init__(self, config: WorkerConfig, engine_config: EngineConfig):
         super().__init__(config, engine_config)
+        sys.setswitchinterval(SWITCH_INTERVAL_S)
         self.kv = KVEndpoint(self.ctx, self.engine.runner.kv_pool, self.engine.config.device, config.kv_transports,
                              config.host, config.handoff_timeout, auth.socket_security(self.keys))
         self.handoffs = HandoffTable()
