@@ -28,13 +28,24 @@ def close(a: float, b: float, rel: float = 1e-6) -> bool:
 # ---- fits ---------------------------------------------------------------------------------------------
 
 def test_prefill_fit_recovers_known_coefficients_with_the_host_work_split_off():
-    truth = PrefillCost(base_s=4e-3, per_token_s=3e-5, per_token_context_s=2e-9, per_chunk_pair_s=5e-10)
+    truth = PrefillCost(base_s=4e-3, per_token_s=3e-5, per_token_context_s=2e-9, per_chunk_pair_s=2e-9,
+                        min_tokens=256, context_min_tokens=1024)
     host = 5e-4
     points = [PrefillPoint(n, c, host + truth.seconds(n, c)) for c in (0, 1024, 4096) for n in (64, 512, 2048, 8192)]
     cost, fit = fit_prefill(points, host)
     assert close(cost.base_s, truth.base_s) and close(cost.per_token_s, truth.per_token_s)
     assert close(cost.per_token_context_s, truth.per_token_context_s) and fit.worst_error < 1e-9
     assert close(cost.per_chunk_pair_s, truth.per_chunk_pair_s)
+    assert (cost.min_tokens, cost.context_min_tokens) == (256, 1024)
+
+
+def test_the_sustained_factor_is_back_to_back_over_alone_and_never_below_one():
+    from scripts.planner.fit import sustained_factor
+    from scripts.planner.points import SustainedPoint
+
+    assert sustained_factor(SustainedPoint(8190, 6, 0.180, 0.1949)) == pytest.approx(1.0828, rel=1e-3)
+    assert sustained_factor(SustainedPoint(8190, 6, 0.004, 0.003)) == 1.0  # a CPU: faster back to back
+    assert sustained_factor(None) == 1.0
 
 
 def test_decode_and_handoff_fits_recover_known_coefficients():
@@ -64,7 +75,7 @@ def test_the_mixed_step_fit_is_what_mixed_steps_take_beyond_their_parts_apart():
 
 def test_noisy_points_give_coefficients_near_the_truth():
     rng = random.Random(3)
-    truth = PrefillCost(base_s=4e-3, per_token_s=3e-5, per_token_context_s=2e-9)
+    truth = PrefillCost(base_s=4e-3, per_token_s=3e-5, per_token_context_s=2e-9, per_chunk_pair_s=2e-9)
     points = [PrefillPoint(n, c, truth.seconds(n, c) * rng.uniform(0.97, 1.03))
               for c in (0, 1024, 4096) for n in (64, 256, 1024, 2048, 8192)]
     cost, fit = fit_prefill(points)
@@ -207,6 +218,7 @@ def test_the_profile_keeps_its_points_so_a_changed_model_refits_them_without_a_g
     points = profile.points
     assert len(points.prefill) >= 6 and len(points.decode) >= 3 and len(points.mixed) >= 1
     assert len(points.handoff["host"]) >= 3
+    assert points.sustained is not None and points.sustained.prompts == 6 and points.sustained.back_to_back_s > 0
     same, fits = refit(profile)
     assert same == profile and {"prefill", "decode", "mixed", "handoff.host"} <= set(fits)
 
@@ -243,3 +255,21 @@ def test_mistakes_are_one_line(tiny_qwen3_dir, tmp_path):
     assert "--tp 2: needs 2 visible GPUs" in line
     line = one_error_line(pdcluster("profile", "--model", str(tiny_qwen3_dir), "--device", "cuda", "--out", "x"))
     assert "cuda" in line
+
+
+def test_a_profile_names_a_tree_that_differs_from_its_commit(tmp_path, monkeypatch):
+    """A profile measured before its tree is committed says so: the note's revision gets "+changes"."""
+    from scripts.planner.measure import run
+
+    def git(*args: str) -> None:
+        subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=tmp_path, check=True,
+                       capture_output=True)
+    git("init", "-q")
+    (tmp_path / "f.py").write_text("a = 1\n")
+    git("add", "f.py")
+    git("commit", "-qm", "one")
+    monkeypatch.setattr(run, "ROOT", tmp_path)
+    clean = run.git_revision()
+    assert clean and re.fullmatch(r"[0-9a-f]{7,}", clean)
+    (tmp_path / "f.py").write_text("a = 2\n")
+    assert run.git_revision() == clean + "+changes"

@@ -85,6 +85,7 @@ def run(args: argparse.Namespace) -> None:
                   f"{cost.per_token_context_s:.3e}, per_chunk_pair_s {cost.per_chunk_pair_s:.3e}")
     print(f"decode: base_s {dc.base_s:.3e}, per_seq_s {dc.per_seq_s:.3e}, per_seq_context_s {dc.per_seq_context_s:.3e}")
     print(f"mixed_step_s {profile.mixed_step_s:.3e}: added to a step with prompt tokens and decodes")
+    print(f"sustained_prefill_factor {profile.sustained_prefill_factor:.3f}: prompt steps back to back over alone")
     for name, cost in profile.handoff.items():
         print(f"handoff {name}: base_s {cost.base_s:.3e}, bytes_per_s {cost.bytes_per_s:.3e}")
     save_profile(profile, cfg.out)

@@ -37,6 +37,9 @@ from scripts.planner.profile import Profile
 
 TOKEN = 1  # every sampled token: no end of sequence, each request runs to its output length
 MIN_FAST_STEPS = 4  # fewer identical steps than this run one by one
+# How fast a GPU's clock follows its load, the time constant of an engine's `heat`: prompt steps run back to back
+# were slower within their first second, and one after a 0.5 s pause ran as fast as the first (stop 26's probe).
+SUSTAIN_S = 0.5
 
 
 class BlockPool:
@@ -117,6 +120,9 @@ class SimEngine:
         self.step_time = self.step_end = 0.0
         self.started = self.launch_end = 0.0  # when the step in flight began, and when its launch ends
         self.busy_seconds = 0.0
+        # The engine's recent share of time in prompt steps (an exponential average, SUSTAIN_S), as of `heat_t`:
+        # how far its prompt steps run at the profile's sustained pace rather than their pace alone.
+        self.heat, self.heat_t = 0.0, 0.0
         self.steps = 0
         self.prefill_tokens_run = 0
         self.prompt_steps = 0  # steps with prompt tokens (they do not overlap here: each is its batch's)
@@ -267,6 +273,8 @@ class SimEngine:
                 self._block(now, self.busy_until, first + growth * (k - 1), decode_only=True)
                 return self.busy_until
         self.step_time = self.step_seconds(batch)
+        if not batch.decode_only:
+            self.step_time *= 1 + (self.profile.sustained_prefill_factor - 1) * self._heat_at(now)
         self.started, self.launch_end = now, now + min(self.host_seconds(batch), self.step_time)
         self.batch, self.olds = batch, self.scheduler.advance(batch)
         self.busy_until = self.step_end = now + self.step_time
@@ -334,7 +342,13 @@ class SimEngine:
         if not batch.decode_only:
             self.prompt_steps += 1
             self.prompt_seconds += self.step_time
+            heat = self._heat_at(self.started)
+            self.heat = 1 - (1 - heat) * math.exp(-(self.step_end - self.started) / SUSTAIN_S)
+            self.heat_t = self.step_end
         return Done(batch, self.olds, None, self.step_end)
+
+    def _heat_at(self, now: float) -> float:
+        return self.heat * math.exp(-max(0.0, now - self.heat_t) / SUSTAIN_S)
 
     def collect(self, done: Done) -> tuple[list[Sequence], float]:
         """The sequences that got tokens from the step `done` (resolved now), and when its first step ended (the

@@ -2,7 +2,7 @@
 relative residuals, so a 2 ms step and a 200 ms one count alike, and every coefficient stays >= 0 as
 `Profile.check` wants.
 
-The models are linear in their coefficients (scripts/planner/profile.py); with at most six unknowns (the two prompt
+The models are linear in their coefficients (scripts/planner/profile.py); with at most five unknowns (the two prompt
 lines fitted together), exact NNLS is cheap by enumeration: solve the unconstrained problem on every subset of the
 unknowns, keep the best solution whose coefficients are all >= 0.
 """
@@ -17,8 +17,10 @@ from dataclasses import dataclass
 
 import msgspec
 
-from scripts.planner.points import DecodePoint, HandoffPoint, MeasuredPoints, MixedPoint, PrefillPoint
-from scripts.planner.profile import DecodeCost, HandoffCost, PrefillCost, Profile, ProfileError, decode_cost
+from scripts.planner.points import (DecodePoint, HandoffPoint, MeasuredPoints, MixedPoint, PrefillPoint,
+                                    SustainedPoint)
+from scripts.planner.profile import (DecodeCost, HandoffCost, PrefillCost, Profile, ProfileError, decode_cost,
+                                     step_work)
 
 WARN_ERROR = 0.2  # a fit whose worst point is off by more than this gets a warning line
 
@@ -92,44 +94,69 @@ def worst_error(features: list[list[float]], seconds: list[float], x: list[float
     return max(abs(offset + sum(f * c for f, c in zip(row, x)) - s) / s for row, s in zip(features, seconds))
 
 
-def attention_features(p: PrefillPoint) -> list[float]:
-    """A one-prompt step's pairs of tokens attended: with the context before it, and among its own (causal)."""
-    return [p.tokens * p.context, p.tokens * p.tokens / 2]
+# The floors a prompt fit tries (PrefillCost.min_tokens, context_min_tokens): it keeps the pair whose fit has the
+# least squared relative error. Past a few hundred tokens a GPU's tiles are full.
+MIN_TOKENS = (0, 64, 128, 256, 512)
+CONTEXT_MIN_TOKENS = (0, 256, 512, 768, 1024, 2048)
+
+
+def _prefill_row(p: PrefillPoint, min_tokens: int, context_min_tokens: int, eager: bool | None) -> list[float]:
+    """A one-prompt step's features: (base, GEMM tokens) on its side (None: one side for every point), and the pairs
+    it attends, context and its own together (one cost a pair: the same kernel's work either way)."""
+    gemm, context_pairs, chunk_pairs = step_work(p.tokens, [(p.tokens, p.context)], min_tokens, context_min_tokens)
+    side = [1.0, float(gemm)]
+    if eager is not None:
+        side = [0.0, 0.0, *side] if eager else [*side, 0.0, 0.0]
+    return [*side, context_pairs + chunk_pairs]
+
+
+def _best_prefill_fit(points: list[PrefillPoint], host_launch_s: float, eager_of) -> tuple[list[float], int, int]:
+    """The prompt fit (coefficients, min_tokens, context_min_tokens) whose squared relative error is least over
+    every pair of floors tried."""
+    seconds = [p.seconds for p in points]
+    best = None
+    for floors in itertools.product(MIN_TOKENS, CONTEXT_MIN_TOKENS):
+        rows = [_prefill_row(p, *floors, eager_of(p)) for p in points]
+        x = fit_relative(rows, seconds, host_launch_s).coefficients
+        err = sum(((host_launch_s + sum(a * b for a, b in zip(r, x))) / s - 1) ** 2 for r, s in zip(rows, seconds))
+        if best is None or err < best[0] - 1e-12:
+            best = (err, x, *floors)
+    return best[1], best[2], best[3]
+
+
+def _prompt_cost(base: float, per_token: float, per_pair: float, floors: tuple[int, int]) -> PrefillCost:
+    return PrefillCost(base_s=base, per_token_s=per_token, per_token_context_s=per_pair, per_chunk_pair_s=per_pair,
+                       min_tokens=floors[0], context_min_tokens=floors[1])
 
 
 def fit_prefill(points: list[PrefillPoint], host_launch_s: float = 0.0) -> tuple[PrefillCost, Fit]:
     """A prefill-only step: the simulator charges host_launch_s + PrefillCost.seconds(tokens, context)."""
-    fit = fit_relative([[1.0, p.tokens, *attention_features(p)] for p in points], [p.seconds for p in points],
-                       host_launch_s)
-    base, per_token, per_context, per_pair = fit.coefficients
-    return PrefillCost(base_s=base, per_token_s=per_token, per_token_context_s=per_context,
-                       per_chunk_pair_s=per_pair), fit
+    x, *floors = _best_prefill_fit(points, host_launch_s, lambda p: None)
+    rows = [_prefill_row(p, *floors, None) for p in points]
+    return _prompt_cost(*x, floors), Fit(x, worst_error(rows, [p.seconds for p in points], x, host_launch_s))
 
 
 def fit_prefill_costs(points: list[PrefillPoint], host_launch_s: float, graph_max: int
                       ) -> tuple[PrefillCost, PrefillCost | None, dict[str, Fit]]:
     """`Profile.prefill` and `prefill_eager`: prompt steps of up to `graph_max` tokens replay a graph, those past it
-    run eagerly, launch-bound, so each side has its own base and per-token cost. Attention (a chunk's pairs with the
-    context before it and among its own tokens) runs the same kernels on both sides, so they share those two
-    coefficients, fitted over every point: the eager side alone measures too few prompt sizes to tell its own
-    square from its line. One cost for all (and None) when one side has no points."""
+    run eagerly, launch-bound, so each side has its own base and per-token cost. Attention runs the same kernels on
+    both sides, so they share its one cost a pair attended (with the context before a chunk or among its own
+    tokens) and the floors, fitted over every point: the eager side alone measures too few prompt sizes to tell its
+    own square from its line, and a separate cost for a chunk's own pairs took up the bend of the graphed side's
+    GEMMs instead (an H200's eager line then cost nothing a token). One cost for all (and None) when one side has
+    no points."""
     graphed = [p for p in points if p.tokens <= graph_max]
     eager = [p for p in points if p.tokens > graph_max]
     if not (graphed and eager):
         prefill, fit = fit_prefill(points, host_launch_s)
         return prefill, None, {"prefill": fit}
-
-    def row(p: PrefillPoint) -> list[float]:
-        side = [1.0, p.tokens, 0.0, 0.0] if p.tokens <= graph_max else [0.0, 0.0, 1.0, p.tokens]
-        return side + attention_features(p)
-    x = fit_relative([row(p) for p in points], [p.seconds for p in points], host_launch_s).coefficients
-    base, per_token, eager_base, eager_per_token, per_context, per_pair = x
-    prefill = PrefillCost(base_s=base, per_token_s=per_token, per_token_context_s=per_context, per_chunk_pair_s=per_pair)
-    prefill_eager = PrefillCost(base_s=eager_base, per_token_s=eager_per_token, per_token_context_s=per_context,
-                                per_chunk_pair_s=per_pair)
-    fits = {name: Fit(x, worst_error([row(p) for p in side], [p.seconds for p in side], x, host_launch_s))
+    x, *floors = _best_prefill_fit(points, host_launch_s, lambda p: p.tokens > graph_max)
+    base, per_token, eager_base, eager_per_token, per_pair = x
+    fits = {name: Fit(x, worst_error([_prefill_row(p, *floors, name == "prefill_eager") for p in side],
+                                     [p.seconds for p in side], x, host_launch_s))
             for name, side in (("prefill", graphed), ("prefill_eager", eager))}
-    return prefill, prefill_eager, fits
+    return (_prompt_cost(base, per_token, per_pair, floors), _prompt_cost(eager_base, eager_per_token, per_pair, floors),
+            fits)
 
 
 def fit_decode(points: list[DecodePoint], host_launch_s: float = 0.0) -> tuple[DecodeCost, Fit]:
@@ -184,6 +211,12 @@ def fit_mixed(points: list[MixedPoint], host_launch_s: float, prefill: PrefillCo
     return extra, Fit([extra], worst)
 
 
+def sustained_factor(point: SustainedPoint | None) -> float:
+    """`Profile.sustained_prefill_factor`: back to back over alone, at least 1 (a host that runs steps back to back
+    faster than alone has no power limit to model); 1 when not measured."""
+    return 1.0 if point is None else max(1.0, point.back_to_back_s / point.alone_s)
+
+
 def fit_costs(points: MeasuredPoints, host_launch_s: float, graph_max: int, skinny_max: int
               ) -> tuple[dict[str, object], dict[str, Fit]]:
     """A profile's cost fields fitted to `points` (prompt steps past `graph_max` tokens run eagerly, decode steps of
@@ -198,7 +231,7 @@ def fit_costs(points: MeasuredPoints, host_launch_s: float, graph_max: int, skin
         handoff[name], fits[f"handoff.{name}"] = fit_handoff(handoffs)
     costs = dict(prefill=prefill, prefill_eager=prefill_eager, decode=decode, decode_skinny=decode_skinny,
                  decode_skinny_max_batch=skinny_max if decode_skinny else 0, mixed_step_s=mixed_step_s,
-                 handoff=handoff)
+                 handoff=handoff, sustained_prefill_factor=sustained_factor(points.sustained))
     return costs, fits
 
 

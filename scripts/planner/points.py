@@ -32,6 +32,17 @@ class MixedPoint:
 
 
 @dataclass(frozen=True)
+class SustainedPoint:
+    """One prompt step of `prompts` prompts, `tokens` in all: the least of a few each after a pause (`alone_s`), and
+    the median of the same step run back to back once the GPU has run them for a while (`back_to_back_s`)."""
+
+    tokens: int
+    prompts: int
+    alone_s: float
+    back_to_back_s: float
+
+
+@dataclass(frozen=True)
 class HandoffPoint:
     num_bytes: int
     seconds: float
@@ -42,3 +53,4 @@ class MeasuredPoints(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     decode: list[DecodePoint] = msgspec.field(default_factory=list)
     mixed: list[MixedPoint] = msgspec.field(default_factory=list)
     handoff: dict[str, list[HandoffPoint]] = msgspec.field(default_factory=dict)  # by KV transport name
+    sustained: SustainedPoint | None = None  # None in profiles before stop 26

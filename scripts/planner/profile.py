@@ -1,7 +1,8 @@
 """A machine's cost profile for the planner: fitted cost models of one model on one GPU kind (tensor-free).
 
-    prefill step seconds = base + per_token * tokens
-                           + per a chunk of n tokens after c: per_token_context * n * c + per_chunk_pair * n * n / 2
+    prefill step seconds = base + per_token * max(tokens, min_tokens)
+                           + per a chunk of n tokens after c: per_token_context * max(n, context_min_tokens) * c
+                                                              + per_chunk_pair * n * n / 2
     decode step seconds  = base + per_seq * batch + per_seq_context * batch * mean_context
                            (a second line for the few-sequence steps of the skinny GEMMs: decode_skinny)
     handoff seconds      = base + bytes / bytes_per_s                      (one model per KV transport)
@@ -10,7 +11,9 @@
 
 `tokens` are the prompt tokens a step computes, a chunk a prompt's share of them, `context` the tokens before it (a
 cached prefix, or earlier chunks): attention grows with both, so four prompts of 1,000 tokens cost less than one of
-4,000. A profile names the machine and the model it was measured on;
+4,000. Two floors bend the lines where a GPU is not yet full: a step's GEMMs read every weight whatever its tokens
+(`min_tokens`), and a short chunk has too few query tiles to stream its context at the GPU's pace
+(`context_min_tokens`). A profile names the machine and the model it was measured on;
 `pdcluster profile` measures one on this machine (scripts/planner/measure/), and scripts/planner/profiles/ holds
 an example.
 """
@@ -44,6 +47,10 @@ class PrefillCost(_Cost):
     # A chunk's attention over its own tokens, a causal square: n * n / 2 pairs of n tokens. Profiles fitted before
     # it have 0, and their per_token_s holds an average of it.
     per_chunk_pair_s: float = 0.0
+    # A step of fewer tokens costs as many: its GEMMs wait on reading the weights, not on the math.
+    min_tokens: int = 0
+    # A chunk of fewer tokens attends its context as slowly as this many would: too few query tiles fill the GPU.
+    context_min_tokens: int = 0
 
     def seconds(self, tokens: int, context: int = 0) -> float:
         """A step of one prompt chunk of `tokens` after `context` tokens."""
@@ -54,8 +61,18 @@ class PrefillCost(_Cost):
         context before them) each."""
         if tokens <= 0:
             return 0.0
-        pairs = sum(n * (self.per_token_context_s * c + self.per_chunk_pair_s * n / 2) for n, c in chunks)
-        return self.base_s + self.per_token_s * tokens + pairs
+        gemm_tokens, context_pairs, chunk_pairs = step_work(tokens, chunks, self.min_tokens, self.context_min_tokens)
+        return (self.base_s + self.per_token_s * gemm_tokens + self.per_token_context_s * context_pairs
+                + self.per_chunk_pair_s * chunk_pairs)
+
+
+def step_work(tokens: int, chunks: list[tuple[int, int]], min_tokens: int = 0, context_min_tokens: int = 0
+              ) -> tuple[int, float, float]:
+    """What a prompt step's cost counts, for `tokens` over these (tokens, context) chunks: the tokens its GEMMs run
+    (at least `min_tokens`), its chunks' pairs with their context (each chunk counted as at least
+    `context_min_tokens`) and among their own tokens (n * n / 2)."""
+    return (max(tokens, min_tokens), float(sum(max(n, context_min_tokens) * c for n, c in chunks)),
+            sum(n * n / 2 for n, _ in chunks))
 
 
 class DecodeCost(_Cost):
@@ -104,6 +121,10 @@ class Profile(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # worker prefilling prompts itself, --disagg-policy never/auto; colocated replicas).
     mixed_step_s: float = 0.0
     prefill: PrefillCost
+    # A prompt step run back to back with others takes this many times its time alone, as the points were timed: the
+    # GPU holds a lower clock under its power limit. The simulator scales a prompt step by it as far as its engine
+    # has run prompt steps of late (scripts/planner/engine.py, SUSTAIN_S). 1: not measured (profiles before stop 26).
+    sustained_prefill_factor: float = 1.0
     # Prompt steps padded past this many tokens run eagerly, at `prefill_eager`'s cost, their floor the host launching
     # kernels; those up to it replay a CUDA graph (common/engine/prefill_graph.py) at `prefill`'s. 0 and None: one
     # cost for every prompt step, and each an eager launch (profiles measured before prompt graphs).
@@ -152,6 +173,9 @@ class Profile(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
                      "max_num_seqs"):
             if getattr(self, name) < 1:
                 raise ProfileError(f"{name}: must be >= 1, got {getattr(self, name)}")
+        if not (math.isfinite(self.sustained_prefill_factor) and self.sustained_prefill_factor >= 1):
+            raise ProfileError(f"sustained_prefill_factor: must be a finite number >= 1, got "
+                               f"{self.sustained_prefill_factor!r}")
         for name in ("host_launch_s", "launch_prep_s", "mixed_step_s"):
             value = getattr(self, name)
             if not (math.isfinite(value) and value >= 0):

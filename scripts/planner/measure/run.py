@@ -31,7 +31,7 @@ from common.protocol.kv import DTYPE_BYTES
 from scripts.planner.fit import Fit, fit_costs
 from scripts.planner.measure.handoff import handoff_sizes, measure_handoffs
 from scripts.planner.measure.steps import (Grid, Prompts, host_launch_seconds, launch_prep_seconds, measure_decode,
-                                           measure_mixed, measure_prefill)
+                                           measure_mixed, measure_prefill, measure_sustained)
 from scripts.planner.points import MeasuredPoints
 from scripts.planner.profile import Profile
 from scripts.planner.profile_config import ProfileConfig
@@ -75,6 +75,7 @@ def measure_profile(cfg: ProfileConfig, progress: Callable[[str], None]) -> tupl
                  f"{ec.max_model_len}")
         prompts = Prompts(ec.model_config.vocab_size)
         measured.points.prefill = measure_prefill(engine, grid, prompts, progress)
+        measured.points.sustained = measure_sustained(engine, grid, prompts, progress)
         decodes, skipped = measure_decode(engine, grid, prompts, progress)
         measured.points.decode = [d.point for d in decodes]
         measured.skipped += [f"decode {s}" for s in skipped]
@@ -144,12 +145,17 @@ def model_name(cfg: ProfileConfig) -> str:
 
 
 def git_revision() -> str | None:
+    """HEAD's short hash, with "+changes" when tracked files differ from it (a tree measured before its commit)."""
     try:
-        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
-                             timeout=10)
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
+                              timeout=10)
+        changed = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT,
+                                 capture_output=True, text=True, timeout=10)
     except (OSError, subprocess.SubprocessError):
         return None
-    return out.stdout.strip() if out.returncode == 0 and out.stdout.strip() else None
+    if head.returncode != 0 or not head.stdout.strip():
+        return None
+    return head.stdout.strip() + ("+changes" if changed.returncode == 0 and changed.stdout.strip() else "")
 
 
 def note(cfg: ProfileConfig, device: torch.device) -> str:

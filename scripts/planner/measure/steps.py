@@ -19,7 +19,7 @@ import torch
 from common.config import ConfigError
 from common.engine.llm_engine import LLMEngine
 from common.sampling_params import SamplingParams
-from scripts.planner.points import DecodePoint, MixedPoint, PrefillPoint
+from scripts.planner.points import DecodePoint, MixedPoint, PrefillPoint, SustainedPoint
 
 WARM_DECODE_STEPS = 3  # decode steps run, untimed, before a decode point's timed ones
 
@@ -38,12 +38,13 @@ class Grid:
     handoff_reps: int  # timed handoffs per size, after one untimed
     mixed_batches: tuple[int, ...] = (1, 16, 64)  # decode batches a prompt joins (mixed steps)
     mixed_share: float = 1 / 32  # the prompt's tokens, as a share of the step budget
+    sustained_s: float = 4.0  # seconds of prompt steps back to back (SustainedPoint)
 
     @classmethod
     def make(cls, quick: bool) -> Grid:
         if quick:
             return cls((1 / 64, 1 / 8, 1 / 2, 1.0), (0, 2048), 3, (1, 2, 16, 64, 256), (256, 2048), 12,
-                       (512, 4096, 16384), 3, (1, 32))
+                       (512, 4096, 16384), 3, (1, 32), sustained_s=2.0)
         return cls((1 / 128, 1 / 32, 1 / 8, 1 / 4, 1 / 2, 1.0), (0, 1024, 4096), 5, (1, 2, 8, 32, 64, 128, 256),
                    (128, 1024, 4096), 20, (256, 1024, 4096, 16384), 5, (1, 16, 64))
 
@@ -113,6 +114,45 @@ def measure_prefill(engine: LLMEngine, grid: Grid, prompts: Prompts, progress: C
         points.append(PrefillPoint(tokens, context, min(times)))  # interference (other processes) only adds
         progress(f"prefill {tokens:>6} tokens after {context:>6} cached: {points[-1].seconds * 1e3:9.3f} ms")
     return points
+
+
+SUSTAINED_PROMPTS = 6  # the step budget split among this many prompts, as a saturated prefill worker's steps are
+PAUSE_S = 0.5  # before each step timed alone
+
+
+def measure_sustained(engine: LLMEngine, grid: Grid, prompts: Prompts, progress: Callable[[str], None]
+                      ) -> SustainedPoint:
+    """A step of the whole budget in SUSTAINED_PROMPTS prompts, alone (the least of three, each after a pause, as
+    the prefill points are timed) and back to back for `grid.sustained_s` (the median of the second half's steps):
+    a GPU under its power limit runs a saturated worker's steps slower than the profile's points."""
+    budget = engine.config.max_num_batched_tokens
+    sizes = [budget // SUSTAINED_PROMPTS] * SUSTAINED_PROMPTS
+    one, ids, device = SamplingParams(max_tokens=1, ignore_eos=True), iter(range(1 << 30)), engine.runner.device
+
+    def step() -> float:
+        for n in sizes:
+            engine.add_request(f"profile-s{next(ids)}", prompts.make(n), one)
+        start = device_now(device)
+        engine.step()
+        seconds = device_now(device) - start
+        if engine.last_step.num_prefill_tokens != sum(sizes):
+            raise RuntimeError(f"profile: a step of {SUSTAINED_PROMPTS} prompts, {sum(sizes)} tokens, ran "
+                               f"{engine.last_step.num_prefill_tokens}: the step budget is not as expected")
+        drain(engine)
+        return seconds
+
+    step()  # untimed
+    alone = []
+    for _ in range(3):
+        time.sleep(PAUSE_S)
+        alone.append(step())
+    began, times = time.perf_counter(), []
+    while time.perf_counter() - began < grid.sustained_s:
+        times.append(step())
+    point = SustainedPoint(sum(sizes), len(sizes), min(alone), statistics.median(times[len(times) // 2:]))
+    progress(f"prefill {point.tokens} tokens in {point.prompts} prompts: {point.alone_s * 1e3:.3f} ms alone, "
+             f"{point.back_to_back_s * 1e3:.3f} ms back to back ({len(times)} steps)")
+    return point
 
 
 # ---- decode and the host's work ---------------------------------------------------------------------
