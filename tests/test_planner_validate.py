@@ -180,6 +180,9 @@ def test_plan_validate_prints_and_writes_the_table(tmp_path, monkeypatch):
     record = json.loads((tmp_path / "v" / "validation.json").read_text())
     assert len(record["rows"]) == 4 and all(len(r["metrics"]) == len(METRICS) for r in record["rows"])
     assert (tmp_path / "v" / "validation.md").read_text().count("\n| ") == 1 + 4
+    from scripts.bench_plots import missing
+    plot = tmp_path / "v" / "validation.png"
+    assert (plot.exists() and plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n") if not missing() else not plot.exists()
     refused = subprocess.run([*command, "--rates", "1"], cwd=ROOT, env=env, capture_output=True, text=True,
                              timeout=120)
     assert refused.returncode == 2 and "--rates" in refused.stderr

@@ -99,4 +99,7 @@ def run_validate(cfg: PlanConfig) -> None:
         record = {"results": str(path), "profile": cfg.profile, "tolerance": cfg.tolerance,
                   "rows": to_json(rows, cfg.tolerance)}
         (out / "validation.json").write_text(json.dumps(record, indent=2) + "\n")
-        print(f"wrote {out / 'validation.md'}, {out / 'validation.json'}", file=sys.stderr)
+        from scripts.planner.plots import draw_validation
+        plot = draw_validation(rows, f"{profile.model} on {profile.machine}: {results.get('workload', '')}"[:110], out)
+        plot_note = str(plot) if plot else "no plot (matplotlib is not installed)"
+        print(f"wrote {out / 'validation.md'}, {out / 'validation.json'}, {plot_note}", file=sys.stderr)

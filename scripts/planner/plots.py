@@ -1,5 +1,5 @@
-"""The planner's curves: TTFT p90, TPOT p90 and goodput against the rate, one line per layout (matplotlib, the
-`bench` extra; without it, none, and `missing` says why)."""
+"""The planner's curves: TTFT p90, TPOT p90 and goodput against the rate, one line per layout; and a validation's
+predicted against measured, each mode's (matplotlib, the `bench` extra; without it, none, and `missing` says why)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -9,6 +9,9 @@ from scripts.planner.config import SLO
 from scripts.planner.report import Point
 
 PLOTS = ("plan_latency.png", "plan_goodput.png")
+VALIDATION_PLOT = "validation.png"
+VALIDATED = (("ttft_p50", "TTFT p50 (s)"), ("ttft_p90", "TTFT p90 (s)"), ("tpot_p90", "TPOT p90 (s)"),
+             ("goodput", "goodput (req/s)"))
 
 
 def draw(results: dict[str, list[Point]], slo: SLO, title: str, out: Path) -> list[Path]:
@@ -48,3 +51,35 @@ def draw(results: dict[str, list[Point]], slo: SLO, title: str, out: Path) -> li
     fig.savefig(paths[1], dpi=110)
     plt.close(fig)
     return paths
+
+
+def draw_validation(rows: list, title: str, out: Path) -> Path | None:
+    """`pdcluster plan --validate`'s rows (scripts/planner/validate.py `Row`): each metric against the load point,
+    measured as markers, predicted as a dashed line in the same colour, one colour a mode."""
+    if missing():
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(VALIDATED), figsize=(4 * len(VALIDATED), 3.6))
+    modes = list(dict.fromkeys(f"{r.mode} ({r.layout})" for r in rows))
+    for i, mode in enumerate(modes):
+        mine = [r for r in rows if f"{r.mode} ({r.layout})" == mode]
+        loads, colour = [r.load for r in mine], f"C{i}"
+        for ax, (key, label) in zip(axes, VALIDATED):
+            ax.plot(loads, [getattr(r.measured, key) for r in mine], "o", color=colour, label=f"{mode} measured")
+            ax.plot(loads, [getattr(r.predicted, key) for r in mine], "--", color=colour, label=f"{mode} predicted")
+            ax.set_ylabel(label)
+    for ax in axes:
+        ax.set_xlabel("load point")
+        ax.tick_params(axis="x", labelrotation=30, labelsize=7)
+        ax.grid(alpha=0.3)
+    axes[-1].legend(fontsize=7)
+    fig.suptitle(title)
+    fig.tight_layout()
+    path = out / VALIDATION_PLOT
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
