@@ -4,6 +4,8 @@
 #                  on the second GPU, which the profile needs only for its last part, the handoffs
 #   STEP=gil       the nccl GPU tests on .ab/switch (branch stop25-gil), then prefill-heavy 1P:1D on main and on
 #                  .ab/switch (TREES), each run's results.json and timelines (tar) back, `land` printed
+#   STEP=profile2  after the profiler measures its sustained point and fits the floors: Qwen3-8B's profile again
+#                  ($OUT/profile-8b.json, its fits printed to $OUT/fits-8b.txt), then Qwen3-0.6B's ($OUT/profile-06b.json)
 #   STEP=validate  the other layouts the planner is validated on: long-short 1P:1D and colocated x2, prefill-heavy
 #                  colocated x2 (LAYOUTS_LS, LAYOUTS_PH)
 # Carry .gpu-deps and .ab. Predictions are made on the CPU from the profile that comes back
@@ -29,6 +31,15 @@ case ${STEP:-profile} in
       --out $OUT/profile.json > $OUT/profile-fits.txt 2> $KEEP/profile-progress.txt
     echo "profile rc=$? at $SECONDS s"; tail -2 $KEEP/profile-progress.txt; cp $OUT/profile.json $KEEP/ 2>/dev/null
     wait; grep -E "worst" $OUT/profile-fits.txt | tail -8;;
+  profile2)
+    [ -f /tmp/qwen3-8b/config.json ] || python -m scripts.cli prepare-model random --config qwen3-8b \
+      --out /tmp/qwen3-8b --overwrite > /dev/null
+    python -m scripts.cli prepare-model random --config qwen3-0.6b --out /tmp/q06 --overwrite > /dev/null 2>&1
+    for m in 8b:qwen3-8b:Qwen3-8B 06b:q06:Qwen3-0.6B; do IFS=: read tag dir name <<< "$m"
+      timeout 280 python -m scripts.cli profile --model /tmp/$dir --device cuda --model-name $name \
+        --out $OUT/profile-$tag.json > $OUT/fits-$tag.txt 2> $KEEP/progress-$tag.txt
+      echo "$name profile rc=$? at $SECONDS s"; grep -E "sustained|worst" $OUT/fits-$tag.txt
+    done;;
   gil)
     (cd .ab/switch && timeout 150 python -m pytest -q -p no:cacheprovider tests/test_kvtransfer_gpu.py -k nccl \
       > $OUT/switch-nccl-tests.txt 2>&1; echo "switch nccl tests rc=$?"; tail -2 $OUT/switch-nccl-tests.txt)
