@@ -67,6 +67,8 @@ def test_the_example_profile_loads_and_says_it_is_an_example(tmp_path):
     (lambda d: d.update(prefill_eager={"base_s": -1.0, "per_token_s": 0.0}), "prefill_eager.base_s"),
     (lambda d: d.update(decode_skinny_max_batch=-1), "decode_skinny_max_batch"),
     (lambda d: d.update(decode_skinny={"base_s": 0.0, "per_seq_s": -1.0}), "decode_skinny.per_seq_s"),
+    (lambda d: d.update(sustained_prefill_factor=0.9), "sustained_prefill_factor"),
+    (lambda d: d["prefill"].update(min_tokens=-1), "prefill.min_tokens"),
 ])
 def test_a_bad_profile_is_refused_naming_the_field(tmp_path, change, message):
     data = json.loads(EXAMPLE.read_text())

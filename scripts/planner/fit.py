@@ -110,7 +110,8 @@ def _prefill_row(p: PrefillPoint, min_tokens: int, context_min_tokens: int, eage
     return [*side, context_pairs + chunk_pairs]
 
 
-def _best_prefill_fit(points: list[PrefillPoint], host_launch_s: float, eager_of) -> tuple[list[float], int, int]:
+def _best_prefill_fit(points: list[PrefillPoint], host_launch_s: float,
+                      eager_of: Callable[[PrefillPoint], bool | None]) -> tuple[list[float], int, int]:
     """The prompt fit (coefficients, min_tokens, context_min_tokens) whose squared relative error is least over
     every pair of floors tried."""
     seconds = [p.seconds for p in points]
