@@ -28,7 +28,10 @@ def test_aiperf_and_bench_send_the_same_load_to_one_cluster(tiny_qwen3_dir, aipe
         assert row["mode"] == "colocated" and row["load"] == "4 req/s"
         assert float(row["requests"]) == requests and row["errors"] == "0"
         assert 0 < float(row["TTFT p50 ms"]) <= float(row["TTFT p99 ms"])
-        assert float(row["ITL (aiperf) / TPOT (bench) p50 ms"]) > 0
+        # A busy host can flush several streamed tokens in one HTTP chunk: aiperf then reads gaps of ~0 ms between
+        # them, so its median may print as 0.0; the tail cannot.
+        assert 0 <= float(row["ITL (aiperf) / TPOT (bench) p50 ms"]) <= float(row["ITL / TPOT p99 ms"])
+        assert float(row["ITL / TPOT p99 ms"]) > 0
     assert (tmp_path / "colocated" / "rate-4" / "profile_export_aiperf.json").exists()
     assert (tmp_path / "colocated" / "rate-4" / "bench" / "results.json").exists()
 
