@@ -197,7 +197,6 @@ class Posted:
 
     def __init__(self, link: Link):
         self.link = link
-        self.in_order = link.backend == "nccl"
         self.ops: deque = deque()  # (work, tensor kept alive, holds scratch, then)
         self.scratch = 0
         self.covered: list[torch.Tensor] = []  # tensors of operations the next wait covers
@@ -223,7 +222,7 @@ class Posted:
     def _retire_oldest(self, covered: bool) -> None:
         work, tensor, scratch, then = self.ops.popleft()
         self.scratch -= scratch
-        if covered and self.in_order and then is None:
+        if covered and then is None and self.link.backend == "nccl":  # completes in order
             self.covered.append(tensor)
             return
         wait(self.link, work)

@@ -72,6 +72,13 @@ def drain(engine: LLMEngine) -> None:
         engine.step()
 
 
+def timed_step(engine: LLMEngine) -> float:
+    """One engine step, synchronised on both sides: its seconds, host work included."""
+    start = device_now(engine.runner.device)
+    engine.step()
+    return device_now(engine.runner.device) - start
+
+
 # ---- prefill ----------------------------------------------------------------------------------------
 
 def prefill_plan(grid: Grid, budget: int, max_len: int, block_size: int) -> list[tuple[int, int]]:
@@ -88,7 +95,7 @@ def measure_prefill(engine: LLMEngine, grid: Grid, prompts: Prompts, progress: C
     """One prompt a step, alone: the step that computes it, synchronised; the least of a few. A cached prefix is
     made by running it first as a prompt of its own; the next prompt starting with it finds its blocks in the
     prefix cache."""
-    cfg, device = engine.config, engine.runner.device
+    cfg = engine.config
     plan = prefill_plan(grid, cfg.max_num_batched_tokens, cfg.max_model_len, cfg.block_size)
     one = SamplingParams(max_tokens=1, ignore_eos=True)
     prefixes: dict[int, list[int]] = {}
@@ -101,9 +108,7 @@ def measure_prefill(engine: LLMEngine, grid: Grid, prompts: Prompts, progress: C
         times = []
         for rep in range(grid.prefill_reps + 1):
             seq = engine.add_request(f"profile-p{next(ids)}", prefixes.get(context, []) + prompts.make(tokens), one)
-            start = device_now(device)
-            engine.step()
-            seconds = device_now(device) - start
+            seconds = timed_step(engine)
             if seq.num_cached_tokens != context or engine.last_step.num_prefill_tokens != tokens:
                 raise RuntimeError(f"profile: a {tokens}-token prompt after a {context}-token prefix ran "
                                    f"{engine.last_step.num_prefill_tokens} tokens with {seq.num_cached_tokens} "
@@ -127,14 +132,12 @@ def measure_sustained(engine: LLMEngine, grid: Grid, prompts: Prompts, progress:
     a GPU under its power limit runs a saturated worker's steps slower than the profile's points."""
     budget = engine.config.max_num_batched_tokens
     sizes = [budget // SUSTAINED_PROMPTS] * SUSTAINED_PROMPTS
-    one, ids, device = SamplingParams(max_tokens=1, ignore_eos=True), iter(range(1 << 30)), engine.runner.device
+    one, ids = SamplingParams(max_tokens=1, ignore_eos=True), iter(range(1 << 30))
 
     def step() -> float:
         for n in sizes:
             engine.add_request(f"profile-s{next(ids)}", prompts.make(n), one)
-        start = device_now(device)
-        engine.step()
-        seconds = device_now(device) - start
+        seconds = timed_step(engine)
         if engine.last_step.num_prefill_tokens != sum(sizes):
             raise RuntimeError(f"profile: a step of {SUSTAINED_PROMPTS} prompts, {sum(sizes)} tokens, ran "
                                f"{engine.last_step.num_prefill_tokens}: the step budget is not as expected")
@@ -335,7 +338,6 @@ def mixed_point(engine: LLMEngine, prompts: Prompts, grid: Grid, batch: int, con
     """A prompt joins `batch` running decodes: the one step that computes it beside them (eager: it has prompt
     tokens), synchronised as the prefill points are; the least of a few. Between reps the prompt's token comes
     back and the decodes go on alone."""
-    device = engine.runner.device
     growth = WARM_DECODE_STEPS + 3 * (grid.prefill_reps + 1) + 8
     rids = start_decodes(engine, prompts, batch, context,
                          decode_growth(grid, batch, context, engine.config.max_num_batched_tokens) + growth)
@@ -345,9 +347,7 @@ def mixed_point(engine: LLMEngine, prompts: Prompts, grid: Grid, batch: int, con
         engine.add_request(f"profile-m{batch}-{rep}", prompts.make(tokens), SamplingParams(max_tokens=1,
                                                                                              ignore_eos=True))
         total = sum(s.num_computed_tokens for s in seqs)
-        start = device_now(device)
-        engine.step()
-        seconds = device_now(device) - start
+        seconds = timed_step(engine)
         step = engine.last_step
         if step.num_prefill_tokens != tokens or step.num_decode_tokens != batch:
             raise RuntimeError(f"profile: a {tokens}-token prompt beside {batch} decodes ran {step}")
