@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shlex
 import subprocess
 import sys
@@ -96,6 +97,12 @@ def bench_row(results: dict) -> list:
         (summary[name][stat] if stat else summary[name]) * scale for name, stat, scale in BENCH_FIGURES]
 
 
+def aiperf_env(where: Path) -> dict[str, str]:
+    """aiperf's environment: its memory-mapped dataset files in the run's own folder, not one folder a run left in
+    the system's temp directory."""
+    return {**os.environ, "AIPERF_DATASET_MMAP_BASE_PATH": str(where)}
+
+
 def run_mode(args: argparse.Namespace, mode: str, rates: list[float | None]) -> list[list]:
     """One cluster for `mode`; aiperf (and, with --with-bench, `pdcluster bench`) at each load; a row for each."""
     rows = []
@@ -110,7 +117,8 @@ def run_mode(args: argparse.Namespace, mode: str, rates: list[float | None]) -> 
             load = "" if rate is None else f"{rate:g} req/s"
             where = out if rate is None else out / f"rate-{rate:g}"
             where.mkdir(parents=True, exist_ok=True)
-            run = subprocess.run(aiperf_command(args, url, where, rate), cwd=where, capture_output=True, text=True)
+            run = subprocess.run(aiperf_command(args, url, where, rate), cwd=where, capture_output=True, text=True,
+                                 env=aiperf_env(where))
             (where / "aiperf.log").write_text(run.stdout + run.stderr)
             if run.returncode != 0:
                 print(f"{mode} {load}: aiperf failed ({run.returncode}), see {where / 'aiperf.log'}", file=sys.stderr)

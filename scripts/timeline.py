@@ -18,7 +18,7 @@ launch, or the previous step's end if it was launched while that ran) to its fir
 (the profile's `prompt_step`). Where the prefill worker shares its GPU with a decode worker that always has a step
 queued (the one-GPU disaggregated runs), `pace` is what the two engines got of the GPU together, as processor
 sharing reads it (steps on a GPU of their own: 1 / slowdown instead): 2 x GPU-bound time alone / GPU-bound time
-there (scripts/planner/gpu.py's SHARED_PACE).
+there; 1 is what scripts/planner/gpu.py's processor sharing assumes.
 
     python -m scripts.timeline DIR [--max-tokens N] [--gap S] [--profile P]
 """

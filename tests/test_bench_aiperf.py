@@ -34,6 +34,7 @@ def test_aiperf_and_bench_send_the_same_load_to_one_cluster(tiny_qwen3_dir, aipe
         assert float(row["ITL / TPOT p99 ms"]) > 0
     assert (tmp_path / "colocated" / "rate-4" / "profile_export_aiperf.json").exists()
     assert (tmp_path / "colocated" / "rate-4" / "bench" / "results.json").exists()
+    assert list((tmp_path / "colocated" / "rate-4").glob("aiperf_mmap_*"))  # its dataset files, not in /tmp
 
 
 def test_with_bench_needs_rates(tiny_qwen3_dir, tmp_path):

@@ -397,7 +397,8 @@ def test_aiperf_runs_against_the_http_front_end_without_errors(served, aiperf, t
          "--streaming", "--request-count", str(requests), "--concurrency", "2", "--isl", "32", "--osl", "16",
          "--extra-inputs", "ignore_eos:true", "--tokenizer", served.model, "--use-server-token-count",
          "--random-seed", "0", "--ui", "none", "--artifact-dir", str(tmp_path)],
-        cwd=tmp_path, capture_output=True, text=True, timeout=600, env={**os.environ, "NO_COLOR": "1"})
+        cwd=tmp_path, capture_output=True, text=True, timeout=600,
+        env={**os.environ, "NO_COLOR": "1", "AIPERF_DATASET_MMAP_BASE_PATH": str(tmp_path)})
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     summary = json.loads((tmp_path / "profile_export_aiperf.json").read_text())
     assert summary["request_count"]["avg"] == requests and not summary["error_summary"], summary["error_summary"]
