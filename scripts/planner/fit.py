@@ -90,8 +90,14 @@ def fit_relative(features: list[list[float]], seconds: list[float], offset: floa
     return Fit(x, worst_error(features, seconds, x, offset))
 
 
+def relative_errors(features: list[list[float]], seconds: list[float], x: list[float], offset: float = 0.0
+                    ) -> list[float]:
+    """Each point's (fitted - measured) / measured."""
+    return [(offset + sum(f * c for f, c in zip(row, x)) - s) / s for row, s in zip(features, seconds)]
+
+
 def worst_error(features: list[list[float]], seconds: list[float], x: list[float], offset: float = 0.0) -> float:
-    return max(abs(offset + sum(f * c for f, c in zip(row, x)) - s) / s for row, s in zip(features, seconds))
+    return max(map(abs, relative_errors(features, seconds, x, offset)))
 
 
 # The floors a prompt fit tries (PrefillCost.min_tokens, context_min_tokens): it keeps the pair whose fit has the
@@ -119,7 +125,7 @@ def _best_prefill_fit(points: list[PrefillPoint], host_launch_s: float,
     for floors in itertools.product(MIN_TOKENS, CONTEXT_MIN_TOKENS):
         rows = [_prefill_row(p, *floors, eager_of(p)) for p in points]
         x = fit_relative(rows, seconds, host_launch_s).coefficients
-        err = sum(((host_launch_s + sum(a * b for a, b in zip(r, x))) / s - 1) ** 2 for r, s in zip(rows, seconds))
+        err = sum(e * e for e in relative_errors(rows, seconds, x, host_launch_s))
         if best is None or err < best[0] - 1e-12:
             best = (err, x, *floors)
     return best[1], best[2], best[3]

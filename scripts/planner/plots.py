@@ -14,14 +14,19 @@ VALIDATED = (("ttft_p50", "TTFT p50 (s)"), ("ttft_p90", "TTFT p90 (s)"), ("tpot_
              ("goodput", "goodput (req/s)"))
 
 
-def draw(results: dict[str, list[Point]], slo: SLO, title: str, out: Path) -> list[Path]:
-    if missing():
-        return []
+def _pyplot():
+    """matplotlib's pyplot drawing to files (no display)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    return plt
 
+
+def draw(results: dict[str, list[Point]], slo: SLO, title: str, out: Path) -> list[Path]:
+    if missing():
+        return []
+    plt = _pyplot()
     fig, (ttft, tpot) = plt.subplots(1, 2, figsize=(11, 4))
     for name, points in results.items():
         rates = [p.rate for p in points]
@@ -58,11 +63,7 @@ def draw_validation(rows: list, title: str, out: Path) -> Path | None:
     measured as markers, predicted as a dashed line in the same colour, one colour a mode."""
     if missing():
         return None
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = _pyplot()
     fig, axes = plt.subplots(1, len(VALIDATED), figsize=(4 * len(VALIDATED), 3.6))
     modes = list(dict.fromkeys(f"{r.mode} ({r.layout})" for r in rows))
     for i, mode in enumerate(modes):
