@@ -9,9 +9,10 @@ for prompt tokens past the graphs, which run eagerly and whose floor is their ke
 GPU. Alone on a GPU they add up to the profile's step. Prompt tokens are costed padded, as the engine runs them.
 Overlapped scheduling (common/engine/llm_engine.py `step`) launches the next step before it collects this one's
 tokens, so they reach the worker when the next step's launch ends (`launch_end`); scripts/planner/sim.py
-delivers them then. It also schedules the next step while this one runs: behind a prompt step at once, behind a
-decode step a lead before it ends (late launch, common/engine/launch_clock.py, the same constants). A request
-that arrives after that point (`cutoff`) waits for the step after. From that point the worker takes no message
+delivers them then. It also schedules the next step while this one runs, once the host has launched this one: behind
+a prompt step then, behind a decode step a lead before it ends if that is later (late launch,
+common/engine/launch_clock.py, the same constants). A request that arrives after that point (`cutoff`) waits for the
+step after. From that point the worker takes no message
 for the host's time to schedule and launch (the profile's `launch_prep_s`), then takes them again while it waits
 for the step's tokens (`polls_at`; common/worker/runtime.py `Worker._meanwhile`).
 
@@ -243,7 +244,7 @@ class SimEngine:
         run = self.fast
         k = min(max(run.steps_begun_by(now), 1), run.steps)
         end, step = run.start + run.elapsed(k), run.first + run.growth * (k - 1)
-        _, blocked, until = self._window(end - step, end, step, decode_only=True)
+        _, blocked, until = self._window(end, step, decode_only=True)
         return blocked, until
 
     def _prep(self) -> float:
@@ -270,7 +271,7 @@ class SimEngine:
                 self.batch, self.fast = batch, FastRun(now, k, first, growth)
                 self.started, self.launch_end = now, now + self.profile.host_launch_s
                 self.busy_until = now + self.fast.elapsed(k)
-                self._block(now, self.busy_until, first + growth * (k - 1), decode_only=True)
+                self._block(self.busy_until, first + growth * (k - 1), decode_only=True)
                 return self.busy_until
         self.step_time = self.step_seconds(batch)
         if not batch.decode_only:
@@ -278,19 +279,25 @@ class SimEngine:
         self.started, self.launch_end = now, now + min(self.host_seconds(batch), self.step_time)
         self.batch, self.olds = batch, self.scheduler.advance(batch)
         self.busy_until = self.step_end = now + self.step_time
-        self._block(now, self.busy_until, self.step_time, batch.decode_only)
+        self._block(self.busy_until, self.step_time, batch.decode_only)
         return self.busy_until
 
-    def _block(self, start: float, end: float, last_step: float, decode_only: bool) -> None:
+    def _block(self, end: float, last_step: float, decode_only: bool) -> None:
         """`cutoff` and the blocked span for the step (or a fast run's last step) ending at `end`."""
-        self.cutoff, self.blocked_from, self.blocked_until = self._window(start, end, last_step, decode_only)
+        self.cutoff, self.blocked_from, self.blocked_until = self._window(end, last_step, decode_only)
 
-    def _window(self, start: float, end: float, step: float, decode_only: bool) -> tuple[float, float, float]:
-        """(cutoff, blocked from, blocked until) of a step of `step` seconds ending at `end` (or a run of them from
-        `start`): the next step is scheduled at the cutoff, and its launch blocks the loop for the host's time."""
+    def _window(self, end: float, step: float, decode_only: bool) -> tuple[float, float, float]:
+        """(cutoff, blocked from, blocked until) of a step of `step` seconds ending at `end`: the next step is
+        scheduled at the cutoff, and its launch blocks the loop for the host's time. The loop schedules it only once
+        it has launched this one (LLMEngine.step launches, then collects; a server steps again after), so never
+        before this step's start plus the host's launch work: where that work nears the step (a small model), a
+        prompt arriving while a decode step runs still rides the next launch (docs/gpu_runs/stop28_arrival_probe.py)."""
         if self.synchronous:
             return math.inf, end - step, end
-        cutoff = max(start, end - self._lead(step)) if decode_only else start
+        cutoff = end - step + self._prep()
+        if decode_only:
+            cutoff = max(cutoff, end - self._lead(step))
+        cutoff = min(cutoff, end)
         return cutoff, cutoff, min(end, cutoff + self._prep())
 
     def _steps_with_blocks(self, batch: ScheduledBatch, k: int) -> int:
@@ -320,7 +327,7 @@ class SimEngine:
         run.steps = k
         self.generation += 1
         self.busy_until = run.start + run.elapsed(k)
-        self._block(run.start, self.busy_until, run.first + run.growth * (k - 1), decode_only=True)
+        self._block(self.busy_until, run.first + run.growth * (k - 1), decode_only=True)
         return self.busy_until
 
     def finish(self) -> Done:

@@ -2,7 +2,7 @@
 relative residuals, so a 2 ms step and a 200 ms one count alike, and every coefficient stays >= 0 as
 `Profile.check` wants.
 
-The models are linear in their coefficients (scripts/planner/profile.py); with at most five unknowns (the two prompt
+The models are linear in their coefficients (scripts/planner/profile.py); with at most six unknowns (the two prompt
 lines fitted together), exact NNLS is cheap by enumeration: solve the unconstrained problem on every subset of the
 unknowns, keep the best solution whose coefficients are all >= 0.
 """
@@ -106,24 +106,30 @@ MIN_TOKENS = (0, 64, 128, 256, 512)
 CONTEXT_MIN_TOKENS = (0, 256, 512, 768, 1024, 2048)
 
 
-def _prefill_row(p: PrefillPoint, min_tokens: int, context_min_tokens: int, eager: bool | None) -> list[float]:
+def _prefill_row(p: PrefillPoint, min_tokens: int, context_min_tokens: int, eager: bool | None,
+                 eager_pairs: bool = False) -> list[float]:
     """A one-prompt step's features: (base, GEMM tokens) on its side (None: one side for every point), and the pairs
-    it attends, context and its own together (one cost a pair: the same kernel's work either way)."""
+    it attends, context and its own together (one cost a pair: the same kernel's work either way); with
+    `eager_pairs`, each side's pairs in a column of their own."""
     gemm, context_pairs, chunk_pairs = step_work(p.tokens, [(p.tokens, p.context)], min_tokens, context_min_tokens)
-    side = [1.0, float(gemm)]
-    if eager is not None:
-        side = [0.0, 0.0, *side] if eager else [*side, 0.0, 0.0]
-    return [*side, context_pairs + chunk_pairs]
+    pairs = context_pairs + chunk_pairs
+    if eager is None:
+        return [1.0, float(gemm), pairs]
+    side = [0.0, 0.0, 1.0, float(gemm)] if eager else [1.0, float(gemm), 0.0, 0.0]
+    if eager_pairs:
+        return [*side, *([0.0, pairs] if eager else [pairs, 0.0])]
+    return [*side, pairs]
 
 
 def _best_prefill_fit(points: list[PrefillPoint], host_launch_s: float,
-                      eager_of: Callable[[PrefillPoint], bool | None]) -> tuple[list[float], int, int]:
+                      eager_of: Callable[[PrefillPoint], bool | None], eager_pairs: bool = False
+                      ) -> tuple[list[float], int, int]:
     """The prompt fit (coefficients, min_tokens, context_min_tokens) whose squared relative error is least over
     every pair of floors tried."""
     seconds = [p.seconds for p in points]
     best = None
     for floors in itertools.product(MIN_TOKENS, CONTEXT_MIN_TOKENS):
-        rows = [_prefill_row(p, *floors, eager_of(p)) for p in points]
+        rows = [_prefill_row(p, *floors, eager_of(p), eager_pairs) for p in points]
         x = fit_relative(rows, seconds, host_launch_s).coefficients
         err = sum(e * e for e in relative_errors(rows, seconds, x, host_launch_s))
         if best is None or err < best[0] - 1e-12:
@@ -143,27 +149,37 @@ def fit_prefill(points: list[PrefillPoint], host_launch_s: float = 0.0) -> tuple
     return _prompt_cost(*x, floors), Fit(x, worst_error(rows, [p.seconds for p in points], x, host_launch_s))
 
 
+def tells_its_square(points: list[PrefillPoint]) -> bool:
+    """Whether prompt points can tell a cost a pair attended from a line through them: at least two prompt sizes,
+    and more points than the line and the square have unknowns (a base, a cost a token, a cost a pair)."""
+    return len({p.tokens for p in points}) >= 2 and len({(p.tokens, p.context) for p in points}) > 3
+
+
 def fit_prefill_costs(points: list[PrefillPoint], host_launch_s: float, graph_max: int
                       ) -> tuple[PrefillCost, PrefillCost | None, dict[str, Fit]]:
     """`Profile.prefill` and `prefill_eager`: prompt steps of up to `graph_max` tokens replay a graph, those past it
-    run eagerly, launch-bound, so each side has its own base and per-token cost. Attention runs the same kernels on
-    both sides, so they share its one cost a pair attended (with the context before a chunk or among its own
-    tokens) and the floors, fitted over every point: the eager side alone measures too few prompt sizes to tell its
-    own square from its line, and a separate cost for a chunk's own pairs took up the bend of the graphed side's
-    GEMMs instead (an H200's eager line then cost nothing a token). One cost for all (and None) when one side has
+    run eagerly, launch-bound, so each side has its own base and per-token cost, and the floors are fitted over
+    every point. Each side has its own cost a pair attended (with the context before a chunk or among its own tokens:
+    one cost, the same kernel's work either way) where the eager side measured sizes and prefixes enough to tell its
+    square from its line: a cost shared with the graphed side, whose short prompts bend with their GEMMs, priced
+    an H200's 8,192-token prompt 8% low and its cached prefixes 11% high (docs/benchmarks.md, "Stop 28"). With fewer
+    eager points the two sides share that cost: a separate one for a chunk's own pairs then took up the bend of the
+    graphed side's GEMMs (an H200's eager line cost nothing a token). One cost for all (and None) when one side has
     no points."""
     graphed = [p for p in points if p.tokens <= graph_max]
     eager = [p for p in points if p.tokens > graph_max]
     if not (graphed and eager):
         prefill, fit = fit_prefill(points, host_launch_s)
         return prefill, None, {"prefill": fit}
-    x, *floors = _best_prefill_fit(points, host_launch_s, lambda p: p.tokens > graph_max)
-    base, per_token, eager_base, eager_per_token, per_pair = x
-    fits = {name: Fit(x, worst_error([_prefill_row(p, *floors, name == "prefill_eager") for p in side],
+    own = tells_its_square(eager)
+    x, *floors = _best_prefill_fit(points, host_launch_s, lambda p: p.tokens > graph_max, own)
+    base, per_token, eager_base, eager_per_token, per_pair, *rest = x
+    eager_per_pair = rest[0] if own else per_pair
+    fits = {name: Fit(x, worst_error([_prefill_row(p, *floors, name == "prefill_eager", own) for p in side],
                                      [p.seconds for p in side], x, host_launch_s))
             for name, side in (("prefill", graphed), ("prefill_eager", eager))}
-    return (_prompt_cost(base, per_token, per_pair, floors), _prompt_cost(eager_base, eager_per_token, per_pair, floors),
-            fits)
+    return (_prompt_cost(base, per_token, per_pair, floors),
+            _prompt_cost(eager_base, eager_per_token, eager_per_pair, floors), fits)
 
 
 def fit_decode(points: list[DecodePoint], host_launch_s: float = 0.0) -> tuple[DecodeCost, Fit]:
