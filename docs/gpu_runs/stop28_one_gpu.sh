@@ -5,6 +5,8 @@
 #            next call), then the prefill-heavy validation bench (rates 8-64), one bench a mode
 #   STEP=ls  the long-short validation bench (rates 8-32), one bench a mode; then the arrival probe
 #            (docs/gpu_runs/stop28_arrival_probe.py) on this machine
+#   STEP=rerun  the cells beyond 15% again with 300 requests a rate, on another machine with its own profile:
+#            prefill-heavy colocated at 48 and 64 req/s, long-short disaggregated at 24 and 32
 # Carry .gpu-deps. `pdcluster plan --validate` runs on the CPU afterwards.
 set -u
 export PYTHONPATH=$(.gpu-deps/unpack .gpu-deps):$PWD PYTHONUNBUFFERED=1
@@ -39,5 +41,13 @@ case ${STEP:-ph} in
     done
     timeout $(left) python docs/gpu_runs/stop28_arrival_probe.py /tmp/q06 40 2>&1 | grep -v Warning \
       > $OUT/arrival-probe.txt; tail -9 $OUT/arrival-probe.txt;;
+  rerun)
+    timeout 240 python -m scripts.cli profile --model /tmp/q06 --device cuda --model-name Qwen3-0.6B \
+      --out $OUT/q06-profile.json > $OUT/q06-fits.txt 2> $OUT/q06-progress.txt
+    echo "profile rc=$? at $SECONDS s"
+    N=300 COMMON="${COMMON/--num-requests 150/--num-requests 300}"
+    bench ph colocated --rates 48,64 --input-len 512:2048 --output-len 64:256 --slo-ttft 0.5
+    bench ls disagg --workload long-short --input-len 128:512 --output-len 128:512 --long-input-len 4096:8192 \
+      --long-output-len 4:16 --long-fraction 0.2 --rates 24,32 --slo-ttft 1;;
 esac
 echo "done at $SECONDS s"; find $OUT -type f | sort
