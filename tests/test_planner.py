@@ -461,8 +461,9 @@ H200_8B_PROMPTS = [(64, 0, 6.012), (256, 0, 8.435), (1024, 0, 24.928), (2048, 0,
 def test_a_real_gpus_prompt_steps_fit_within_a_tenth_with_an_eager_line_that_costs_per_token():
     """On the H200's points, a separate cost for a chunk's own pairs took up the bend of the graphed side's GEMMs
     (weights-bound below a tile) and left the eager line nothing a token: a step of six 1,333-token prompts then
-    cost 47% of its time. With one cost a pair and the two floors, every point is within 10%, and so is that step
-    (194.9 ms back to back, 180.1 alone, in stop 26's probe)."""
+    cost 47% of its time. With one cost a pair for context and chunk pairs (since stop 28 each line its own) and the
+    two floors, every point is within 10%, and so is that step (194.9 ms back to back, 180.1 alone, in stop 26's
+    probe)."""
     from scripts.planner.fit import fit_prefill_costs
     from scripts.planner.points import PrefillPoint
 
