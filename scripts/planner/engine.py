@@ -12,9 +12,9 @@ tokens, so they reach the worker when the next step's launch ends (`launch_end`)
 delivers them then. It also schedules the next step while this one runs, once the host has launched this one: behind
 a prompt step then, behind a decode step a lead before it ends if that is later (late launch,
 common/engine/launch_clock.py, the same constants). A request that arrives after that point (`cutoff`) waits for the
-step after. From that point the worker takes no message
-for the host's time to schedule and launch (the profile's `launch_prep_s`), then takes them again while it waits
-for the step's tokens (`polls_at`; common/worker/runtime.py `Worker._meanwhile`).
+step after. From that point the worker takes no message for the host's time to schedule and launch (the profile's
+`launch_prep_s`), then takes them again while it waits for the step's tokens (`polls_at`; common/worker/runtime.py
+`Worker._meanwhile`).
 
 Fast-forward: a decode-only batch with nothing waiting repeats identically until a sequence finishes or one
 arrives, so its steps run in bulk (`FastRun`): token counts and blocks advance for all of them at once, the time
