@@ -11,7 +11,9 @@ later. This times, on the engine `serve` builds:
 - a prompt of PROMPT tokens arriving at a random moment while a decode batch of B runs (B = 0: idle), from its
   arrival to the step that returned its first token: median and p90 over REPS arrivals; and which step it
   joined, counted from the last step launched before it arrived (1: the next launch).
-- the profiler's own launch figure for the same batches, stepping back to back as `decode_point` does.
+- the profiler's own launch figure for the same batches, stepping back to back as `decode_point` does;
+- (added after calls 1, 3 and 8 of stop 28 ran it) how long after it was due the loop took the prompt in: the first
+  token is timed from then, so this is the wait the loop's launches add before it.
 
     PYTHONPATH=... python docs/gpu_runs/stop28_arrival_probe.py MODEL_DIR [REPS [DEVICE]]
 """
@@ -42,11 +44,12 @@ class Loop:
         self.seq = None
         self.arrived = 0.0
         self.arrived_after = 0  # launches begun before it arrived
+        self.late = 0.0  # from when it was due to when the loop took it in (the loop launching a step meanwhile)
 
     def take(self) -> None:
         """The worker's poll: the prompt joins the engine once it is due."""
-        if self.due is not None and time.perf_counter() >= self.due:
-            self.arrived, self.arrived_after, self.due = time.perf_counter(), self.launches, None
+        if self.due is not None and (now := time.perf_counter()) >= self.due:
+            self.arrived, self.arrived_after, self.late, self.due = now, self.launches, now - self.due, None
             self.seq = self.engine.add_request(f"probe-{next(self.ids)}", self.prompts.make(PROMPT),
                                                SamplingParams(max_tokens=2, ignore_eos=True))
 
@@ -91,13 +94,14 @@ def main() -> None:
                 if engine.has_unfinished():
                     engine.step()
             loop.waits = loop.steps = 0
-            preps, times, rode = [], [], []
+            preps, times, rode, late = [], [], [], []
             launched = engine.clock.launched
             engine.clock.launched = lambda prep_s: (preps.append(prep_s), launched(prep_s))
             for _ in range(reps):
                 seconds, k = loop.first_token(time.perf_counter() + rng.uniform(0.002, 0.006))
                 times.append(seconds)
                 rode.append(k)
+                late.append(loop.late * 1e3)
                 if batch == 0:
                     drain(engine)
                     time.sleep(0.002)
@@ -109,7 +113,8 @@ def main() -> None:
                   f"(1: {rode.count(1)}, 2: {rode.count(2)}, other: {len(rode) - rode.count(1) - rode.count(2)}); "
                   f"clock prep {1e3 * statistics.median(preps) if preps else float('nan'):.3f} ms, step "
                   f"{1e3 * step if step else float('nan'):.3f} ms; the loop waited before "
-                  f"{loop.waits} polls over {loop.steps} steps", flush=True)
+                  f"{loop.waits} polls over {loop.steps} steps; taken in {statistics.median(late):.3f} ms after it was "
+                  f"due (p90 {sorted(late)[int(0.9 * len(late))]:.3f})", flush=True)
             # the profiler's reading of the same batch: steps back to back, no launch delay
             if batch:
                 preps = []
