@@ -17,6 +17,8 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
+from scripts.bench_gpu import graph_us
+
 H, Q, I, LAYERS, ROWS = 1024, 2048, 3072, 28, 64
 dev = torch.device("cuda")
 
@@ -72,22 +74,9 @@ class SplitK:
         return out
 
 
-def timed(fn, reps: int = 50) -> float:
-    """us a layer: fn runs all 28 layers; captured in a CUDA graph, replayed."""
-    fn()
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        fn()
-    g.replay()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(reps):
-        g.replay()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) * 1e3 / reps / LAYERS
+def timed(fn) -> float:
+    """us a layer: fn runs all 28 layers, replayed from a CUDA graph."""
+    return graph_us(fn, reps=50) / LAYERS
 
 
 def main() -> None:
