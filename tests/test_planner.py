@@ -253,6 +253,25 @@ def test_a_decode_steps_successor_is_scheduled_only_once_the_host_has_launched_t
     assert [s.request_id for s in engine.batch.seqs] == ["a", "early"]
 
 
+def test_where_the_lead_covers_a_decode_step_the_loop_is_deaf_from_its_start_past_its_end():
+    """Where late launch's lead covers the whole decode step, the loop launches the next step from this one's start,
+    taking no message for the host's launch work (a KV handoff landing as a decode step starts waits for most of a
+    launch, as the served timelines show, stop 29). Here that work is longer than the step: a message that comes
+    once the next step has started still waits for it, and then for that step's own launch."""
+    prep = 0.008
+    engine = SimEngine("c0", "colocated", make_profile(launch_prep_s=prep), fast_forward=False)
+    engine.add_prompt("a", list(range(100)), 50, prefill_only=False, now=0.0)
+    start = engine.start(0.0)  # a's prompt
+    engine.collect(engine.finish())
+    end = engine.start(start)
+    assert engine.batch.decode_only and start + prep > end
+    assert engine.polls_at(start + 0.001) == pytest.approx(start + prep)
+    engine.collect(engine.finish())
+    engine.start(end)
+    # the launch that began in the step before ends at start + prep, and this step's own follows at once
+    assert engine.polls_at(end + 0.0005) == pytest.approx(end + prep)
+
+
 def test_on_a_cpu_the_next_step_takes_what_came_while_this_one_ran():
     """On a CPU the engine's launch computes the step: the worker's loop reads no message until it ends, then
     schedules the next step with everything that came meanwhile."""

@@ -1,7 +1,7 @@
-# Sourced by the one-GPU validation scripts (stop27_one_gpu.sh, stop28_one_gpu.sh): Qwen3-0.6B on one GPU, 1P:1D at
-# half the GPU each against one colocated replica, each mode served with its timelines (`serve --timeline-dir`), its
-# results and a tarball of its timelines to $OUT. The sourcing script sets KEEP (a folder kept between calls on a
-# warm machine) and may set N (requests a rate, default 150). Carry .gpu-deps.
+# Sourced by the one-GPU validation scripts (stop27_one_gpu.sh, stop28_one_gpu.sh, stop29_one_gpu.sh): Qwen3-0.6B
+# on one GPU, 1P:1D at half the GPU each against one colocated replica, each mode served with its timelines
+# (`serve --timeline-dir`), its results and a tarball of its timelines to $OUT. The sourcing script sets KEEP (a
+# folder kept between calls on a warm machine) and may set N (requests a rate, default 150). Carry .gpu-deps.
 set -u
 export PYTHONPATH=$(.gpu-deps/unpack .gpu-deps):$PWD PYTHONUNBUFFERED=1
 mkdir -p $KEEP

@@ -136,6 +136,7 @@ class SimEngine:
         # While the worker's loop schedules and launches the next step, reading no message. On a CPU the launch
         # computes the step: the loop is blocked through all of it, and the next step takes all that came.
         self.blocked_from = self.blocked_until = math.inf
+        self.carried = (math.inf, math.inf)  # the span of the step before the one in flight (`_block`)
         self.synchronous = profile.device == "cpu"
 
     # ---- what the router sees -------------------------------------------------------------------------
@@ -233,19 +234,21 @@ class SimEngine:
         (then when that is done)."""
         if self.busy_until is None:
             return now
-        blocked, until = self._launch_window(now)
-        return until if blocked < now < until else now
+        for blocked, until in self._launch_windows(now):
+            if blocked < now < until:
+                now = until
+        return now
 
-    def _launch_window(self, now: float) -> tuple[float, float]:
-        """While the step in flight at `now` (a fast run's current one) runs: when the worker starts launching the
-        next one, and when that launch is done."""
+    def _launch_windows(self, now: float) -> list[tuple[float, float]]:
+        """When the worker launches the step after the one in flight at `now` (a fast run's current one), from when
+        until when, and the same for the step before it (a launch may run past the end of the step it follows)."""
         if self.fast is None:
-            return self.blocked_from, self.blocked_until
+            return [self.carried, (self.blocked_from, self.blocked_until)]
         run = self.fast
         k = min(max(run.steps_begun_by(now), 1), run.steps)
-        end, step = run.start + run.elapsed(k), run.first + run.growth * (k - 1)
-        _, blocked, until = self._window(end, step, decode_only=True)
-        return blocked, until
+        windows = [self._window(run.start + run.elapsed(i), run.first + run.growth * (i - 1), decode_only=True)[1:]
+                   for i in (k - 1, k) if i >= 1]
+        return [self.carried] + windows if k == 1 else windows
 
     def _prep(self) -> float:
         """The host's time to schedule and launch a step, as the engine's launch clock takes it."""
@@ -282,8 +285,11 @@ class SimEngine:
         self._block(self.busy_until, self.step_time, batch.decode_only)
         return self.busy_until
 
-    def _block(self, end: float, last_step: float, decode_only: bool) -> None:
-        """`cutoff` and the blocked span for the step (or a fast run's last step) ending at `end`."""
+    def _block(self, end: float, last_step: float, decode_only: bool, carry: bool = True) -> None:
+        """`cutoff` and the blocked span for the step (or a fast run's last step) ending at `end`; with `carry`, a new
+        step's: the one before's span is kept (`carried`), as its launch may outlast it."""
+        if carry:
+            self.carried = (self.blocked_from, self.blocked_until)
         self.cutoff, self.blocked_from, self.blocked_until = self._window(end, last_step, decode_only)
 
     def _window(self, end: float, step: float, decode_only: bool) -> tuple[float, float, float]:
@@ -291,13 +297,20 @@ class SimEngine:
         scheduled at the cutoff, and its launch blocks the loop for the host's time. The loop schedules it only once
         it has launched this one (LLMEngine.step launches, then collects; a server steps again after), so never
         before this step's start plus the host's launch work: where that work nears the step (a small model), a
-        prompt arriving while a decode step runs still rides the next launch (docs/gpu_runs/stop28_arrival_probe.py)."""
+        prompt arriving while a decode step runs still rides the next launch (docs/gpu_runs/stop28_arrival_probe.py).
+
+        Behind a decode step the loop is deaf from the lead before its end, or from its start where the lead covers
+        the whole step (launch work near the step), for the host's launch work, which may run past the step's end: a
+        KV handoff that lands as a decode step starts waits for most of a launch (the served timelines, stop 29)."""
         if self.synchronous:
             return math.inf, end - step, end
         cutoff = end - step + self._prep()
         if decode_only:
             cutoff = max(cutoff, end - self._lead(step))
         cutoff = min(cutoff, end)
+        if decode_only:
+            begin = max(end - step, end - self._lead(step))
+            return cutoff, begin, begin + self._prep()
         return cutoff, cutoff, min(end, cutoff + self._prep())
 
     def _steps_with_blocks(self, batch: ScheduledBatch, k: int) -> int:
@@ -327,7 +340,7 @@ class SimEngine:
         run.steps = k
         self.generation += 1
         self.busy_until = run.start + run.elapsed(k)
-        self._block(self.busy_until, run.first + run.growth * (k - 1), decode_only=True)
+        self._block(self.busy_until, run.first + run.growth * (k - 1), decode_only=True, carry=False)
         return self.busy_until
 
     def finish(self) -> Done:
