@@ -246,6 +246,9 @@ def test_a_decode_steps_successor_is_scheduled_only_once_the_host_has_launched_t
     end = engine.start(start)
     assert engine.batch.decode_only and LEAD_PREP_FACTOR * 0.005 > end - start > 0.0055
     assert engine.cutoff == pytest.approx(start + 0.005)
+    # and from the step's start the loop launches the next one, deaf for the host's launch work (stop 29)
+    assert engine.polls_at(start + 0.001) == pytest.approx(start + 0.005)
+    assert engine.polls_at(start + 0.0051) == start + 0.0051
     engine.add_prompt("early", list(range(7000, 7100)), 3, prefill_only=False, now=start + 0.004)
     engine.add_prompt("late", list(range(8000, 8100)), 3, prefill_only=False, now=start + 0.0055)
     engine.collect(engine.finish())
