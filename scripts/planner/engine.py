@@ -304,14 +304,14 @@ class SimEngine:
         KV handoff that lands as a decode step starts waits for most of a launch (the served timelines, stop 29)."""
         if self.synchronous:
             return math.inf, end - step, end
-        cutoff = end - step + self._prep()
-        if decode_only:
-            cutoff = max(cutoff, end - self._lead(step))
-        cutoff = min(cutoff, end)
-        if decode_only:
-            begin = max(end - step, end - self._lead(step))
-            return cutoff, begin, begin + self._prep()
-        return cutoff, cutoff, min(end, cutoff + self._prep())
+        prep = self._prep()
+        launched = end - step + prep  # this step launched
+        if not decode_only:
+            cutoff = min(launched, end)
+            return cutoff, cutoff, min(end, cutoff + prep)
+        lead = end - self._lead(step)
+        begin = max(end - step, lead)
+        return min(max(launched, lead), end), begin, begin + prep
 
     def _steps_with_blocks(self, batch: ScheduledBatch, k: int) -> int:
         """At most k, as many steps as the free blocks allow every sequence of the batch (the scheduler
