@@ -131,10 +131,12 @@ class Deployment:
                   "    alive = [n for n in ray.nodes() if n['Alive']]\n"
                   f"    if len(alive) >= {count} or time.time() > deadline: break\n"
                   "    time.sleep(1)\n"
-                  "print(json.dumps([{k: n[k] for k in ('NodeID', 'NodeManagerAddress', 'Resources')} "
+                  "print('NODES ' + json.dumps([{k: n[k] for k in ('NodeID', 'NodeManagerAddress', 'Resources')} "
                   "for n in alive]))\n")
         out = self.on_head(f"python -c {shlex.quote(script)}", timeout=timeout + 60)
-        return json.loads(out.strip().splitlines()[-1])
+        # Ray streams its own events to a driver's stdout (the autoscaler's "Resized to 8 CPUs." came after the list
+        # once), so the list is the line that says it is.
+        return json.loads(next(line for line in out.splitlines() if line.startswith("NODES "))[len("NODES "):])
 
     def serve_output(self) -> str:
         return self.ray("ray exec deploy/onprem.yaml 'tmux capture-pane -p -S -'").stdout
