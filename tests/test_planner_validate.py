@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import subprocess
 import sys
 from dataclasses import asdict
@@ -39,11 +40,12 @@ class FakeServe:
 
 
 def simulated_bench(tmp_path: Path, monkeypatch, truth: Profile, modes: str = "disagg,colocated",
-                    late: float = 0.0, unloaded_requests: int = 0, transport: str | None = None) -> dict:
+                    late: float = 0.0, unloaded_requests: int = 0, transport: str | None = None,
+                    **workload: object) -> dict:
     """`pdcluster bench` on one GPU (1P+1D at half a GPU each, one colocated replica on all of it), each cluster
     answering as the simulator does under `truth`, every token `late` seconds later, its KV handoffs over
-    `transport` (recorded as the prefill worker records them; None: the profile's fastest, not recorded);
-    returns results.json as written."""
+    `transport` (recorded as the prefill worker records them; None: the profile's fastest, not recorded), on
+    `workload` (bench flags; default: random lengths); returns results.json as written."""
     def layout(mode: str) -> Layout:
         return replace_layout(LAYOUTS[mode], transport=transport) if mode != "colocated" else LAYOUTS[mode]
 
@@ -77,7 +79,7 @@ def simulated_bench(tmp_path: Path, monkeypatch, truth: Profile, modes: str = "d
                       rates=",".join(map(str, RATES)), num_requests=150, input_len="100:400", output_len="20:60",
                       prefill_workers=1, decode_workers=1, gpus_per_worker=0.5, workers=1,
                       colocated_gpus_per_worker=1, slo_ttft=0.3, slo_tpot=0.02,
-                      unloaded_requests=unloaded_requests)
+                      unloaded_requests=unloaded_requests, **workload)
     benchmark.run_benchmark(cfg)
     return json.loads((tmp_path / "bench" / "results.json").read_text())
 
@@ -117,6 +119,24 @@ def test_a_fixed_delay_outside_the_steps_is_found_from_the_unloaded_requests(tmp
     for row in validate(results, truth):
         assert row.offset_s == 0
         assert row.measured.ttft_p50 - row.predicted.ttft_p50 == pytest.approx(late, abs=1e-9)
+
+
+def test_a_trace_runs_unloaded_requests_give_its_offset_too(tmp_path, monkeypatch):
+    """The bench takes a trace run's unloaded requests from the trace's first lines: rebuilt the same way, they
+    give its offset as for any workload."""
+    trace = tmp_path / "trace.jsonl"
+    rng = random.Random(3)
+    trace.write_text("".join(json.dumps({"arrival": 0.05 * i, "input_len": rng.randint(100, 400),
+                                         "output_len": rng.randint(20, 60)}) + "\n" for i in range(200)))
+    truth, late = make_profile(), 0.007
+    results = simulated_bench(tmp_path, monkeypatch, truth, "disagg", late=late, unloaded_requests=6,
+                              workload="trace", trace=str(trace))
+    rows = validate(results, truth)
+    assert len(rows) == len(RATES)
+    for row in rows:
+        assert row.offset_s == pytest.approx(late, abs=1e-9)
+        for _, key in METRICS:
+            assert row.error(key) == pytest.approx(0.0, abs=1e-9), (row.load, key)
 
 
 def test_a_wrong_profile_shows_large_errors_and_they_are_marked(tmp_path, monkeypatch):

@@ -129,10 +129,15 @@ def with_transport(layout: Layout, run: dict, profile: Profile) -> tuple[Layout,
                     f"{stand_in}")
 
 
+def run_trace(cfg: BenchConfig) -> list | None:
+    """The trace a trace run replayed (from where it started), as the bench read it; None for other workloads."""
+    return read_trace(cfg.trace, cfg.trace_start) if cfg.trace else None
+
+
 def workload_of(results: dict, cfg: BenchConfig, index: int, records: list[RequestRecord]) -> Workload:
     """Load point `index`'s requests, rebuilt as the bench built them, sent when the bench sent them (in the
     order built: the bench sends them in that order)."""
-    trace = read_trace(cfg.trace, cfg.trace_start) if cfg.trace else None
+    trace = run_trace(cfg)
     n = cfg.num_requests or (len(trace) if trace is not None else DEFAULT_NUM_REQUESTS)
     requests = point_requests(cfg, index, n, vocab_size(results, cfg), trace)
     records = sorted(records, key=lambda r: r.index)
@@ -152,10 +157,10 @@ def unloaded_offset(results: dict, run: dict, cfg: BenchConfig, profile: Profile
     unloaded = run.get("unloaded") or {}
     records = sorted((RequestRecord.from_json(r) for r in unloaded.get("requests", [])), key=lambda r: r.index)
     records = [r for r in records if r.ttft is not None]
-    if not records or cfg.trace:
+    if not records:
         return 0.0
     requests = build_requests(cfg, random.Random(f"{cfg.seed}:unloaded"), cfg.unloaded_requests,
-                              vocab_size(results, cfg), None)
+                              vocab_size(results, cfg), run_trace(cfg))
     if [len(r.prompt_ids) for r in requests][:len(records)] != [r.prompt_len for r in records]:
         raise ValidationError("the unloaded requests differ from the recorded ones (prompt lengths)")
     apart = 60.0  # one at a time: each far past the one before's end
