@@ -1,8 +1,8 @@
 # Stop 30 on four GPUs (nvidia-h200-x4 or nvidia-h100-x4): the planner's first check past two GPUs. Qwen3-8B
 # (random weights), one GPU a worker, every layout splits.sh runs, one `pdcluster bench` each, against predictions
 # committed before the call (docs/benchmarks.md, "Stop 30").
-#   MIX      ls (long-short, rates 16-64 req/s: the planner's picks part there) or cc (the chat/coding traces,
-#            splits.sh's rates; carry .traces)
+#   MIX      ls (long-short, rates 16-64 req/s: the planner's picks part there), ph (prefill-heavy) or cc (the
+#            chat/coding traces; carry .traces), these two at splits.sh's rates
 #   LAYOUTS  which, in order (default: the pick first, then its rivals). Each runs under a timeout of at most 200 s
 #            that ends by END seconds (default 580), and starts only with 110 s left, so that what ran comes back
 #            within a call's 10 minutes
