@@ -786,3 +786,28 @@ def test_one_links_handoffs_land_one_after_another(transport):
     load = Workload([0.0, 0.0], [list(range(300)), list(range(1000, 1300))], [4, 4], shared_prefixes=False)
     first, second = sorted(r.first for r in simulate(profile, Layout(prefill=1, decode=1, transport=transport), load))
     assert second - first == pytest.approx(profile.handoff_seconds(300, transport), rel=0.05)
+
+
+def test_a_phase_begins_once_every_request_of_the_one_before_has_finished():
+    """A run served as the bench serves it (a warm-up, then load points): a phase's arrivals count from when the
+    last request of the phase before finished; the engines, and what the router's per-request policy learned in
+    one phase, carry into the next (one simulation, not one a phase)."""
+    profile = make_profile()
+    prompts = [list(range(1000 * i, 1000 * i + 100 + 50 * i)) for i in range(5)]
+    load = Workload([0.0, 0.7, 1.2, 0.25, 0.5], prompts, [400, 5, 5, 8, 8], shared_prefixes=False, phases=[3, 0, 2])
+    sim = Simulation(profile, Layout(prefill=1, decode=1, policy="auto"), load)
+    done = sim.run()
+    end = max(r.done for r in done[:3])
+    assert sim.phase_starts == [0.0, end, end]
+    assert [r.arrival for r in done[3:]] == [end + 0.25, end + 0.5]
+    assert all(r.first > r.arrival for r in done[3:])
+    # each engine's busy seconds as each phase began and at the end: what each phase added
+    assert len(sim.phase_busy) == 4 and sim.phase_busy[0] == {name: 0.0 for name in sim.engines}
+    assert all(sim.phase_busy[3][n] > sim.phase_busy[1][n] > 0 for n in sim.engines)
+    # the policy measured the first phase (heartbeats, and a first token after them), so the last phase's requests
+    # were chosen with those measurements, where a fresh run chooses its first ones blind
+    assert done[0].estimate.remote_seconds is None
+    assert all(r.estimate.remote_seconds is not None for r in done[3:])
+    fresh = simulate(profile, Layout(prefill=1, decode=1, policy="auto"), Workload(
+        [0.25, 0.5], prompts[3:], load.output_lens[3:], shared_prefixes=False))
+    assert all(r.estimate.remote_seconds is None for r in fresh)

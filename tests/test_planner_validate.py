@@ -20,8 +20,8 @@ from scripts.bench_metrics import SLO, summarize
 from scripts.benchmark import BenchConfig, arrivals
 from scripts.planner.profile import DecodeCost, Profile, save_profile
 from scripts.planner.report import records
-from scripts.planner.sim import Layout, Simulation, Workload, simulate
-from scripts.planner.validate import METRICS, ValidationError, beyond, markdown, shifted, table, validate
+from scripts.planner.sim import Layout, Simulation, Workload
+from scripts.planner.validate import METRICS, ValidationError, beyond, markdown, shifted, since, table, validate
 from tests.test_planner import make_profile
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -50,19 +50,32 @@ def simulated_bench(tmp_path: Path, monkeypatch, truth: Profile, modes: str = "d
         return replace_layout(LAYOUTS[mode], transport=transport) if mode != "colocated" else LAYOUTS[mode]
 
     async def fake_cluster(cfg, run, server, points, workloads, warmup, unloaded, slo=None):
+        """One cluster through the bench's phases, as bench_cluster serves them: the warm-up at once, the unloaded
+        requests one at a time, then each load point at its send times, each once the one before has finished."""
+        sends = [arrivals(cfg, point, i, requests) for i, (point, requests) in enumerate(zip(points, workloads))]
+        before = warmup + unloaded
+        every = before + [r for requests in workloads for r in requests]
+        load = Workload([0.0] * len(before) + [t for times in sends for t in times], [r.prompt_ids for r in every],
+                        [r.output_len for r in every], False,
+                        phases=[len(warmup)] + [1] * len(unloaded) + [len(requests) for requests in workloads])
+        sim = Simulation(truth, layout(run["mode"]), load)
+        done = shifted(sim.run(), late)
+        starts = [0] + sim.phase_ends[:-1]
+
+        def phase(k: int) -> list:
+            return since(done[starts[k]:sim.phase_ends[k]], sim.phase_starts[k])
+
+        run["warmup"] = {"requests": len(warmup), "failed": 0, "errors": []}
         if unloaded:
-            load = Workload([10.0 * i for i in range(len(unloaded))], [r.prompt_ids for r in unloaded],
-                            [r.output_len for r in unloaded], False)
-            recs = records(shifted(simulate(truth, layout(run["mode"]), load), late))
+            recs = records([r for k in range(1, 1 + len(unloaded)) for r in phase(k)])
             run["unloaded"] = {"load": {"label": "unloaded"}, "summary": asdict(summarize(recs, slo)),
                                "requests": [r.to_json() for r in recs]}
-        for i, (point, requests) in enumerate(zip(points, workloads)):
-            sent = arrivals(cfg, point, i, requests)
-            load = Workload(sent, [r.prompt_ids for r in requests], [r.output_len for r in requests], False)
-            sim = Simulation(truth, layout(run["mode"]), load)
-            recs = records(shifted(sim.run(), late))
+        for i, point in enumerate(points):
+            k = 1 + len(unloaded) + i
+            recs = records(phase(k))
             handoffs = {transport: {"count": len(recs), "bytes": 0, "seconds": 0.0}} if transport else {}
-            engines = [{"worker_id": name, "role": e.role, "busy_seconds": e.busy_seconds,
+            engines = [{"worker_id": name, "role": e.role,
+                        "busy_seconds": sim.phase_busy[k + 1][name] - sim.phase_busy[k][name],
                         "handoffs": handoffs if e.role == "prefill" else {}} for name, e in sim.engines.items()]
             run["points"].append({"load": point.to_json(), "summary": asdict(summarize(recs, slo)),
                                   "requests": [r.to_json() for r in recs], "engines": engines})

@@ -133,6 +133,10 @@ class Workload:
     shared_prefixes: bool = True
     # Each prompt's prefix-cache keys by block size: computed once, shared by every layout
     keys: dict[int, list[PromptKeys]] = field(default_factory=dict)
+    # How many requests each phase of a run holds, in order, as the bench serves one cluster: its warm-up, its
+    # unloaded requests one at a time, then its load points. A phase's arrivals count from when every request of
+    # the phase before has finished. None: one phase.
+    phases: list[int] | None = None
 
 
 class Simulation:
@@ -171,6 +175,9 @@ class Simulation:
         self.by_rid: dict[str, SimRequest] = {}
         self.now = 0.0
         self.finished = 0
+        self.phase_ends = list(itertools.accumulate(workload.phases or [len(workload.arrivals)]))
+        self.phase_starts: list[float] = []  # when each phase began
+        self.phase_busy: list[dict[str, float]] = []  # each engine's busy seconds as each phase began, and at the end
         self._last_loads: dict[str, P.WorkerLoad] = {}
         self.link_free: dict[tuple[str, ...], float] = {}  # when each link's handoffs so far are done (`_transfer`)
 
@@ -187,17 +194,11 @@ class Simulation:
         bs = self.profile.block_size
         if bs not in w.keys:
             w.keys[bs] = [PromptKeys.of(p, bs) for p in w.prompts]
-        for i, t in enumerate(w.arrivals):
-            req = SimRequest(str(i), w.prompts[i], w.output_lens[i], t, keys=w.keys[bs][i])
-            req.router = Request(rid=req.rid, client=b"", client_rid=req.rid, prompt_ids=req.attempt_ids,
-                                 sampling=SamplingParams(max_tokens=req.output_len, ignore_eos=True), stream=False,
-                                 detok=None)
-            self.requests.append(req)
-            self.by_rid[req.rid] = req
-            self.push(t, "arrive", req)
+        total = len(w.arrivals)
+        self._next_phases()
         if self.layout.policy == "auto" and self.layout.mode == "disagg":
             self.push(HEARTBEAT_S, "heartbeat", None)
-        while self.events and self.finished < len(self.requests):
+        while self.events and self.finished < total:
             self.now, _, kind, obj, gen = heapq.heappop(self.events)
             if kind == "arrive":
                 self._arrive(obj)
@@ -211,10 +212,31 @@ class Simulation:
             elif kind == "heartbeat":
                 self._heartbeat()
                 self.push(self.now + HEARTBEAT_S, "heartbeat", None)
-        if self.finished < len(self.requests):
+            self._next_phases()
+        if self.finished < total:
             raise RuntimeError(f"simulation of {self.layout} stalled at {self.now:.3f} s with "
-                               f"{len(self.requests) - self.finished} requests unfinished")
+                               f"{total - self.finished} requests unfinished")
+        self.phase_busy.append(self._busy())
         return self.requests
+
+    def _next_phases(self) -> None:
+        """Once every request so far has finished, the next phase's requests arrive, counted from now."""
+        w = self.workload
+        while len(self.phase_starts) < len(self.phase_ends) and self.finished == len(self.requests):
+            self.phase_starts.append(self.now)
+            self.phase_busy.append(self._busy())
+            for i in range(len(self.requests), self.phase_ends[len(self.phase_starts) - 1]):
+                req = SimRequest(str(i), w.prompts[i], w.output_lens[i], self.now + w.arrivals[i],
+                                 keys=w.keys[self.profile.block_size][i])
+                req.router = Request(rid=req.rid, client=b"", client_rid=req.rid, prompt_ids=req.attempt_ids,
+                                     sampling=SamplingParams(max_tokens=req.output_len, ignore_eos=True),
+                                     stream=False, detok=None)
+                self.requests.append(req)
+                self.by_rid[req.rid] = req
+                self.push(req.arrival, "arrive", req)
+
+    def _busy(self) -> dict[str, float]:
+        return {name: e.busy_seconds for name, e in self.engines.items()}
 
     def _arrive(self, req: SimRequest) -> None:
         """router/admission.py takes it into its queue, or refuses it (a full queue: `overloaded`)."""

@@ -25,7 +25,7 @@ from scripts.planner.config import DEFAULT_VOCAB
 from scripts.planner.profile import Profile
 from scripts.planner.report import Point, point
 from scripts.planner.report import summarize as predict_summary
-from scripts.planner.sim import Layout, Simulation, Workload, simulate
+from scripts.planner.sim import Layout, SimRequest, Simulation, Workload
 
 TOLERANCE = 0.15  # a prediction within this share of the measurement agrees
 METRICS = (("TTFT p50", "ttft_p50"), ("TTFT p90", "ttft_p90"), ("TPOT p50", "tpot_p50"), ("TPOT p90", "tpot_p90"),
@@ -148,36 +148,58 @@ def workload_of(results: dict, cfg: BenchConfig, index: int, records: list[Reque
                     cfg.workload == "shared-prefix")
 
 
-def unloaded_offset(results: dict, run: dict, cfg: BenchConfig, profile: Profile, layout: Layout) -> float:
+@dataclass
+class Served:
+    """A mode's run as the bench served it (scripts/benchmark.py, `bench_cluster`): one cluster through its warm-up,
+    its unloaded requests one at a time, then its load points, each phase begun once the one before has finished.
+    Simulated as one run, what the cluster learns in one phase (the router's per-request policy, the prefix caches)
+    carries into the next, as it did when served."""
+
+    workload: Workload
+    unloaded: list[RequestRecord]  # measured, one a phase after the warm-up's
+    first_point: int  # the phase of the first load point
+
+
+def served(results: dict, run: dict, cfg: BenchConfig, points: list[Workload]) -> Served:
+    """The run's phases, rebuilt by the bench's builders: the warm-up (all at once), each unloaded request, each
+    load point at its send times (a phase of none where the run recorded no warm-up)."""
+    unloaded = sorted((RequestRecord.from_json(r) for r in (run.get("unloaded") or {}).get("requests", [])),
+                      key=lambda r: r.index)
+    vocab, trace = vocab_size(results, cfg), run_trace(cfg)
+    warm = (run.get("warmup") or {}).get("requests", 0)
+    before = build_requests(cfg, random.Random(f"{cfg.seed}:warmup"), warm, vocab, trace) if warm else []
+    if unloaded:
+        alone = build_requests(cfg, random.Random(f"{cfg.seed}:unloaded"), cfg.unloaded_requests, vocab, trace)
+        if [len(r.prompt_ids) for r in alone][:len(unloaded)] != [r.prompt_len for r in unloaded]:
+            raise ValidationError("the unloaded requests differ from the recorded ones (prompt lengths)")
+        before += alone[:len(unloaded)]
+    phases = [warm] + [1] * len(unloaded) + [len(w.arrivals) for w in points]
+    workload = Workload([0.0] * len(before) + [t for w in points for t in w.arrivals],
+                        [r.prompt_ids for r in before] + [p for w in points for p in w.prompts],
+                        [r.output_len for r in before] + [n for w in points for n in w.output_lens],
+                        any(w.shared_prefixes for w in points), phases=phases)
+    return Served(workload, unloaded, len(phases) - len(points))
+
+
+def unloaded_offset(unloaded: list[RequestRecord], simulated: list[SimRequest]) -> float:
     """What a request meets outside the simulated steps, from the bench's unloaded reference (requests one at a
     time): the median of measured minus simulated TTFT, at least 0. It holds the client -> router -> worker messages
     and the streamed token back, disaggregated the reserve round trip and the `kv_handoff` message, and how far this
     run's eager prefill floor lies from the profile's (it varies by some milliseconds from run to run). 0 when
     the run has no unloaded requests."""
-    unloaded = run.get("unloaded") or {}
-    records = sorted((RequestRecord.from_json(r) for r in unloaded.get("requests", [])), key=lambda r: r.index)
-    records = [r for r in records if r.ttft is not None]
-    if not records:
-        return 0.0
-    requests = build_requests(cfg, random.Random(f"{cfg.seed}:unloaded"), cfg.unloaded_requests,
-                              vocab_size(results, cfg), run_trace(cfg))
-    if [len(r.prompt_ids) for r in requests][:len(records)] != [r.prompt_len for r in records]:
-        raise ValidationError("the unloaded requests differ from the recorded ones (prompt lengths)")
-    apart = 60.0  # one at a time: each far past the one before's end
-    load = Workload([apart * i for i in range(len(records))], [r.prompt_ids for r in requests[:len(records)]],
-                    [r.output_len for r in requests[:len(records)]], shared_prefixes=False)
-    simulated = simulate(profile, layout, load)
-    return max(0.0, statistics.median(m.ttft - s.ttft for m, s in zip(records, simulated)))
+    pairs = [(m.ttft, s.ttft) for m, s in zip(unloaded, simulated) if m.ttft is not None and s.first is not None]
+    return max(0.0, statistics.median(m - s for m, s in pairs)) if pairs else 0.0
 
 
-def busy_seconds(sim: Simulation, measured: dict, layout: Layout) -> tuple[float, float] | None:
-    """The engines' busy seconds at a point, summed, simulated and measured: how the profile costs the steps this
+def busy_seconds(sim: Simulation, phase: int, measured: dict, layout: Layout) -> tuple[float, float] | None:
+    """The engines' busy seconds in one phase, summed, simulated and measured: how the profile costs the steps this
     load made, apart from how long requests waited for them. None where engines share GPUs (a step's wall time there
     holds the other engine's turns) or the run recorded none."""
     engines = measured.get("engines") or []
     if layout.gpus_per_engine < 1 or not engines or any("busy_seconds" not in e for e in engines):
         return None
-    return sum(e.busy_seconds for e in sim.engines.values()), sum(e["busy_seconds"] for e in engines)
+    start, end = sim.phase_busy[phase], sim.phase_busy[phase + 1]
+    return sum(end[n] - start[n] for n in end), sum(e["busy_seconds"] for e in engines)
 
 
 def shifted(requests: list, offset: float) -> list:
@@ -189,6 +211,16 @@ def shifted(requests: list, offset: float) -> list:
     return requests
 
 
+def since(requests: list[SimRequest], start: float) -> list[SimRequest]:
+    """The requests' times counted from `start` (a phase's, as the bench counts each load point's)."""
+    for req in requests:
+        req.arrival -= start
+        if req.first is not None:
+            req.first -= start
+            req.done -= start
+    return requests
+
+
 # ---- predictions beside measurements ------------------------------------------------------------
 def validate(results: dict, profile: Profile) -> list[Row]:
     cfg = bench_config(results)
@@ -197,20 +229,34 @@ def validate(results: dict, profile: Profile) -> list[Row]:
     rows = []
     for run in results["runs"]:
         layout, note = with_transport(layout_of(run, cfg, profile), run, profile)
-        offset = unloaded_offset(results, run, cfg, profile, layout)
+        points = []
         for i, measured in enumerate(run["points"]):
             records = [RequestRecord.from_json(r) for r in measured["requests"]]
-            load = measured["load"]
-            rate = load["value"] if load["value"] is not None else math.inf
-            if i not in workloads:  # the same requests in every mode (their prefix keys computed once)
+            if i not in workloads:  # the same requests in every mode (rebuilt and checked once)
                 workloads[i] = workload_of(results, cfg, i, records)
             sent = [r.start for r in sorted(records, key=lambda r: r.index)]  # each mode at its own send times
-            simulation = Simulation(profile, layout, dataclasses.replace(workloads[i], arrivals=sent))
-            sim = shifted(simulation.run(), offset)
-            rows.append(Row(run["mode"], str(layout), load["label"], predict_summary(str(layout), rate, sim, slo),
+            points.append(dataclasses.replace(workloads[i], arrivals=sent, keys={}))
+        replay = served(results, run, cfg, points)
+        simulation = Simulation(profile, layout, replay.workload)
+        sim = simulation.run()
+        ends = simulation.phase_ends
+        first = _phase_start(ends, replay.first_point)
+        offset = unloaded_offset(replay.unloaded, sim[first - len(replay.unloaded):first])
+        for i, measured in enumerate(run["points"]):
+            phase = replay.first_point + i
+            requests = shifted(since(sim[_phase_start(ends, phase):ends[phase]], simulation.phase_starts[phase]),
+                               offset)
+            load = measured["load"]
+            rate = load["value"] if load["value"] is not None else math.inf
+            records = [RequestRecord.from_json(r) for r in measured["requests"]]
+            rows.append(Row(run["mode"], str(layout), load["label"], predict_summary(str(layout), rate, requests, slo),
                             point(run["mode"], rate, summarize(records, slo)), offset, note,
-                            busy_seconds(simulation, measured, layout)))
+                            busy_seconds(simulation, phase, measured, layout)))
     return rows
+
+
+def _phase_start(ends: list[int], phase: int) -> int:
+    return ends[phase - 1] if phase else 0
 
 
 # ---- the table ----------------------------------------------------------------------------------
