@@ -9,6 +9,7 @@ from common import protocol as P
 from common.config import EngineConfig
 from common.sampling_params import InvalidRequest
 from common.worker.config import WorkerConfig
+from kvtransfer.errors import TransferError
 from kvtransfer.handoff import Handoff, HandoffState
 from kvtransfer.kv_worker import KVWorker
 
@@ -21,7 +22,7 @@ class DecodeWorker(KVWorker):
     aborted or timed out while its KV still lands keeps its blocks until the transport is done with them."""
 
     role = "decode"
-    data_records = (P.KVHandoff,)
+    data_records = (P.KVHandoff, P.KVLinkOpen)
 
     def __init__(self, config: WorkerConfig, engine_config: EngineConfig):
         super().__init__(config, engine_config)
@@ -48,8 +49,22 @@ class DecodeWorker(KVWorker):
         self.send(P.Reserved(request_id=msg.request_id, block_ids=blocks))
 
     # ---- transfer -> decode batch --------------------------------------------------------------------
-    def on_record(self, record: P.KVHandoff, payload: list[memoryview]) -> None:
-        self.receive(record, payload)
+    def on_record(self, record: P.KVHandoff | P.KVLinkOpen, payload: list[memoryview]) -> None:
+        if isinstance(record, P.KVLinkOpen):
+            self.join(record)
+        else:
+            self.receive(record, payload)
+
+    def join(self, record: P.KVLinkOpen) -> None:
+        """A prefill worker opened its KV link to this one ahead of any handoff: take its end. A link that fails
+        to open fails there too, and the prefill worker's next handoff opens another."""
+        transport = self.kv.transports.get(record.transport)
+        try:
+            if transport is None:
+                raise TransferError(f"no {record.transport!r} transport here")
+            transport.join(record.src_worker_id, record.link)
+        except TransferError as e:
+            log.warning("KV link %s from %s: %s", record.link, record.src_worker_id, e)
 
     def receive(self, record: P.KVHandoff, frames: list[memoryview]) -> None:
         """Land the KV in the reserved blocks (now, or when the transport is done), then admit the request."""

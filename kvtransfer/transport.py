@@ -55,6 +55,16 @@ class Transport(ABC):
         """Land a handoff's KV in the reserved blocks: None when they are in place on return, or a future that
         resolves (or fails with TransferError) when they are."""
 
+    def open(self, peer_id: str, peer: KVDescriptors) -> tuple[str, Future] | None:
+        """Prefill side, before any handoff to `peer_id`: set up what its first handoff would otherwise set up.
+        None where there is nothing to set up; else the link's name (for the peer's `join`) and a future that
+        resolves once the link works both ways."""
+        return None
+
+    def join(self, peer_id: str, link: str) -> Future | None:
+        """Decode side: join the link a prefill worker `open`ed."""
+        raise TransferError(f"the {self.name} transport opens no links")
+
     def discard(self, record: KVHandoff, frames: list[memoryview]) -> Future | None:
         """The handoff was refused: consume whatever the sender streams, so later handoffs stay aligned."""
         return None

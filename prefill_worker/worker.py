@@ -4,6 +4,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
+from concurrent.futures import Future
 
 from common import protocol as P
 from common.config import EngineConfig
@@ -30,6 +31,39 @@ class PrefillWorker(KVWorker):
         # Its batches are prompts only: decode CUDA graphs would cost memory and start-up time for nothing.
         super().__init__(config, dataclasses.replace(engine_config, cuda_graph_max_bs=0))
         self.handlers[P.PrefillTask] = self.on_prefill_task
+        self.handlers[P.OpenLink] = self.on_open_link
+        self.opening: dict[str, Future] = {}  # decode worker -> its link's first message, in flight
+
+    # ---- router -> prefill: a KV link before a handoff needs it ---------------------------------------
+    def on_open_link(self, msg: P.OpenLink) -> None:
+        """Open the KV link to a decode worker now: its first handoff would otherwise pay for it (the router asks
+        as the two workers meet, and the cluster is ready once they are open)."""
+        transport = self.kv.transports.get(msg.transport)
+        try:
+            if transport is None:
+                raise TransferError(f"this prefill worker has no {msg.transport!r} transport")
+            opened = transport.open(msg.decode_worker_id, msg.decode_kv)
+        except TransferError as e:
+            self.send(P.LinkOpened(decode_worker_id=msg.decode_worker_id, error=str(e)[:P.MAX_MESSAGE_LEN]))
+            return
+        if opened is None:  # nothing to set up
+            self.send(P.LinkOpened(decode_worker_id=msg.decode_worker_id))
+            return
+        link, done = opened
+        self.kv.channel.send(msg.decode_kv_address, P.KVLinkOpen(src_worker_id=self.config.worker_id,
+                                                                 transport=msg.transport, link=link), [])
+        self.opening[msg.decode_worker_id] = done
+
+    def busy(self) -> bool:
+        return super().busy() or bool(self.opening)
+
+    def tick(self, now: float, expire: bool) -> None:
+        super().tick(now, expire)
+        for peer in [peer for peer, done in self.opening.items() if done.done()]:
+            error = self.opening.pop(peer).exception()
+            if error is not None:
+                log.warning("KV link to %s did not open: %s", peer, error)
+            self.send(P.LinkOpened(decode_worker_id=peer, error="" if error is None else str(error)[:P.MAX_MESSAGE_LEN]))
 
     # ---- router -> prefill -> KV blocks --------------------------------------------------------------
     def on_prefill_task(self, task: P.PrefillTask) -> None:

@@ -26,6 +26,7 @@ from router.config import RouterConfig
 from router.detokenizer import IncrementalDetokenizer, text_of
 from router.disagg_policy import DisaggPolicy
 from router.dispatch import Dispatcher
+from router.links import KVLinks
 from router.metrics import Metrics
 from router.placement import Placement
 from router.registry import WorkerInfo, WorkerRegistry
@@ -64,6 +65,7 @@ class Router:
         self.dispatcher = Dispatcher(config.mode, self.placement, self.disagg,
                                      lambda worker, msg: self.to_worker(worker, msg))
         self.scaling = Scaling(config, self.registry, self.on_worker_lost)
+        self.links = KVLinks(self.registry, self.placement)
         self.requests = RequestTable()
         self.local_clients: dict[bytes, LocalSink] = {}  # in-process clients: identity -> where its replies go
         self.metrics = Metrics(self.requests, self.registry)
@@ -186,6 +188,8 @@ class Router:
             await self.on_alive(worker, msg)
         elif isinstance(msg, P.Reserved):
             await self.on_reserved(worker, msg)
+        elif isinstance(msg, P.LinkOpened):
+            self.on_link_opened(worker, msg)
         elif isinstance(msg, P.Error):
             await self.on_worker_error(worker, msg)
         elif isinstance(msg, P.Ping):
@@ -203,7 +207,18 @@ class Router:
             log.error("refusing worker %s: %s", msg.worker_id, e)
             await self.backend.send_multipart([identity, P.encode(P.Shutdown(reason=str(e)[:P.MAX_MESSAGE_LEN]))])
             return
+        for prefill, decode, transport in self.links.meet(self.registry.workers[msg.worker_id]):
+            await self.to_worker(prefill, P.OpenLink(decode_worker_id=decode.worker_id,
+                                                     decode_kv_address=decode.hello.kv_address, transport=transport,
+                                                     decode_kv=decode.hello.kv))
         await self.dispatch()
+
+    def on_link_opened(self, worker: WorkerInfo, msg: P.LinkOpened) -> None:
+        """A prefill worker's KV link to a decode worker is open, or failed to open (its next handoff there opens
+        another)."""
+        if msg.error:
+            log.warning("KV link %s -> %s did not open: %s", worker.worker_id, msg.decode_worker_id, msg.error)
+        self.links.answered(worker.worker_id, msg.decode_worker_id, ok=not msg.error)
 
     async def on_alive(self, worker: WorkerInfo, msg: P.Alive) -> None:
         """A worker inside a long step: busy, not dead (common/worker/liveness.py)."""
@@ -281,6 +296,7 @@ class Router:
         log.error("%s worker %s %s: %d requests affected", worker.role, worker.worker_id, why, len(worker.assigned))
         worker.alive = False
         self.placement.forget_worker(worker.worker_id)
+        self.links.forget(worker.worker_id)
         for rid in list(worker.assigned):
             worker.assigned.discard(rid)
             worker.lost.add(rid)
@@ -365,10 +381,11 @@ class Router:
         stalls = {k: v for k, v in self.stalls.totals().items() if k != "longest_loop_stall"}
         totals = P.RouterTotals(prompt_tokens=self.prompt_tokens, cached_tokens=self.cached_tokens,
                                 migrations=self.migrations, local_prefills=self.disagg.local_choices,
-                                remote_prefills=self.disagg.remote_choices, **stalls)
+                                remote_prefills=self.disagg.remote_choices, kv_links_opened=self.links.opened_count,
+                                **stalls)
         return P.Stats(uptime=time.monotonic() - self.started, requests_in_flight=len(self.requests),
                        queued_requests=len(self.queue), workers=[w.stats() for w in self.registry.workers.values()],
-                       totals=totals)
+                       totals=totals, kv_links_opening=len(self.links.opening))
 
     def _text(self, stops: list[str]) -> CompletionText:
         return CompletionText(IncrementalDetokenizer(self.tokenizer, self.text_of), stops)

@@ -624,6 +624,27 @@ def test_a_handoff_without_its_stream_is_refused():
         pair.close()
 
 
+def test_gloo_a_link_opened_ahead_carries_the_first_handoff():
+    """`open` and `join` set the link up before any handoff (its first operation, where NCCL makes its
+    communicator); the handoffs after it go over that link, and a transport without links opens none."""
+    pair = Pair()
+    try:
+        name, sent_word = pair.prefill.open("d0", pair.peer)
+        joined = pair.decode.join("p0", name)
+        sent_word.result(timeout=30)
+        joined.result(timeout=30)
+        assert pair.prefill.sending["d0"].name == name and list(pair.decode.receiving) == [name]
+        pair.handoff("r1", [3, 4, 9], [5, 6, 60])
+        pair.handoff("r2", [1], [2])
+        assert_landed(pair.src, pair.dst, [3, 4, 9, 1], [5, 6, 60, 2])
+        assert pair.prefill.sending["d0"].name == name and list(pair.decode.receiving) == [name]
+        assert HostTransport(blank_pool(4)).open("d0", pair.peer) is None
+        with pytest.raises(TransferError, match="opens no links"):
+            HostTransport(blank_pool(4)).join("p0", name)
+    finally:
+        pair.close()
+
+
 def test_gloo_a_silent_peer_fails_the_transfer_and_the_next_send_opens_a_new_link():
     """No request waits forever: the decode side never joins, the send fails after the timeout."""
     pair = Pair(timeout=1.0)

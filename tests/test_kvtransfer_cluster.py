@@ -61,6 +61,22 @@ def test_every_block_is_free_at_the_end(cluster):
     assert workers and all(w.kv_blocks_free == w.kv_blocks_total and w.alive for w in workers)
 
 
+def test_the_link_opens_before_the_cluster_is_ready(tiny_qwen3_dir, tmp_path):
+    """As the workers meet, the router has the prefill worker open its KV link to the decode worker (a pair's first
+    NCCL operation cost half a second of its first request on two H200s), and the cluster is ready only once it is
+    open; the handoffs then go over it (tests/test_kvtransfer.py: a link opened ahead carries them)."""
+    running = RunningCluster(tiny_qwen3_dir, "disagg", tmp_path / "serve.log", "--kv-transport", "nccl")
+    try:
+        with running.client(timeout=120) as c:
+            stats = c.stats()  # ready: no request sent yet
+            assert stats.kv_links_opening == 0 and stats.totals.kv_links_opened == 1
+            assert [c.generate(p, **GREEDY).token_ids for p in PROMPTS[:2]] == [
+                c.generate(p, **GREEDY).token_ids for p in PROMPTS[:2]]
+            assert c.stats().totals.kv_links_opened == 1
+    finally:
+        running.stop_cleanly()
+
+
 def test_cuda_ipc_on_cpu_is_refused_before_anything_starts(tiny_qwen3_dir, capsys):
     started = time.monotonic()
     assert cli_main(["serve", "--model", str(tiny_qwen3_dir), "--device", "cpu", "--kv-transport", "cuda_ipc",

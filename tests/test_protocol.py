@@ -126,6 +126,10 @@ SAMPLES: dict[str, Message] = {
             nccl=NcclStream(link="a1b2", seq=4, block_bytes=4096, segments=[1]),
         ),
         HandoffAck(request_id="req-1", ok=False, message="layout mismatch"),
+        P.OpenLink(decode_worker_id="d0", decode_kv_address="tcp://10.0.0.2:6001", transport="nccl",
+                   decode_kv=KV_DESCRIPTORS),
+        P.LinkOpened(decode_worker_id="d0", error="timed out"),
+        P.KVLinkOpen(src_worker_id="p0", transport="nccl", link="a1b2"),
         TokenBatch(updates=[
             TokenUpdate(request_id="a", token_ids=[1], cached_tokens=16),
             TokenUpdate(request_id="b", token_ids=[], finish_reason="stop"),

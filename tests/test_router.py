@@ -21,6 +21,7 @@ from common import protocol as P
 from common.prompt import load_tokenizer
 from common.sampling_params import SamplingParams
 from router.admission import WaitQueue
+from router.client.results import readiness_problem
 from router.config import RouterConfig
 from router.request import Request
 from router.request_table import RequestTable
@@ -450,6 +451,49 @@ def test_a_restarted_worker_rejoins_under_its_id_and_its_old_requests_move(make_
         sim.check_clean()
         result = sim.terminal("x")
         assert isinstance(result, P.Result) and len(result.token_ids) == 5
+
+    run(main())
+
+
+def test_workers_meeting_open_their_kv_links_and_the_cluster_is_ready_once_they_answer(make_router):
+    """As a prefill and a decode worker meet (either says hello), the router has the prefill worker open its KV
+    link to the decode worker, and counts it opening until the prefill worker answers; a failed one is logged and
+    not counted as opened, and a worker that dies takes its unanswered links with it."""
+    async def main():
+        sim = await disagg(make_router, prefill=2, decode=1).start()
+        opens = [(w, m.decode_worker_id) for w, m in sim.sent if isinstance(m, P.OpenLink)]
+        assert sorted(opens) == [("p0", "d0"), ("p1", "d0")]
+        assert all(m.transport == "host" and m.decode_kv_address == "inproc://d0"
+                   for _, m in sim.sent if isinstance(m, P.OpenLink))
+        stats = sim.router.stats()
+        assert stats.kv_links_opening == 2
+        assert readiness_problem(stats) == "2 KV links between prefill and decode workers still opening"
+        p0, p1 = sim.workers["p0"], sim.workers["p1"]
+        await sim.send(p0, P.LinkOpened(decode_worker_id="d0"))
+        await sim.send(p1, P.LinkOpened(decode_worker_id="d0", error="timed out"))
+        await sim.send(p1, P.LinkOpened(decode_worker_id="d0"))  # answered already: counted once
+        stats = sim.router.stats()
+        assert (stats.kv_links_opening, stats.totals.kv_links_opened) == (0, 1) and readiness_problem(stats) is None
+        d1 = FakeWorker("d1", "decode")
+        sim.workers["d1"] = d1
+        await sim.router.on_worker(b"d1", hello(d1))
+        assert sorted([(w, m.decode_worker_id) for w, m in sim.sent if isinstance(m, P.OpenLink)][2:]) == [
+            ("p0", "d1"), ("p1", "d1")]
+        assert sim.router.stats().kv_links_opening == 2
+        await sim.router.on_worker_lost(sim.router.registry.workers["d1"], "died")
+        assert sim.router.stats().kv_links_opening == 0
+        await sim.submit("x", max_tokens=3)
+        await sim.drain()
+        assert isinstance(sim.terminal("x"), P.Result)
+
+    run(main())
+
+
+def test_colocated_workers_open_no_links(make_router):
+    async def main():
+        sim = await Sim(make_router(mode="colocated"), FakeWorker("c0", "colocated"),
+                        FakeWorker("c1", "colocated")).start()
+        assert not [m for _, m in sim.sent if isinstance(m, P.OpenLink)] and sim.router.stats().kv_links_opening == 0
 
     run(main())
 

@@ -9,8 +9,8 @@ from common.protocol.client import (
     MAX_STOP_STRINGS, Abort, Delta, Error, Ping, Pong, Result, Sampling, ScaleReply, ScaleRequest, Stats, StatsRequest, Submit,
 )
 from common.protocol.cluster import (
-    AbortRequest, Alive, GenerateTask, HandoffAck, Heartbeat, KVHandoff, PrefillTask, Reserve, Reserved, Shutdown,
-    TokenBatch, WorkerHello, liveness_identity,
+    AbortRequest, Alive, GenerateTask, HandoffAck, Heartbeat, KVHandoff, KVLinkOpen, LinkOpened, OpenLink, PrefillTask,
+    Reserve, Reserved, Shutdown, TokenBatch, WorkerHello, liveness_identity,
 )
 from common.protocol.codec import checked, decode, encode, field_problem
 from common.protocol.errors import (
@@ -31,9 +31,9 @@ DEFAULT_ROUTER_ADDRESS = "tcp://127.0.0.1:5555"
 # What each socket accepts, for `decode(frame, expect=...)`.
 CLIENT_TO_ROUTER = (Submit, Abort, Ping, Pong, StatsRequest, ScaleRequest)
 ROUTER_TO_CLIENT = (Delta, Result, Error, Ping, Pong, Stats, ScaleReply)
-WORKER_TO_ROUTER = (WorkerHello, Reserved, TokenBatch, Heartbeat, Alive, HandoffAck, Error, Ping, Pong)
-ROUTER_TO_WORKER = (Reserve, PrefillTask, GenerateTask, AbortRequest, Shutdown, Ping, Pong)
-DATA_PLANE = (KVHandoff, HandoffAck)
+WORKER_TO_ROUTER = (WorkerHello, Reserved, TokenBatch, Heartbeat, Alive, HandoffAck, LinkOpened, Error, Ping, Pong)
+ROUTER_TO_WORKER = (Reserve, PrefillTask, GenerateTask, OpenLink, AbortRequest, Shutdown, Ping, Pong)
+DATA_PLANE = (KVHandoff, HandoffAck, KVLinkOpen)
 
 
 def error_reply(exc: ProtocolError, retry_after: float | None = None) -> Error:
@@ -52,6 +52,7 @@ __all__ = [
     "KVLayout", "KVDescriptors", "CudaIpcDescriptor", "CudaIpcPool", "NcclDescriptor", "NcclStream",
     "Submit", "Abort", "Ping", "Pong", "StatsRequest", "Stats", "ScaleRequest", "ScaleReply", "Delta", "Result",
     "Error", "WorkerHello", "Reserve", "Reserved", "PrefillTask", "GenerateTask", "KVHandoff", "HandoffAck",
+    "OpenLink", "LinkOpened", "KVLinkOpen",
     "TokenBatch", "Heartbeat", "Alive", "liveness_identity", "AbortRequest", "Shutdown",
     "CLIENT_TO_ROUTER", "ROUTER_TO_CLIENT", "WORKER_TO_ROUTER", "ROUTER_TO_WORKER", "DATA_PLANE",
 ]

@@ -66,6 +66,7 @@ class Stats(Message, tag="stats", kw_only=True):
     queued_requests: Count
     workers: list[WorkerStats]
     totals: RouterTotals = RouterTotals()
+    kv_links_opening: Count = 0  # prefill -> decode KV links the router asked for that are not open yet
 
 
 @message

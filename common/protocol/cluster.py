@@ -60,6 +60,34 @@ class PrefillTask(Message, tag="prefill_task", kw_only=True):
 
 
 @message
+class OpenLink(Message, tag="open_link", kw_only=True):
+    """router -> prefill worker: open the KV link to this decode worker now, before a handoff needs it."""
+
+    decode_worker_id: Id
+    decode_kv_address: Address
+    transport: TransportName
+    decode_kv: KVDescriptors = KVDescriptors()
+
+
+@message
+class LinkOpened(Message, tag="link_opened", kw_only=True):
+    """prefill worker -> router: its KV link to `decode_worker_id` is open, or could not be opened (`error`)."""
+
+    decode_worker_id: Id
+    error: Message_ = ""
+
+
+@message
+class KVLinkOpen(Message, tag="kv_link_open", kw_only=True):
+    """prefill -> decode, on the data channel: join the link `link` now (nccl: a two-rank group in the decode
+    worker's store); its first message follows over the link."""
+
+    src_worker_id: Id
+    transport: TransportName
+    link: Id
+
+
+@message
 class GenerateTask(Message, tag="generate_task", kw_only=True):
     request_id: Id
     token_ids: Prompt

@@ -95,6 +95,7 @@ class RouterTotals(Record, kw_only=True):
     # disagg: prompts prefilled by the decode worker itself, and on a prefill worker (--disagg-policy)
     local_prefills: Count = 0
     remote_prefills: Count = 0
+    kv_links_opened: Count = 0  # prefill -> decode KV links opened ahead of any handoff (`open_link`)
     # Its own stalls (common/stalls.py): its event loop waking 20 ms or more late, and full garbage collections
     loop_stalls: Count = 0
     loop_stall_seconds: Seconds = 0.0

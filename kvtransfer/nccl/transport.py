@@ -1,4 +1,5 @@
-"""The nccl transport: links opened on first use, each handoff's segments and trailer over its peer's link."""
+"""The nccl transport: links opened ahead (`open`, `join`) or on first use, each handoff's segments and trailer over
+its peer's link."""
 from __future__ import annotations
 
 import logging
@@ -56,14 +57,7 @@ class NcclTransport(Transport):
         check_block_ids(dst_block_ids, d.num_blocks, f"{peer_id}'s")
         if len(src_block_ids) != len(dst_block_ids):
             raise TransferError(f"{len(src_block_ids)} source blocks for {len(dst_block_ids)} destination blocks")
-        link = self.sending.get(peer_id)
-        address = (d.host, d.port)
-        if link is None or link.error is not None or link.address != address:
-            if link is not None:
-                self._retire(link)
-            link = self.sending[peer_id] = Link(
-                secrets.token_hex(8), 0, peer_id, lambda: connect(*address, self.timeout), self.backend,
-                self.device, self.timeout, address)
+        link = self._link_to(peer_id, d)
         seq, link.next_seq = link.next_seq, link.next_seq + 1
         block_bytes = self.pool.layout.block_bytes
         segments = plan_segments(src_block_ids, dst_block_ids, block_bytes, self.strategy)
@@ -72,6 +66,25 @@ class NcclTransport(Transport):
         done = link.run(Transfer(link, self._send_ops(seq, request_id, src_block_ids, segments), None))
         stream = NcclStream(link=link.name, seq=seq, block_bytes=block_bytes, segments=[n for _, n in segments])
         return Sent(nccl=stream, done=done)
+
+    def open(self, peer_id, peer):
+        """The link, and one word sent over it: NCCL sets a communicator up on its first operation, which took
+        half a second of a pair's first handoff on two H200s (docs/benchmarks.md, stop 30)."""
+        link = self._link_to(peer_id, self._peer(peer_id, peer.nccl))
+        word = Op("send", lambda: torch.zeros(1, dtype=torch.int64, device=self.device))
+        return link.name, link.run(Transfer(link, [word], None))
+
+    def _link_to(self, peer_id: str, d: NcclDescriptor) -> Link:
+        """The link to the peer: the open one, or a new one (none yet, broken, or the peer moved)."""
+        link = self.sending.get(peer_id)
+        address = (d.host, d.port)
+        if link is None or link.error is not None or link.address != address:
+            if link is not None:
+                self._retire(link)
+            link = self.sending[peer_id] = Link(
+                secrets.token_hex(8), 0, peer_id, lambda: connect(*address, self.timeout), self.backend,
+                self.device, self.timeout, address)
+        return link
 
     def _peer(self, peer_id: str, d: NcclDescriptor | None) -> NcclDescriptor:
         """The peer's descriptor, checked the first time this worker meets it (or when it changes)."""
@@ -123,22 +136,31 @@ class NcclTransport(Transport):
         stream, link = self._incoming(record, frames)
         return self._consume(link, record.request_id, stream)
 
+    def join(self, peer_id, link):
+        word = Op("recv", lambda: torch.empty(1, dtype=torch.int64, device=self.device))
+        joined = self._link_from(peer_id, link)
+        return joined.run(Transfer(joined, [word], None), post_here=True)
+
+    def _link_from(self, peer_id: str, name: str) -> Link:
+        """The link `name` from the peer, joined now if it is new."""
+        if self.store is None:
+            raise TransferError("this worker published no nccl descriptor, so no peer can reach it")
+        link = self.receiving.get(name)
+        if link is None:  # a new link from this peer: its older links are dead on the other side
+            for old in [n for n, old in self.receiving.items() if old.peer_id == peer_id]:
+                self._retire(self.receiving.pop(old))
+            port = self.store.port
+            link = self.receiving[name] = Link(name, 1, peer_id, lambda: connect(self.host, port, self.timeout),
+                                               self.backend, self.device, self.timeout)
+        return link
+
     def _incoming(self, record: KVHandoff, frames: list) -> tuple[NcclStream, Link]:
         if record.nccl is None:
             raise TransferError("an nccl handoff names the stream its bytes follow on; this one names none")
         if frames:
             raise TransferError(f"an nccl handoff carries no payload frames, got {len(frames)}")
-        if self.store is None:
-            raise TransferError("this worker published no nccl descriptor, so no peer can reach it")
         stream, peer_id = record.nccl, record.src_worker_id
-        link = self.receiving.get(stream.link)
-        if link is None:  # a new link from this peer: its older links are dead on the other side
-            for name in [n for n, old in self.receiving.items() if old.peer_id == peer_id]:
-                self._retire(self.receiving.pop(name))
-            port = self.store.port
-            link = self.receiving[stream.link] = Link(
-                stream.link, 1, peer_id, lambda: connect(self.host, port, self.timeout), self.backend,
-                self.device, self.timeout)
+        link = self._link_from(peer_id, stream.link)
         if stream.seq != link.next_seq and link.error is None:
             link.error = TransferError(f"handoffs from {peer_id} out of order: got {stream.seq}, "
                                        f"expected {link.next_seq}")

@@ -55,6 +55,8 @@ def readiness_problem(stats: Stats) -> str | None:
     prefill = sum(w.role in ("prefill", "colocated") for w in alive)
     decode_ = sum(w.role in ("decode", "colocated") for w in alive)
     if prefill and decode_:
+        if stats.kv_links_opening:
+            return f"{stats.kv_links_opening} KV links between prefill and decode workers still opening"
         return None
     missing = " and ".join(name for name, n in (("prefill", prefill), ("decode", decode_)) if not n)
     return f"no alive {missing} worker ({len(alive)} of {len(stats.workers)} known workers alive)"
