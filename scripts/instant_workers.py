@@ -128,6 +128,8 @@ class Fleet:
             out.send(P.encode(P.KVHandoff(request_id=msg.request_id, src_worker_id=w.worker_id, first_token=100,
                                           num_tokens=len(msg.token_ids), transport=msg.transport,
                                           dst_block_ids=msg.dst_block_ids, reply_to=self.kv_address)))
+        elif isinstance(msg, P.OpenLink):  # nothing to set up, as over a transport without links
+            w.send(P.LinkOpened(decode_worker_id=msg.decode_worker_id))
         elif isinstance(msg, P.AbortRequest):
             owner = self.reserved.pop(msg.request_id, None)
             if owner is not None:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import time
 from concurrent.futures import Future
 
+import msgspec
+
 from common import protocol as P
 from common.engine.sequence import Sequence
 from common.sampling_params import SamplingParams
@@ -106,6 +108,14 @@ class StubTransport:
     def discard(self, record, frames):
         self.discarded.append(record.request_id)
 
+    def open(self, peer_id, peer):
+        self.opened = Future()
+        return f"link-to-{peer_id}", self.opened
+
+    def join(self, peer_id, link):
+        self.joined = (peer_id, link)
+        return Future()
+
 
 class StubEndpoint:
     def __init__(self, sent: list):
@@ -124,6 +134,7 @@ def stub_worker(cls):
     w.kv = StubEndpoint(w.to_peers)
     w.send = w.to_router.append
     w.timeline = Timeline(None, "w0", cls.role)
+    w.opening = {}
     return w
 
 
@@ -254,6 +265,32 @@ def test_prefill_times_out_without_an_ack():
     w.handoffs.get("r1").deadline = time.monotonic() - 1
     tick(w)
     assert w.engine.aborted == ["r1"] and [(m.code, m.request_id) for m in w.to_router] == [(P.TIMEOUT, "r1")]
+
+
+def test_a_prefill_worker_opens_a_link_when_asked_and_answers_once_it_works():
+    """open_link: the decode worker is told to join (kv_link_open on the data channel), and the router hears back
+    only once the link's first word has gone, or why it did not; a transport it lacks is an answer at once."""
+    w = stub_worker(PrefillWorker)
+    ask = P.OpenLink(decode_worker_id="d0", decode_kv_address="tcp://127.0.0.1:9", transport="nccl")
+    w.on_open_link(ask)
+    assert w.to_peers == [P.KVLinkOpen(src_worker_id="w0", transport="nccl", link="link-to-d0")]
+    tick(w)
+    assert w.to_router == [] and w.busy()  # the loop polls often while the link opens
+    w.kv.transports["nccl"].opened.set_result(None)
+    tick(w)
+    assert w.to_router == [P.LinkOpened(decode_worker_id="d0")] and not w.busy()
+    w.on_open_link(ask)
+    w.kv.transports["nccl"].opened.set_exception(TransferError("no peer"))
+    tick(w)
+    assert w.to_router[-1] == P.LinkOpened(decode_worker_id="d0", error="no peer")
+    w.on_open_link(msgspec.structs.replace(ask, transport="host"))
+    assert w.to_router[-1] == P.LinkOpened(decode_worker_id="d0", error="this prefill worker has no 'host' transport")
+
+
+def test_a_decode_worker_joins_the_link_a_prefill_worker_opened():
+    w = stub_worker(DecodeWorker)
+    w.on_record(P.KVLinkOpen(src_worker_id="p0", transport="nccl", link="abc"), [])
+    assert w.kv.transports["nccl"].joined == ("p0", "abc") and w.to_router == []
 
 
 def test_a_prefill_handoff_names_the_transport_its_task_asked_for():
