@@ -48,3 +48,8 @@ class KVLinks:
     def forget(self, worker_id: str) -> None:
         """A worker is gone: its links will not answer."""
         self.opening = {pair for pair in self.opening if worker_id not in pair}
+
+    def still_opening(self) -> int:
+        """Links not answered yet between workers still registered (a worker removed by scaling is forgotten)."""
+        workers = self.registry.workers
+        return sum(1 for prefill, decode in self.opening if prefill in workers and decode in workers)

@@ -385,7 +385,7 @@ class Router:
                                 **stalls)
         return P.Stats(uptime=time.monotonic() - self.started, requests_in_flight=len(self.requests),
                        queued_requests=len(self.queue), workers=[w.stats() for w in self.registry.workers.values()],
-                       totals=totals, kv_links_opening=len(self.links.opening))
+                       totals=totals, kv_links_opening=self.links.still_opening())
 
     def _text(self, stops: list[str]) -> CompletionText:
         return CompletionText(IncrementalDetokenizer(self.tokenizer, self.text_of), stops)

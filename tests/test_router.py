@@ -482,6 +482,12 @@ def test_workers_meeting_open_their_kv_links_and_the_cluster_is_ready_once_they_
         assert sim.router.stats().kv_links_opening == 2
         await sim.router.on_worker_lost(sim.router.registry.workers["d1"], "died")
         assert sim.router.stats().kv_links_opening == 0
+        d2 = FakeWorker("d2", "decode")
+        sim.workers["d2"] = d2
+        await sim.router.on_worker(b"d2", hello(d2))
+        assert sim.router.stats().kv_links_opening == 2
+        sim.router.registry.forget("d2")  # removed by scaling before its links answered
+        assert sim.router.stats().kv_links_opening == 0
         await sim.submit("x", max_tokens=3)
         await sim.drain()
         assert isinstance(sim.terminal("x"), P.Result)
