@@ -1,7 +1,7 @@
 """The KV links the router has asked prefill workers to open ahead of any handoff, until they answer.
 
-A handoff over nccl goes over a link between its two workers, whose first operation sets an NCCL communicator up:
-half a second of the pair's first request on two H200s (docs/benchmarks.md, stop 30). So as a prefill and a decode
+A handoff over nccl goes over a link between its two workers, whose first operation sets an NCCL communicator up,
+a cost the pair's first request would otherwise pay (docs/benchmarks.md, stop 30). So as a prefill and a decode
 worker meet (either one says hello), the router has the prefill worker open the link (`open_link`), and the cluster
 counts as ready once every link asked for has answered (`link_opened`, `Stats.kv_links_opening`).
 """

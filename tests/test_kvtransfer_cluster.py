@@ -62,9 +62,10 @@ def test_every_block_is_free_at_the_end(cluster):
 
 
 def test_the_link_opens_before_the_cluster_is_ready(tiny_qwen3_dir, tmp_path):
-    """As the workers meet, the router has the prefill worker open its KV link to the decode worker (a pair's first
-    NCCL operation cost half a second of its first request on two H200s), and the cluster is ready only once it is
-    open; the handoffs then go over it (tests/test_kvtransfer.py: a link opened ahead carries them)."""
+    """As the workers meet, the router has the prefill worker open its KV link to the decode worker (a link's first
+    NCCL operation sets its communicator up, which the pair's first request would otherwise wait for), and the
+    cluster is ready only once it is open; the handoffs then go over it (tests/test_kvtransfer.py: a link opened
+    ahead carries them)."""
     running = RunningCluster(tiny_qwen3_dir, "disagg", tmp_path / "serve.log", "--kv-transport", "nccl")
     try:
         with running.client(timeout=120) as c:

@@ -68,8 +68,8 @@ class NcclTransport(Transport):
         return Sent(nccl=stream, done=done)
 
     def open(self, peer_id, peer):
-        """The link, and one word sent over it: NCCL sets a communicator up on its first operation, which took
-        half a second of a pair's first handoff on two H200s (docs/benchmarks.md, stop 30)."""
+        """The link, and one word sent over it: NCCL sets a communicator up on a link's first operation, which the
+        pair's first handoff would otherwise wait for (docs/benchmarks.md, stop 30)."""
         link = self._link_to(peer_id, self._peer(peer_id, peer.nccl))
         word = Op("send", lambda: torch.zeros(1, dtype=torch.int64, device=self.device))
         return link.name, link.run(Transfer(link, [word], None))
