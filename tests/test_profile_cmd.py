@@ -208,8 +208,14 @@ def test_its_coefficients_predict_its_own_points(profiled):
     handoff = [(profile.handoff["host"].seconds(mb * 1e6), ms / 1e3, fit / 1e3)
                for mb, ms, fit in rows("handoff host MB", 3)]
     assert len(prefill) >= 6 and len(decode) >= 3 and len(handoff) >= 3
-    for name, points in (("prefill", prefill), ("decode", decode), ("handoff", handoff)):  # the table rounds
+    for name, points in (("prefill", prefill), ("handoff", handoff)):  # the table rounds
         assert [p for p, _, _ in points] == pytest.approx([f for _, _, f in points], rel=2e-3, abs=2e-6), name
+    # A decode row prints the mean context floored (total // batch): its fit lies between the costs of the least and
+    # the most total context that mean stands for, up to the table's rounding (0.001 ms).
+    for b, ctx, _, fit in rows("decode batch", 4):
+        cost = profile.decode_cost(int(b))
+        least, most = (host + cost.seconds(int(b), int(b * ctx) + extra) for extra in (0, int(b) - 1))
+        assert min(least, most) - 6e-7 <= fit / 1e3 <= max(least, most) + 6e-7, (b, ctx, fit, least, most)
     for name, points in (("prefill", prefill), ("decode", decode)):
         errors = [abs(p - m) / m for p, m, _ in points]
         assert statistics.median(errors) < 0.5, (name, errors)
