@@ -7,43 +7,57 @@ counts as ready once every link asked for has answered (`link_opened`, `Stats.kv
 """
 from __future__ import annotations
 
+import logging
+from collections.abc import Awaitable, Callable
+
+from common import protocol as P
 from kvtransfer.errors import TransferError
 from router.placement import Placement
 from router.registry import WorkerInfo, WorkerRegistry
+
+log = logging.getLogger(__name__)
 
 Pair = tuple[str, str]  # (prefill worker id, decode worker id)
 
 
 class KVLinks:
-    def __init__(self, registry: WorkerRegistry, placement: Placement):
-        self.registry, self.placement = registry, placement
+    """`send(worker, message)`: the router's send to a worker."""
+
+    def __init__(self, registry: WorkerRegistry, placement: Placement,
+                 send: Callable[[WorkerInfo, P.Message], Awaitable[None]]):
+        self.registry, self.placement, self.send = registry, placement, send
         self.opening: set[Pair] = set()
         self.opened_count = 0  # answered without an error
 
-    def meet(self, worker: WorkerInfo) -> list[tuple[WorkerInfo, WorkerInfo, str]]:
-        """The links a newly registered worker makes with the live workers of the other side: (prefill, decode,
-        transport) for each, now counted as opening. A pair no transport connects has none (its handoffs fail
-        there with the reason)."""
+    async def meet(self, worker: WorkerInfo) -> None:
+        """A newly registered worker meets the live workers of the other side: each pair's prefill worker is asked
+        to open its link, now counted as opening. A pair no transport connects has none (its handoffs fail there
+        with the reason)."""
         others = [w for w in self.registry.workers.values() if w.alive and w is not worker]
         if worker.role == "prefill":
             pairs = [(worker, d) for d in others if d.role == "decode"]
         elif worker.role == "decode":
             pairs = [(p, worker) for p in others if p.role == "prefill"]
         else:
-            return []
-        links = []
+            return
         for prefill, decode in pairs:
             try:
-                links.append((prefill, decode, self.placement.transport(prefill, decode)))
+                transport = self.placement.transport(prefill, decode)
             except TransferError:
                 continue
             self.opening.add((prefill.worker_id, decode.worker_id))
-        return links
+            await self.send(prefill, P.OpenLink(decode_worker_id=decode.worker_id,
+                                                decode_kv_address=decode.hello.kv_address, transport=transport,
+                                                decode_kv=decode.hello.kv))
 
-    def answered(self, prefill_id: str, decode_id: str, ok: bool) -> None:
-        if (prefill_id, decode_id) in self.opening:
-            self.opening.discard((prefill_id, decode_id))
-            self.opened_count += ok
+    def answered(self, prefill: WorkerInfo, msg: P.LinkOpened) -> None:
+        """The prefill worker's link is open, or failed to open (its next handoff there opens another)."""
+        if msg.error:
+            log.warning("KV link %s -> %s did not open: %s", prefill.worker_id, msg.decode_worker_id, msg.error)
+        pair = (prefill.worker_id, msg.decode_worker_id)
+        if pair in self.opening:
+            self.opening.discard(pair)
+            self.opened_count += not msg.error
 
     def forget(self, worker_id: str) -> None:
         """A worker is gone: its links will not answer."""

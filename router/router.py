@@ -65,7 +65,7 @@ class Router:
         self.dispatcher = Dispatcher(config.mode, self.placement, self.disagg,
                                      lambda worker, msg: self.to_worker(worker, msg))
         self.scaling = Scaling(config, self.registry, self.on_worker_lost)
-        self.links = KVLinks(self.registry, self.placement)
+        self.links = KVLinks(self.registry, self.placement, lambda worker, msg: self.to_worker(worker, msg))
         self.requests = RequestTable()
         self.local_clients: dict[bytes, LocalSink] = {}  # in-process clients: identity -> where its replies go
         self.metrics = Metrics(self.requests, self.registry)
@@ -189,7 +189,7 @@ class Router:
         elif isinstance(msg, P.Reserved):
             await self.on_reserved(worker, msg)
         elif isinstance(msg, P.LinkOpened):
-            self.on_link_opened(worker, msg)
+            self.links.answered(worker, msg)
         elif isinstance(msg, P.Error):
             await self.on_worker_error(worker, msg)
         elif isinstance(msg, P.Ping):
@@ -207,18 +207,8 @@ class Router:
             log.error("refusing worker %s: %s", msg.worker_id, e)
             await self.backend.send_multipart([identity, P.encode(P.Shutdown(reason=str(e)[:P.MAX_MESSAGE_LEN]))])
             return
-        for prefill, decode, transport in self.links.meet(self.registry.workers[msg.worker_id]):
-            await self.to_worker(prefill, P.OpenLink(decode_worker_id=decode.worker_id,
-                                                     decode_kv_address=decode.hello.kv_address, transport=transport,
-                                                     decode_kv=decode.hello.kv))
+        await self.links.meet(self.registry.workers[msg.worker_id])  # KV links opened before a handoff needs them
         await self.dispatch()
-
-    def on_link_opened(self, worker: WorkerInfo, msg: P.LinkOpened) -> None:
-        """A prefill worker's KV link to a decode worker is open, or failed to open (its next handoff there opens
-        another)."""
-        if msg.error:
-            log.warning("KV link %s -> %s did not open: %s", worker.worker_id, msg.decode_worker_id, msg.error)
-        self.links.answered(worker.worker_id, msg.decode_worker_id, ok=not msg.error)
 
     async def on_alive(self, worker: WorkerInfo, msg: P.Alive) -> None:
         """A worker inside a long step: busy, not dead (common/worker/liveness.py)."""
