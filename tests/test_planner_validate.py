@@ -59,11 +59,10 @@ def simulated_bench(tmp_path: Path, monkeypatch, truth: Profile, modes: str = "d
                         [r.output_len for r in every], False,
                         phases=[len(warmup)] + [1] * len(unloaded) + [len(requests) for requests in workloads])
         sim = Simulation(truth, layout(run["mode"]), load)
-        done = shifted(sim.run(), late)
-        starts = [0] + sim.phase_ends[:-1]
+        shifted(sim.run(), late)
 
         def phase(k: int) -> list:
-            return since(done[starts[k]:sim.phase_ends[k]], sim.phase_starts[k])
+            return since(sim.phase(k), sim.phase_starts[k])
 
         run["warmup"] = {"requests": len(warmup), "failed": 0, "errors": []}
         if unloaded:

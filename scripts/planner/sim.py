@@ -235,6 +235,10 @@ class Simulation:
                 self.by_rid[req.rid] = req
                 self.push(req.arrival, "arrive", req)
 
+    def phase(self, k: int) -> list[SimRequest]:
+        """Phase `k`'s requests (after `run`)."""
+        return self.requests[self.phase_ends[k - 1] if k else 0:self.phase_ends[k]]
+
     def _busy(self) -> dict[str, float]:
         return {name: e.busy_seconds for name, e in self.engines.items()}
 

@@ -229,34 +229,28 @@ def validate(results: dict, profile: Profile) -> list[Row]:
     rows = []
     for run in results["runs"]:
         layout, note = with_transport(layout_of(run, cfg, profile), run, profile)
-        points = []
+        points, measured_records = [], []
         for i, measured in enumerate(run["points"]):
             records = [RequestRecord.from_json(r) for r in measured["requests"]]
             if i not in workloads:  # the same requests in every mode (rebuilt and checked once)
                 workloads[i] = workload_of(results, cfg, i, records)
             sent = [r.start for r in sorted(records, key=lambda r: r.index)]  # each mode at its own send times
             points.append(dataclasses.replace(workloads[i], arrivals=sent, keys={}))
+            measured_records.append(records)
         replay = served(results, run, cfg, points)
         simulation = Simulation(profile, layout, replay.workload)
-        sim = simulation.run()
-        ends = simulation.phase_ends
-        first = _phase_start(ends, replay.first_point)
-        offset = unloaded_offset(replay.unloaded, sim[first - len(replay.unloaded):first])
-        for i, measured in enumerate(run["points"]):
+        simulation.run()
+        alone = range(replay.first_point - len(replay.unloaded), replay.first_point)  # one unloaded request a phase
+        offset = unloaded_offset(replay.unloaded, [r for k in alone for r in simulation.phase(k)])
+        for i, (measured, records) in enumerate(zip(run["points"], measured_records)):
             phase = replay.first_point + i
-            requests = shifted(since(sim[_phase_start(ends, phase):ends[phase]], simulation.phase_starts[phase]),
-                               offset)
+            requests = shifted(since(simulation.phase(phase), simulation.phase_starts[phase]), offset)
             load = measured["load"]
             rate = load["value"] if load["value"] is not None else math.inf
-            records = [RequestRecord.from_json(r) for r in measured["requests"]]
             rows.append(Row(run["mode"], str(layout), load["label"], predict_summary(str(layout), rate, requests, slo),
                             point(run["mode"], rate, summarize(records, slo)), offset, note,
                             busy_seconds(simulation, phase, measured, layout)))
     return rows
-
-
-def _phase_start(ends: list[int], phase: int) -> int:
-    return ends[phase - 1] if phase else 0
 
 
 # ---- the table ----------------------------------------------------------------------------------
