@@ -218,6 +218,18 @@ def test_plan_validate_prints_and_writes_the_table(tmp_path, monkeypatch):
     refused = subprocess.run([*command, "--rates", "1"], cwd=ROOT, env=env, capture_output=True, text=True,
                              timeout=120)
     assert refused.returncode == 2 and "--rates" in refused.stderr
+    # several results of one machine: a comma list, one table of all their modes
+    results = json.loads((tmp_path / "bench" / "results.json").read_text())
+    for i, run in enumerate(results["runs"]):
+        (tmp_path / f"r{i}.json").write_text(json.dumps({**results, "runs": [run]}))
+    command[5] = f"{tmp_path / 'r0.json'},{tmp_path / 'r1.json'}"
+    both = subprocess.run([*command, "--out", str(tmp_path / "v2")], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=120)
+    assert both.returncode == 0, both.stderr[-3000:]
+    assert json.loads((tmp_path / "v2" / "validation.json").read_text())["rows"] == record["rows"]
+    command[5] += f",{tmp_path / 'none.json'}"
+    missing_file = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert missing_file.returncode == 2 and "none.json" in missing_file.stderr
 
 
 def test_a_plan_sees_the_requests_and_times_the_bench_sends(tmp_path, monkeypatch):
@@ -242,3 +254,25 @@ def test_a_plan_sees_the_requests_and_times_the_bench_sends(tmp_path, monkeypatc
     assert len(planned) == len(sent) == 2 and sent[0][0] != sent[1][0]
     for i, (rate, load) in enumerate(planned):
         assert (load.prompts, load.arrivals) == sent[i]
+
+
+def test_a_path_no_unloaded_request_took_gets_the_other_runs_offset(tmp_path, monkeypatch):
+    """Under `auto` the served router may prefill the unloaded requests on the decode worker (no reservation
+    recorded) where the simulation sends them remote: such a pair says nothing of either path's offset. Validated
+    beside an `always` run of the same machine, the mode's remote requests get that run's remote offset; alone, only
+    its offset over all its unloaded requests."""
+    truth, late = make_profile(), 0.007
+    results = simulated_bench(tmp_path, monkeypatch, truth, "disagg,disagg:auto", late=late, unloaded_requests=6)
+    for record in results["runs"][1]["unloaded"]["requests"]:  # served local: no reserve round trip, 5 ms sooner
+        record.update(router_ttft=record["ttft"] - 0.005, router_reserved=None, ttft=record["ttft"] - 0.005)
+    always, auto = ({**results, "runs": [run]} for run in results["runs"])
+    for rows in (validate(results, truth)[len(RATES):], validate([always, auto], truth)[len(RATES):]):
+        for row in rows:
+            assert row.offset_s == pytest.approx(late - 0.005, abs=1e-9)
+            assert row.borrowed == ("remote",) and row.offsets["remote"] == pytest.approx(late, abs=1e-9)
+            assert row.predicted.ttft_p50 == pytest.approx(row.measured.ttft_p50, abs=1e-9), row.load
+        assert "disagg:auto (1P:1D (auto, 0.5 GPU each); remote +7.0*" in table(rows)
+        assert "its unloaded requests took no remote path" in table(rows)
+    for row in validate(auto, truth):
+        assert row.borrowed == ()
+        assert row.measured.ttft_p50 - row.predicted.ttft_p50 == pytest.approx(0.005, abs=1e-9), row.load

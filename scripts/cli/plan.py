@@ -18,8 +18,9 @@ same flags, requests and arrival times as `pdcluster bench`). Beyond {MAX_SPLITS
 halving steps around the best (--all-splits: every one). The recommendation: the layout sustaining the highest
 rate (90% of requests within both SLOs), then the most within them at the highest rate, then the most headroom.
 
---validate RESULTS.json: instead of a plan, each mode of that `pdcluster bench` run simulated on its requests at
-its send times, predicted / measured (error) side by side (OUT/validation.md and validation.json with --out)."""
+--validate RESULTS.json[,RESULTS.json...]: instead of a plan, each mode of those `pdcluster bench` runs (of one
+machine) simulated on its requests at its send times, predicted / measured (error) side by side (OUT/validation.md
+and validation.json with --out)."""
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -79,27 +80,30 @@ def run_validate(cfg: PlanConfig) -> None:
     from scripts.planner.validate import ValidationError, markdown, table, to_json, validate
 
     profile = load_profile(cfg.profile)
-    path = Path(cfg.validate)
-    try:
-        results = json.loads(path.read_text())
-    except (OSError, ValueError) as e:
-        raise UsageError(f"--validate: cannot read {str(path)!r}: {e}") from None
+    paths = [Path(p.strip()) for p in cfg.validate.split(",") if p.strip()]
+    results = []
+    for path in paths:
+        try:
+            results.append(json.loads(path.read_text()))
+        except (OSError, ValueError) as e:
+            raise UsageError(f"--validate: cannot read {str(path)!r}: {e}") from None
     try:
         rows = validate(results, profile)
     except ValidationError as e:
         raise UsageError(f"--validate: {e}") from None
+    source = ", ".join(map(str, paths))
+    workload = "; ".join(dict.fromkeys(r.get("workload", "") for r in results))
     print(f"profile: {profile.model} on {profile.machine}" + (f" -- {profile.note}" if profile.note else ""))
-    print(f"bench: {path} ({results.get('workload', '')}); cells: predicted / measured (error), ! beyond "
-          f"{100 * cfg.tolerance:g}%")
+    print(f"bench: {source} ({workload}); cells: predicted / measured (error), ! beyond {100 * cfg.tolerance:g}%")
     print(table(rows, cfg.tolerance), flush=True)
     if cfg.out:
         out = Path(cfg.out)
         out.mkdir(parents=True, exist_ok=True)
-        (out / "validation.md").write_text(markdown(rows, profile, str(path), cfg.tolerance))
-        record = {"results": str(path), "profile": cfg.profile, "tolerance": cfg.tolerance,
+        (out / "validation.md").write_text(markdown(rows, profile, source, cfg.tolerance))
+        record = {"results": [str(p) for p in paths], "profile": cfg.profile, "tolerance": cfg.tolerance,
                   "rows": to_json(rows, cfg.tolerance)}
         (out / "validation.json").write_text(json.dumps(record, indent=2) + "\n")
         from scripts.planner.plots import draw_validation
-        plot = draw_validation(rows, f"{profile.model} on {profile.machine}: {results.get('workload', '')}"[:110], out)
+        plot = draw_validation(rows, f"{profile.model} on {profile.machine}: {workload}"[:110], out)
         plot_note = str(plot) if plot else "no plot (matplotlib is not installed)"
         print(f"wrote {out / 'validation.md'}, {out / 'validation.json'}, {plot_note}", file=sys.stderr)

@@ -47,9 +47,11 @@ class PlanConfig(BenchConfig):
     all_splits: bool = _opt(False, f"simulate every split even beyond {MAX_SPLITS}")
     jobs: int = _opt(0, f"layouts simulated at once, each in a process of its own (0: this machine's cores, at most "
                         f"{MAX_JOBS}; 1: one after another in this process); the plan is the same either way")
-    validate: str | None = _opt(None, "a `pdcluster bench` results.json: simulate its modes on its requests at its "
-                                      "send times and print predicted / measured (error) beside each other, "
-                                      "instead of a plan (the workload, rates and layouts come from the results)")
+    validate: str | None = _opt(None, "a `pdcluster bench` results.json, or a comma list of one machine's: simulate "
+                                      "their modes on their requests at their send times and print predicted / "
+                                      "measured (error) beside each other, instead of a plan (the workload, rates "
+                                      "and layouts come from the results; a path no unloaded request of a mode took "
+                                      "gets the other modes' offset on it)")
     tolerance: float = _opt(0.15, "--validate: errors beyond this share of the measurement are marked")
     router_rps: float | None = _opt(None, "requests/s one router sustains (default: what scripts/bench_router.py "
                                           "measured for that many workers, scripts/planner/router_ceiling.py); a "

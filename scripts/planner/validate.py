@@ -30,7 +30,8 @@ from scripts.planner.sim import Layout, SimRequest, Simulation, Workload
 TOLERANCE = 0.15  # a prediction within this share of the measurement agrees
 METRICS = (("TTFT p50", "ttft_p50"), ("TTFT p90", "ttft_p90"), ("TPOT p50", "tpot_p50"), ("TPOT p90", "tpot_p90"),
            ("goodput", "goodput"))
-BUSY = "engines busy (s)"  # a diagnosis beside the metrics, not one of them
+BUSY = "engines busy (s)"
+PATHS = ("remote", "local", "colocated")  # how a request was served (`path`)  # a diagnosis beside the metrics, not one of them
 
 
 class ValidationError(ValueError):
@@ -46,7 +47,10 @@ class Row:
     load: str
     predicted: Point
     measured: Point
-    offset_s: float = 0.0  # the mode's unloaded offset, added to every predicted request (`unloaded_offset`)
+    offset_s: float = 0.0  # the mode's unloaded offset over all its unloaded requests (`unloaded_offset`)
+    # What was added to the predicted requests of each path (`unloaded_offsets`); empty: `offset_s` to all
+    offsets: dict[str, float] = dataclasses.field(default_factory=dict)
+    borrowed: tuple[str, ...] = ()  # the paths whose offset came from the other runs validated with it (`validate`)
     note: str = ""  # what the simulation of this mode could not take from the run (said under the table)
     busy: tuple[float, float] | None = None  # the engines' busy seconds, simulated and measured (`busy_seconds`)
 
@@ -181,12 +185,38 @@ def served(results: dict, run: dict, cfg: BenchConfig, points: list[Workload]) -
     return Served(workload, unloaded, len(phases) - len(points))
 
 
-def unloaded_offset(unloaded: list[RequestRecord], simulated: list[SimRequest]) -> float:
+def path(req: SimRequest) -> str:
+    """How the simulated router served a request: `remote` (prefilled on a prefill worker, its KV handed over),
+    `local` (prefilled by its decode worker) or `colocated`."""
+    if req.estimate is None:
+        return "colocated"
+    return "local" if req.estimate.local else "remote"
+
+
+def served_path(record: RequestRecord, simulated: SimRequest) -> str:
+    """The path the served router took for a request: remote where it recorded a reservation, else local in a
+    disaggregated cluster; the simulated one's where the run recorded no router timings (older results)."""
+    if record.router_ttft is None or path(simulated) == "colocated":
+        return path(simulated)
+    return "remote" if record.router_reserved is not None else "local"
+
+
+def unloaded_offsets(unloaded: list[RequestRecord], simulated: list[SimRequest]) -> dict[str, float]:
     """What a request meets outside the simulated steps, from the bench's unloaded reference (requests one at a
-    time): the median of measured minus simulated TTFT, at least 0. It holds the client -> router -> worker messages
-    and the streamed token back, disaggregated the reserve round trip and the `kv_handoff` message, and how far this
-    run's eager prefill floor lies from the profile's (it varies by some milliseconds from run to run). 0 when
-    the run has no unloaded requests."""
+    time), for each path: the median of measured minus simulated TTFT over the unloaded requests served and
+    simulated on that path, at least 0. It holds the client -> router -> worker messages and the streamed token
+    back; on the remote path also the reserve round trip and the `kv_handoff` message; and how far this run's eager
+    prefill floor lies from the profile's (it varies by some milliseconds from run to run). A request the router
+    served on one path and the simulation on the other says nothing of either. Empty without unloaded requests."""
+    gaps: dict[str, list[float]] = {}
+    for m, s in zip(unloaded, simulated):
+        if m.ttft is not None and s.first is not None and served_path(m, s) == path(s):
+            gaps.setdefault(path(s), []).append(m.ttft - s.ttft)
+    return {p: max(0.0, statistics.median(g)) for p, g in gaps.items()}
+
+
+def unloaded_offset(unloaded: list[RequestRecord], simulated: list[SimRequest]) -> float:
+    """The same over every path at once (0 without unloaded requests)."""
     pairs = [(m.ttft, s.ttft) for m, s in zip(unloaded, simulated) if m.ttft is not None and s.first is not None]
     return max(0.0, statistics.median(m - s for m, s in pairs)) if pairs else 0.0
 
@@ -222,35 +252,81 @@ def since(requests: list[SimRequest], start: float) -> list[SimRequest]:
 
 
 # ---- predictions beside measurements ------------------------------------------------------------
-def validate(results: dict, profile: Profile) -> list[Row]:
+@dataclass
+class Replayed:
+    """One mode's run simulated as the bench served it, its rows still to make: the offset of a path its unloaded
+    requests did not take may come from the other runs validated with it."""
+
+    run: dict
+    slo: SLO
+    layout: Layout
+    note: str
+    simulation: Simulation
+    first_point: int  # the simulation's phase of the run's first load point
+    records: list[list[RequestRecord]]  # measured, per load point
+    offset: float  # over all its unloaded requests (`unloaded_offset`)
+    offsets: dict[str, float]  # per path its unloaded requests took (`unloaded_offsets`)
+
+    def point(self, i: int) -> list[SimRequest]:
+        phase = self.first_point + i
+        return since(self.simulation.phase(phase), self.simulation.phase_starts[phase])
+
+
+def replay_run(results: dict, run: dict, profile: Profile, workloads: dict[int, Workload]) -> Replayed:
+    """One mode of a results.json, simulated through its warm-up, unloaded requests and load points; `workloads`
+    holds each load point's rebuilt requests, shared by the results' modes (rebuilt and checked once)."""
     cfg = bench_config(results)
     slo = SLO(results["slo"]["ttft"], results["slo"]["tpot"]) if results.get("slo") else SLO(1.0, 0.05)
-    workloads: dict[int, Workload] = {}
+    layout, note = with_transport(layout_of(run, cfg, profile), run, profile)
+    points, measured_records = [], []
+    for i, measured in enumerate(run["points"]):
+        records = [RequestRecord.from_json(r) for r in measured["requests"]]
+        if i not in workloads:
+            workloads[i] = workload_of(results, cfg, i, records)
+        sent = [r.start for r in sorted(records, key=lambda r: r.index)]  # each mode at its own send times
+        points.append(dataclasses.replace(workloads[i], arrivals=sent, keys={}))
+        measured_records.append(records)
+    replay = served(results, run, cfg, points)
+    simulation = Simulation(profile, layout, replay.workload)
+    simulation.run()
+    alone = [r for k in range(replay.first_point - len(replay.unloaded), replay.first_point)
+             for r in simulation.phase(k)]  # one unloaded request a phase
+    return Replayed(run, slo, layout, note, simulation, replay.first_point, measured_records,
+                    unloaded_offset(replay.unloaded, alone), unloaded_offsets(replay.unloaded, alone))
+
+
+def validate(results: dict | list[dict], profile: Profile) -> list[Row]:
+    """Rows for every mode of one results.json, or of several from one machine: then a path that a mode's unloaded
+    requests did not take (under `auto`, at idle, often none went remote) gets the median offset of the others'
+    unloaded requests on that path."""
+    runs = [replay_run(r, run, profile, {}) for r in ([results] if isinstance(results, dict) else results)
+            for run in r["runs"]]
     rows = []
-    for run in results["runs"]:
-        layout, note = with_transport(layout_of(run, cfg, profile), run, profile)
-        points, measured_records = [], []
-        for i, measured in enumerate(run["points"]):
-            records = [RequestRecord.from_json(r) for r in measured["requests"]]
-            if i not in workloads:  # the same requests in every mode (rebuilt and checked once)
-                workloads[i] = workload_of(results, cfg, i, records)
-            sent = [r.start for r in sorted(records, key=lambda r: r.index)]  # each mode at its own send times
-            points.append(dataclasses.replace(workloads[i], arrivals=sent, keys={}))
-            measured_records.append(records)
-        replay = served(results, run, cfg, points)
-        simulation = Simulation(profile, layout, replay.workload)
-        simulation.run()
-        alone = range(replay.first_point - len(replay.unloaded), replay.first_point)  # one unloaded request a phase
-        offset = unloaded_offset(replay.unloaded, [r for k in alone for r in simulation.phase(k)])
-        for i, (measured, records) in enumerate(zip(run["points"], measured_records)):
-            phase = replay.first_point + i
-            requests = shifted(since(simulation.phase(phase), simulation.phase_starts[phase]), offset)
+    for replayed in runs:
+        points = [replayed.point(i) for i in range(len(replayed.records))]
+        taken = {path(r) for requests in points for r in requests if r.first is not None}
+        offsets = {p: replayed.offsets.get(p, replayed.offset) for p in taken}
+        borrowed = {p: statistics.median(o.offsets[p] for o in runs if p in o.offsets) for p in taken
+                    if p not in replayed.offsets and any(p in o.offsets for o in runs)}
+        offsets.update(borrowed)
+        note = "; ".join(filter(None, [replayed.note, borrowed and borrowed_note(replayed.run["mode"], borrowed)]))
+        for i, (measured, records, requests) in enumerate(zip(replayed.run["points"], replayed.records, points)):
+            for p, offset in offsets.items():
+                shifted([r for r in requests if r.first is not None and path(r) == p], offset)
             load = measured["load"]
             rate = load["value"] if load["value"] is not None else math.inf
-            rows.append(Row(run["mode"], str(layout), load["label"], predict_summary(str(layout), rate, requests, slo),
-                            point(run["mode"], rate, summarize(records, slo)), offset, note,
-                            busy_seconds(simulation, phase, measured, layout)))
+            rows.append(Row(replayed.run["mode"], str(replayed.layout), load["label"],
+                            predict_summary(str(replayed.layout), rate, requests, replayed.slo),
+                            point(replayed.run["mode"], rate, summarize(records, replayed.slo)), replayed.offset,
+                            offsets, tuple(borrowed), note, busy_seconds(replayed.simulation, replayed.first_point + i, measured,
+                                                         replayed.layout)))
     return rows
+
+
+def borrowed_note(mode: str, borrowed: dict[str, float]) -> str:
+    paths = ", ".join(f"{p} +{1e3 * o:.1f} ms" for p, o in borrowed.items())
+    return (f"{mode}: its unloaded requests took no {' or '.join(borrowed)} path; its requests there get the other "
+            f"runs' median offset on it ({paths}, marked *)")
 
 
 # ---- the table ----------------------------------------------------------------------------------
@@ -279,7 +355,12 @@ def busy_cell(row: Row) -> str:
 
 
 def label(row: Row) -> str:
-    return f"{row.mode} ({row.layout}; +{1e3 * row.offset_s:.1f} ms)"
+    """The mode, its layout and its offset: one figure, or one per path where they differ (`*`: borrowed)."""
+    if len(set(row.offsets.values())) > 1 or row.borrowed:
+        offset = ", ".join(f"{p} +{1e3 * o:.1f}{'*' if p in row.borrowed else ''}" for p, o in row.offsets.items())
+        return f"{row.mode} ({row.layout}; {offset} ms)"
+    offset = next(iter(row.offsets.values()), row.offset_s)
+    return f"{row.mode} ({row.layout}; +{1e3 * offset:.1f} ms)"
 
 
 def beyond(row: Row, key: str, tolerance: float) -> bool:
@@ -321,7 +402,8 @@ def markdown(rows: list[Row], profile: Profile, source: str, tolerance: float = 
 
 
 def to_json(rows: list[Row], tolerance: float = TOLERANCE) -> list[dict]:
-    return [{"mode": r.mode, "layout": r.layout, "load": r.load, "unloaded_offset_s": r.offset_s, "note": r.note,
+    return [{"mode": r.mode, "layout": r.layout, "load": r.load, "unloaded_offset_s": r.offset_s,
+             "offsets_s": r.offsets, "borrowed": list(r.borrowed), "note": r.note,
              "metrics": {k: {"predicted": _finite(getattr(r.predicted, k)), "measured": _finite(getattr(r.measured, k)),
                              "error": _finite(r.error(k)), "beyond": beyond(r, k, tolerance)} for _, k in METRICS},
              "attainment": {"predicted": r.predicted.attainment, "measured": r.measured.attainment},
