@@ -708,6 +708,7 @@ def test_plan_on_128_gpus_finishes_in_well_under_a_minute():
                         "--disagg-policies", "always", timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "recommendation: " in proc.stdout and "coarse grid" in proc.stdout
+    assert "note: at 400 req/s the 300 requests arrive within" in proc.stdout  # under a second: far from steady
     assert time.monotonic() - start < 60
 
 
@@ -811,3 +812,19 @@ def test_a_phase_begins_once_every_request_of_the_one_before_has_finished():
     fresh = simulate(profile, Layout(prefill=1, decode=1, policy="auto"), Workload(
         [0.25, 0.5], prompts[3:], load.output_lens[3:], shared_prefixes=False))
     assert all(r.estimate.remote_seconds is None for r in fresh)
+
+
+def test_a_rate_whose_arrivals_end_before_the_batches_fill_is_named_with_more_requests():
+    """40 requests at 20 req/s arrive within two seconds, not four decodes long: the batches are still filling when
+    they end, and TPOT comes out lower than with enough requests for a steady state, which the note asks for."""
+    from scripts.planner.report import STEADY_LIVES, short_spans
+    few = plan_for(make_profile(), input_len="32", output_len="200", rates="20", num_requests=40)
+    (line,) = short_spans(few, 40)
+    assert line.startswith("at 20 req/s the 40 requests arrive within")
+    need = int(line.split("--num-requests ")[1].split()[0])
+    assert need > 40
+    enough = plan_for(make_profile(), input_len="32", output_len="200", rates="20", num_requests=4 * need)
+    assert short_spans(enough, 4 * need) == []
+    for name, (point,) in enough.items():
+        assert point.span_s >= STEADY_LIVES * point.life_s
+        assert point.tpot_p50 > few[name][0].tpot_p50, name

@@ -34,7 +34,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> None:
     from scripts.planner.plan import run_plan  # the simulator loads only when a plan runs
     from scripts.planner.plots import draw
-    from scripts.planner.report import ATTAINMENT, recommend, table
+    from scripts.planner.config import DEFAULT_REQUESTS
+    from scripts.planner.report import ATTAINMENT, recommend, short_spans, table
     from scripts.planner.router_ceiling import plan_checks, summary
     from scripts.planner.sim import ACROSS_GPUS
 
@@ -56,6 +57,9 @@ def run(args: argparse.Namespace) -> None:
         if (stand_in := p.cost_transport(ACROSS_GPUS)) != ACROSS_GPUS:
             print(f"note: KV handoffs between GPUs go over {ACROSS_GPUS}, costed here as {stand_in}: the profile "
                   f"({p.machine}, tp {p.tp}) has no {ACROSS_GPUS} cost (`pdcluster profile` measures it on two GPUs)")
+    if not cfg.trace:
+        for line in short_spans(plan.results, cfg.num_requests or DEFAULT_REQUESTS):
+            print(f"note: {line}")
     best, why = recommend(plan.results, slo)
     print(f"recommendation: {best}: {why}")
     routers = plan_checks(plan)

@@ -2,6 +2,7 @@
 and the table `pdcluster plan` prints."""
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -10,6 +11,10 @@ from scripts.bench_metrics import summarize as bench_summarize
 from scripts.planner.sim import SimRequest
 
 ATTAINMENT = 0.9  # a layout sustains a rate when this share of its requests meet both SLOs
+# A load point's arrivals should span this many of a request's decode lives (median, first token to last): over a
+# shorter span the decode batches are still filling when the arrivals end, and TPOT comes out low (docs/planner.md,
+# "Requests per rate")
+STEADY_LIVES = 4.0
 
 
 @dataclass(frozen=True)
@@ -26,6 +31,8 @@ class Point:
     attainment: float  # share of requests meeting both SLOs (a refused one meets neither)
     goodput: float  # requests/s meeting both SLOs, over the time from the point's start to the last completion
     refused: int = 0  # requests the router refused (its queue was full); the percentiles are of the others
+    span_s: float = 0.0  # simulated: from the first arrival to the last
+    life_s: float = 0.0  # simulated: a served request's median time from its first token to its last (a decode seat)
 
     @property
     def sustained(self) -> bool:
@@ -57,7 +64,29 @@ def point(layout: str, rate: float, summary: Summary) -> Point:
 
 
 def summarize(layout: str, rate: float, requests: list[SimRequest], slo: SLO) -> Point:
-    return point(layout, rate, bench_summarize(records(requests), slo))
+    lives = sorted(r.done - r.first for r in requests if r.done is not None and not r.refused)
+    span = max(r.arrival for r in requests) - min(r.arrival for r in requests) if requests else 0.0
+    return dataclasses.replace(point(layout, rate, bench_summarize(records(requests), slo)), span_s=span,
+                               life_s=lives[len(lives) // 2] if lives else 0.0)
+
+
+def short_spans(results: dict[str, list[Point]], requests: int) -> list[str]:
+    """A line for each rate whose arrivals span fewer than STEADY_LIVES of a request's decode life in some layout that
+    sustains it (an overloaded one's lives grow with the requests: more only show its overload), with the requests
+    a rate that would span them."""
+    lines = []
+    for rate in sorted({p.rate for points in results.values() for p in points}):
+        at = [p for points in results.values() for p in points if p.rate == rate and p.life_s > 0 and p.sustained]
+        short = [p for p in at if p.span_s < STEADY_LIVES * p.life_s]
+        if short:
+            worst = max(short, key=lambda p: p.life_s / max(p.span_s, 1e-9))
+            need = math.ceil(requests * STEADY_LIVES * worst.life_s / max(worst.span_s, 1e-9))
+            lines.append(f"at {rate:g} req/s the {requests} requests arrive within {worst.span_s:.2f} s, under "
+                         f"{STEADY_LIVES:g} times a request's decode ({worst.layout}: {worst.life_s:.2f} s, first to "
+                         f"last token, at the median): in {len(short)} of {len(at)} layouts that sustain it the "
+                         f"batches were still filling when the arrivals ended, so their TPOT is low; --num-requests "
+                         f"{need} or more (a request's decode lengthens as the batches fill)")
+    return lines
 
 
 def score(points: list[Point], slo: SLO) -> tuple[float, float, float]:
