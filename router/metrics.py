@@ -15,6 +15,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from common import protocol as P
+from router.disagg_policy import DisaggPolicy
+from router.links import KVLinks
 from router.registry import WorkerRegistry
 from router.request import Phase
 from router.request_table import RequestTable
@@ -30,7 +32,8 @@ REQUEST_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.
 
 
 class Metrics:
-    def __init__(self, requests: RequestTable, workers: WorkerRegistry):
+    def __init__(self, requests: RequestTable, workers: WorkerRegistry, links: KVLinks | None = None,
+                 disagg: DisaggPolicy | None = None):
         self.registry = CollectorRegistry(auto_describe=True)
         reg, p = self.registry, PREFIX
         self.success = Counter(f"{p}request_success", "Requests that ended with a result, by finish reason "
@@ -54,7 +57,7 @@ class Metrics:
                              buckets=REQUEST_BUCKETS, registry=reg)
         self.queue_time = Histogram(f"{p}request_queue_time_seconds", "From arrival to dispatch to workers.",
                                     buckets=REQUEST_BUCKETS, registry=reg)
-        reg.register(ClusterState(requests, workers))
+        reg.register(ClusterState(requests, workers, links, disagg))
 
     def finished(self, reason: str, usage: P.Usage, timings: P.Timings) -> None:
         self.success.labels(reason).inc()
@@ -80,10 +83,12 @@ class Metrics:
 
 class ClusterState(Collector):
     """What the cluster holds at scrape time: requests waiting and running, each worker's liveness and KV blocks,
-    and the KV handoffs its heartbeats report (totals since the worker started)."""
+    the KV handoffs its heartbeats report (totals since the worker started), and in a disaggregated cluster the KV
+    links between its workers and where its prompts were prefilled."""
 
-    def __init__(self, requests: RequestTable, workers: WorkerRegistry):
-        self.requests, self.workers = requests, workers
+    def __init__(self, requests: RequestTable, workers: WorkerRegistry, links: KVLinks | None = None,
+                 disagg: DisaggPolicy | None = None):
+        self.requests, self.workers, self.links, self.disagg = requests, workers, links, disagg
 
     def collect(self) -> Iterator[Metric]:
         p = PREFIX
@@ -130,3 +135,20 @@ class ClusterState(Collector):
             handoff_bytes.add_metric([transport], size)
             handoff_seconds.add_metric([transport], seconds)
         yield from (up, used, free, usage, queued, running, handoffs, handoff_bytes, handoff_seconds)
+        yield from self._disaggregated()
+
+    def _disaggregated(self) -> Iterator[Metric]:
+        p = PREFIX
+        if self.links is not None:
+            yield GaugeMetricFamily(f"{p}kv_links_opening", "KV links between a prefill and a decode worker asked for "
+                                    "and not open yet (the cluster is not ready while any are).",
+                                    value=self.links.still_opening())
+            yield CounterMetricFamily(f"{p}kv_links_opened", "KV links opened ahead of any handoff, as workers met.",
+                                      value=self.links.opened_count)
+        if self.disagg is not None:
+            prefills = CounterMetricFamily(f"{p}prefills", "Prompts dispatched in a disaggregated cluster, by where "
+                                           "they are prefilled: remote (a prefill worker, the KV handed over) or local "
+                                           "(the decode worker, --disagg-policy never or auto).", labels=["where"])
+            prefills.add_metric(["remote"], self.disagg.remote_choices)
+            prefills.add_metric(["local"], self.disagg.local_choices)
+            yield prefills

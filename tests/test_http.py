@@ -375,12 +375,17 @@ def test_metrics_parse_and_count_the_requests_sent(served, expected):
     workers = {dict(labels)["worker"]: value for (name, labels), value in after.items()
                if name == "pdcluster_worker_up"}
     assert sorted(workers) == (["d0", "p0"] if served.mode == "disagg" else ["c0"]) and set(workers.values()) == {1}
+    if served.mode != "disagg":
+        assert not any(name.startswith(("pdcluster_kv_links", "pdcluster_prefills")) for name, _ in after)
     for worker in workers:
         role = {"d": "decode", "p": "prefill", "c": "colocated"}[worker[0]]
         labels = (("role", role), ("worker", worker))
         assert after[("pdcluster_kv_cache_blocks_used", labels)] == 0
         assert after[("pdcluster_kv_cache_blocks_free", labels)] > 0
     if served.mode == "disagg":  # every prompt's KV went from p0 to d0 over the host transport
+        assert after[("pdcluster_kv_links_opened_total", ())] == 1 and after[("pdcluster_kv_links_opening", ())] == 0
+        assert delta("pdcluster_prefills_total", where="remote") == len(completions)  # (the bad request is not one)
+        assert delta("pdcluster_prefills_total", where="local") == 0
         assert delta("pdcluster_kv_handoffs_total", transport="host") == len(completions)
         assert delta("pdcluster_kv_handoff_bytes_total", transport="host") > 0
         assert delta("pdcluster_kv_handoff_seconds_total", transport="host") > 0
