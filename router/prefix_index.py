@@ -17,7 +17,8 @@ from common.prefix_hash import block_keys
 
 @dataclass
 class PromptKeys:
-    """A prompt's chain keys: `reusable` (what a prefill can take from a cache) of `keys` (every full block)."""
+    """A prompt's chain keys: the first `reusable` (what a prefill can take from a cache) of `keys` (every full
+    block)."""
 
     keys: list[int]
     reusable: int
@@ -38,17 +39,17 @@ class WorkerPrefixes:
 
     def cached_blocks(self, prompt: PromptKeys) -> int:
         """Leading blocks of the prompt this worker should find in its cache."""
-        n = 0
-        for key in prompt.keys[:prompt.reusable]:
-            if key not in self.keys:
-                break
+        n, keys = 0, prompt.keys
+        while n < prompt.reusable and keys[n] in self.keys:
             n += 1
         return n
 
     def add(self, prompt: PromptKeys) -> None:
         for key in prompt.keys:
-            self.keys[key] = None
-            self.keys.move_to_end(key)
+            if key in self.keys:
+                self.keys.move_to_end(key)
+            else:
+                self.keys[key] = None  # a new key goes last
         while len(self.keys) > self.capacity:
             self.keys.popitem(last=False)
 

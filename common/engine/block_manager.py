@@ -27,7 +27,9 @@ class BlockManager:
         self.block_hash: list[int | None] = [None] * num_blocks
         self.block_tokens: list[tuple[int, ...] | None] = [None] * num_blocks
         self.hash_to_block: dict[int, int] = {}
-        self.free: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
+        # The free blocks, least recently freed first: those never used yet (`unused_from` on), then `free`
+        self.unused_from = 0
+        self.free: OrderedDict[int, None] = OrderedDict()
         self.epoch = 0  # the newest launched step (LLMEngine sets it): what a block freed now waits for ...
         self.collected = 0  # ... unless the engine has collected it already (`release`)
         self.fenced: dict[int, int] = {}  # free block -> the launch that may still write it, oldest first
@@ -36,7 +38,7 @@ class BlockManager:
 
     @property
     def num_free_blocks(self) -> int:
-        return len(self.free)
+        return self.num_blocks - self.unused_from + len(self.free)
 
     def blocks_needed(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
@@ -47,14 +49,15 @@ class BlockManager:
 
         All or nothing: returns False (and changes nothing) when too few blocks are free.
         """
-        if seq.block_table and self.blocks_needed(num_tokens) <= len(seq.block_table):
+        table = seq.block_table
+        if table and num_tokens <= len(table) * self.block_size:
             return True  # covered already: most of a decode step's sequences
-        hits = self._match_prefix(seq) if use_cache and not seq.block_table else []
-        fresh = self.blocks_needed(num_tokens) - len(seq.block_table) - len(hits)
+        hits = self._match_prefix(seq) if use_cache and not table else []
+        fresh = self.blocks_needed(num_tokens) - len(table) - len(hits)
         revived = sum(1 for b in hits if self.ref_counts[b] == 0)
-        if max(fresh, 0) + revived > len(self.free) - (len(self.fenced) if remote else 0):
+        if max(fresh, 0) + revived > self.num_free_blocks - (len(self.fenced) if remote else 0):
             return False
-        if use_cache and not seq.block_table and self.enable_prefix_caching:
+        if use_cache and not table and self.enable_prefix_caching:
             self.cache_query_tokens += seq.num_tokens
             self.cache_hit_tokens += len(hits) * self.block_size
         for b in hits:
@@ -62,21 +65,23 @@ class BlockManager:
                 del self.free[b]
                 self.fenced.pop(b, None)
             self.ref_counts[b] += 1
-        seq.block_table.extend(hits)
+        table.extend(hits)
         if not seq.num_computed_tokens and hits:
             seq.num_computed_tokens = seq.num_cached_tokens = len(hits) * self.block_size
-        for _ in range(fresh):
-            seq.block_table.append(self._take_free_block())
+        if fresh > 0:
+            table.extend(self._take_free_blocks(fresh))
         return True
 
     def free_blocks(self, seq: Sequence) -> None:
         # Tail blocks go back first, so they are evicted before the (more shareable) head of the prompt.
+        ref_counts, free = self.ref_counts, self.free
+        fence = self.epoch > self.collected  # a launched step not yet collected may still write them
         for b in reversed(seq.block_table):
-            self.ref_counts[b] -= 1
-            assert self.ref_counts[b] >= 0, f"block {b} freed twice"
-            if self.ref_counts[b] == 0:
-                self.free[b] = None
-                if self.epoch > self.collected:
+            ref_counts[b] -= 1
+            assert ref_counts[b] >= 0, f"block {b} freed twice"
+            if ref_counts[b] == 0:
+                free[b] = None
+                if fence:
                     self.fenced[b] = self.epoch
         seq.block_table = []
 
@@ -127,13 +132,21 @@ class BlockManager:
             hits.append(b)
         return hits
 
-    def _take_free_block(self) -> int:
-        b, _ = self.free.popitem(last=False)
-        self.fenced.pop(b, None)
-        h = self.block_hash[b]
-        if h is not None:
-            if self.hash_to_block.get(h) == b:
-                del self.hash_to_block[h]
-            self.block_hash[b] = self.block_tokens[b] = None
-        self.ref_counts[b] = 1
-        return b
+    def _take_free_blocks(self, n: int) -> list[int]:
+        """The n least recently freed blocks (never used ones first), each out of the prefix cache and with one
+        reference."""
+        first_use = min(n, self.num_blocks - self.unused_from)
+        taken = list(range(self.unused_from, self.unused_from + first_use))
+        self.unused_from += first_use
+        for _ in range(n - first_use):
+            b, _ = self.free.popitem(last=False)
+            self.fenced.pop(b, None)
+            h = self.block_hash[b]
+            if h is not None:
+                if self.hash_to_block.get(h) == b:
+                    del self.hash_to_block[h]
+                self.block_hash[b] = self.block_tokens[b] = None
+            taken.append(b)
+        for b in taken:
+            self.ref_counts[b] = 1
+        return taken

@@ -46,6 +46,7 @@ from router.placement import Placement
 from router.prefix_index import PromptKeys
 from router.registry import WorkerInfo, WorkerRegistry
 from router.request import Request
+from scripts.planner.collector import collector_paused
 from scripts.planner.engine import BlockPool, SimEngine
 from scripts.planner.gpu import Gpu, pack
 from scripts.planner.profile import Profile
@@ -185,6 +186,7 @@ class Simulation:
     def push(self, t: float, kind: str, obj: object, gen: int = 0) -> None:
         heapq.heappush(self.events, (t, next(self.counter), kind, obj, gen))
 
+    @collector_paused()
     def run(self) -> list[SimRequest]:
         w = self.workload
         largest = max(map(len, w.prompts), default=0) + max(w.output_lens, default=0)
@@ -448,6 +450,7 @@ class _Placed:
     seq: object
 
 
+@collector_paused()
 def simulate(profile: Profile, layout: Layout, workload: Workload, fast_forward: bool = True,
              spares: BlockPool | None = None) -> list[SimRequest]:
     """Every request's times; given `spares`, the engines' block managers are taken from it and given back."""
