@@ -24,7 +24,9 @@ from scripts.planner.plan import run_plan
 from scripts.planner.profile import (DecodeCost, HandoffCost, PrefillCost, Profile, ProfileError, load_profile,
                                      save_profile)
 from scripts.planner.report import recommend, score, summarize
-from scripts.planner.sim import Layout, Simulation, Workload, simulate
+from scripts.planner.layout import Layout
+from scripts.planner.sim import Simulation, simulate
+from scripts.planner.workload import Workload
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "scripts" / "planner" / "profiles" / "example-h200-qwen3-8b.json"

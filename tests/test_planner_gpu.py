@@ -6,7 +6,9 @@ from __future__ import annotations
 import pytest
 
 from scripts.planner.gpu import Gpu, pack
-from scripts.planner.sim import Layout, Simulation, Workload, simulate
+from scripts.planner.layout import Layout
+from scripts.planner.sim import Simulation, simulate
+from scripts.planner.workload import Workload
 from tests.test_planner import make_profile, workload
 
 

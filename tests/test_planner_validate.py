@@ -20,7 +20,9 @@ from scripts.bench_metrics import SLO, summarize
 from scripts.benchmark import BenchConfig, arrivals
 from scripts.planner.profile import DecodeCost, Profile, save_profile
 from scripts.planner.report import records
-from scripts.planner.sim import Layout, Simulation, Workload
+from scripts.planner.layout import Layout
+from scripts.planner.sim import Simulation
+from scripts.planner.workload import Workload
 from scripts.planner.validate import METRICS, ValidationError, beyond, markdown, shifted, since, table, validate
 from tests.test_planner import make_profile
 

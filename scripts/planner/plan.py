@@ -19,7 +19,9 @@ from scripts.planner.config import DEFAULT_REQUESTS, DEFAULT_VOCAB, MAX_JOBS, MA
 from scripts.planner.engine import BlockPool
 from scripts.planner.profile import Profile, load_profile
 from scripts.planner.report import Point, score, summarize
-from scripts.planner.sim import ACROSS_GPUS, Layout, Workload, simulate
+from scripts.planner.layout import Layout
+from scripts.planner.sim import ACROSS_GPUS, simulate
+from scripts.planner.workload import Workload
 
 @dataclass
 class Plan:

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from scripts.bench_metrics import SLO, RequestRecord, Summary
 from scripts.bench_metrics import summarize as bench_summarize
-from scripts.planner.sim import SimRequest
+from scripts.planner.workload import SimRequest
 
 ATTAINMENT = 0.9  # a layout sustains a rate when this share of its requests meet both SLOs
 # A load point's arrivals should span this many of a request's decode lives (median, first token to last): over a

@@ -33,14 +33,14 @@ from __future__ import annotations
 
 import heapq
 import itertools
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from common import protocol as P
 from common.protocol.kv import KVLayout
 from common.sampling_params import SamplingParams
 from router.admission import Admission, Refused
 from router.config import RouterConfig
-from router.disagg_policy import DisaggPolicy, Estimate
+from router.disagg_policy import DisaggPolicy
 from router.dispatch import choose_disagg
 from router.placement import Placement
 from router.prefix_index import PromptKeys
@@ -48,96 +48,16 @@ from router.registry import WorkerInfo, WorkerRegistry
 from router.request import Request
 from scripts.planner.collector import collector_paused
 from scripts.planner.engine import BlockPool, SimEngine
-from scripts.planner.gpu import Gpu, pack
+from scripts.planner.gpu import Gpu
+from scripts.planner.layout import Layout
 from scripts.planner.profile import Profile
+from scripts.planner.workload import SimRequest, Workload
 
 HEARTBEAT_S = 0.5  # how often workers' engine totals reach the disaggregation policy (`auto`)
 # `serve` gives each worker its own GPU, and kvtransfer/choice.py pairs workers on two GPUs over nccl
 ACROSS_GPUS = "nccl"
 # The transports whose bytes move only once the decode worker has read the `kv_handoff` record and posted a receive
 RECEIVER_POSTS = frozenset({"nccl"})
-
-
-@dataclass(frozen=True)
-class Layout:
-    """A cluster to simulate: `prefill` + `decode` workers (disaggregated) or `colocated` replicas."""
-
-    prefill: int = 0
-    decode: int = 0
-    colocated: int = 0
-    policy: str = "always"  # disaggregated: --disagg-policy
-    placement: str = "prefix"  # --placement
-    local_prefill_chunk: int = 512
-    tp: int = 1  # GPUs per engine (the profile's: only the label shows it)
-    # Below 1, engines share GPUs (0.5: two on one, --gpus-per-worker), each with that share of its KV blocks
-    gpus_per_engine: float = 1.0
-    transport: str | None = None  # the handoffs' KV transport (None: the profile's fastest); Profile.cost_transport
-
-    @property
-    def mode(self) -> str:
-        return "colocated" if self.colocated else "disagg"
-
-    @property
-    def engines(self) -> int:
-        return self.prefill + self.decode + self.colocated
-
-    def gpus(self) -> list[int]:
-        """Each engine's GPU, engines in launch order (prefill, decode, colocated), as `serve` places them."""
-        return pack([self.gpus_per_engine] * self.engines)
-
-    def __str__(self) -> str:
-        tp = f"tp{self.tp} " if self.tp > 1 else ""
-        shared = "" if self.gpus_per_engine >= 1 else f", {self.gpus_per_engine:g} GPU each"
-        if self.colocated:
-            return f"{tp}colocated x{self.colocated}" + (f" ({shared[2:]})" if shared else "")
-        policy = "" if self.policy == "always" else self.policy
-        notes = ", ".join(filter(None, [policy, shared[2:]]))
-        return f"{tp}{self.prefill}P:{self.decode}D" + (f" ({notes})" if notes else "")
-
-
-@dataclass(eq=False)
-class SimRequest:
-    rid: str
-    attempt_ids: list[int]  # the prompt (the name WaitQueue counts)
-    output_len: int
-    arrival: float
-    keys: PromptKeys | None = None
-    router: Request | None = None  # the router's state machine of it (what the workers are counted to hold)
-    estimate: Estimate | None = None
-    dispatched: float = 0.0
-    first: float | None = None  # when its first token reached the router
-    done: float | None = None
-    prefill_seq: object = None
-    decode_seq: object = None
-    refused: str = ""  # the router's answer to a request it did not take (`overloaded`)
-    landing: bool = False  # its KV handoff waits for the decode worker to take the message
-    receiving: bool = False  # an nccl handoff: the decode worker has posted its receive, the bytes are under way
-
-    @property
-    def ttft(self) -> float:
-        return self.first - self.arrival
-
-    @property
-    def tpot(self) -> float:
-        return (self.done - self.first) / (self.output_len - 1) if self.output_len > 1 else 0.0
-
-
-@dataclass
-class Workload:
-    """What arrives: (arrival seconds, prompt token ids, output tokens), sorted by arrival."""
-
-    arrivals: list[float]
-    prompts: list[list[int]]
-    output_lens: list[int]
-    # Whether prompts share prefixes: without, the engines' prefix caches could never hit, and the simulation
-    # skips their hashing (the same results, sooner).
-    shared_prefixes: bool = True
-    # Each prompt's prefix-cache keys by block size: computed once, shared by every layout
-    keys: dict[int, list[PromptKeys]] = field(default_factory=dict)
-    # How many requests each phase of a run holds, in order, as the bench serves one cluster: its warm-up, its
-    # unloaded requests one at a time, then its load points. A phase's arrivals count from when every request of
-    # the phase before has finished. None: one phase.
-    phases: list[int] | None = None
 
 
 class Simulation:

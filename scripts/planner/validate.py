@@ -25,7 +25,9 @@ from scripts.planner.config import DEFAULT_VOCAB
 from scripts.planner.profile import Profile
 from scripts.planner.report import Point, point
 from scripts.planner.report import summarize as predict_summary
-from scripts.planner.sim import Layout, SimRequest, Simulation, Workload
+from scripts.planner.layout import Layout
+from scripts.planner.sim import Simulation
+from scripts.planner.workload import SimRequest, Workload
 
 TOLERANCE = 0.15  # a prediction within this share of the measurement agrees
 METRICS = (("TTFT p50", "ttft_p50"), ("TTFT p90", "ttft_p90"), ("TPOT p50", "tpot_p50"), ("TPOT p90", "tpot_p90"),
