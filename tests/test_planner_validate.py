@@ -23,7 +23,8 @@ from scripts.planner.report import records
 from scripts.planner.layout import Layout
 from scripts.planner.sim import Simulation
 from scripts.planner.workload import Workload
-from scripts.planner.validate import METRICS, ValidationError, beyond, markdown, shifted, since, table, validate
+from scripts.planner.bench_replay import ValidationError
+from scripts.planner.validate import METRICS, beyond, markdown, shifted, since, table, validate
 from tests.test_planner import make_profile
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -81,7 +81,8 @@ def run(args: argparse.Namespace) -> None:
 
 def run_validate(cfg: PlanConfig) -> None:
     from scripts.planner.profile import load_profile
-    from scripts.planner.validate import ValidationError, markdown, table, to_json, validate
+    from scripts.planner.bench_replay import ValidationError
+    from scripts.planner.validate import markdown, table, to_json, validate
 
     profile = load_profile(cfg.profile)
     paths = [Path(p.strip()) for p in cfg.validate.split(",") if p.strip()]
