@@ -138,8 +138,8 @@ def test_messages_are_taken_while_the_gpu_runs_a_step(tiny_qwen3_dir, router):
         inside.set()
         deadline = time.monotonic() + 5
         while idle is not None and not answered.is_set() and time.monotonic() < deadline:
+            idles[0] += 1  # counted before the call: the pong it sends may be read before the call returns
             idle()
-            idles[0] += 1
         inside.clear()
         return step(idle=idle, **kw)
 
