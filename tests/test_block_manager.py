@@ -161,3 +161,23 @@ def test_a_block_freed_with_nothing_in_flight_is_not_fenced_and_own_steps_take_f
     b = Sequence("b", list(range(8)), SamplingParams())
     assert bm.allocate(b, 8)  # the engine's own step: fenced blocks too
     assert bm.fenced == {} and bm.num_free_blocks == 0
+
+
+@pytest.mark.parametrize("block_size", [1, 4, 16])
+def test_the_routers_prefix_keys_are_the_keys_the_engine_caches_blocks_under(block_size):
+    """The router places a prompt where its blocks' keys are cached (router/prefix_index.py, `block_keys`); an engine
+    caches each full block under the chain hash the block manager commits. They must be the same keys, or prefix-aware
+    placement looks for prompts where no engine will find them."""
+    import random
+
+    from common.prefix_hash import block_keys
+    rng = random.Random(block_size)
+    for length in (0, block_size - 1, block_size, 5 * block_size + 1, 37):
+        tokens = [rng.randrange(1 << 31) for _ in range(length)]
+        bm, s = BlockManager(64, block_size), seq(tokens)
+        assert bm.allocate(s, s.num_tokens)
+        computed(bm, s)
+        full = len(tokens) // block_size
+        committed = [bm.block_hash[b] for b in s.block_table[:full]]
+        assert block_keys(tokens, block_size, full) == committed, length
+        assert block_keys(tokens, block_size) == committed[:max(0, (len(tokens) - 1) // block_size)], length
