@@ -69,7 +69,8 @@ class Router:
         self.requests = RequestTable()
         self.local_clients: dict[bytes, LocalSink] = {}  # in-process clients: identity -> where its replies go
         split = config.mode == "disagg"  # its KV links and where it prefills are metrics too
-        self.metrics = Metrics(self.requests, self.registry, *((self.links, self.disagg) if split else ()))
+        self.metrics = Metrics(self.requests, self.registry, self.links if split else None,
+                               self.disagg if split else None)
         self.started = time.monotonic()
         self.stalls = Stalls(stacks=config.log_stall_stacks)
         self.prompt_tokens = self.cached_tokens = 0  # of the requests that ended with a result

@@ -11,7 +11,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from common.protocol import KVHandoff, NcclDescriptor, NcclStream
+from common.protocol import KVDescriptors, KVHandoff, NcclDescriptor, NcclStream
 from kvtransfer.choice import nccl_pair_problem
 from kvtransfer.cuda_ipc import gpu_uuid
 from kvtransfer.errors import TransferError
@@ -67,7 +67,7 @@ class NcclTransport(Transport):
         stream = NcclStream(link=link.name, seq=seq, block_bytes=block_bytes, segments=[n for _, n in segments])
         return Sent(nccl=stream, done=done)
 
-    def open(self, peer_id, peer):
+    def open(self, peer_id: str, peer: KVDescriptors) -> tuple[str, Future]:
         """The link, and one word sent over it: NCCL sets a communicator up on a link's first operation, which the
         pair's first handoff would otherwise wait for (docs/benchmarks.md, stop 30)."""
         link = self._link_to(peer_id, self._peer(peer_id, peer.nccl))
@@ -136,7 +136,7 @@ class NcclTransport(Transport):
         stream, link = self._incoming(record, frames)
         return self._consume(link, record.request_id, stream)
 
-    def join(self, peer_id, link):
+    def join(self, peer_id: str, link: str) -> Future:
         word = Op("recv", lambda: torch.empty(1, dtype=torch.int64, device=self.device))
         joined = self._link_from(peer_id, link)
         return joined.run(Transfer(joined, [word], None), post_here=True)
