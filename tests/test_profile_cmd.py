@@ -205,11 +205,15 @@ def test_its_coefficients_predict_its_own_points(profiled):
                for n, c, ms, fit in rows("prefill tokens", 4)]
     decode = [(host + profile.decode_cost(int(b)).seconds(int(b), int(b * ctx)), ms / 1e3, fit / 1e3)
               for b, ctx, ms, fit in rows("decode batch", 4)]
-    handoff = [(profile.handoff["host"].seconds(mb * 1e6), ms / 1e3, fit / 1e3)
-               for mb, ms, fit in rows("handoff host MB", 3)]
+    handoff = rows("handoff host MB", 3)
     assert len(prefill) >= 6 and len(decode) >= 3 and len(handoff) >= 3
-    for name, points in (("prefill", prefill), ("handoff", handoff)):  # the table rounds
-        assert [p for p, _, _ in points] == pytest.approx([f for _, _, f in points], rel=2e-3, abs=2e-6), name
+    # the table rounds
+    assert [p for p, _, _ in prefill] == pytest.approx([f for _, _, f in prefill], rel=2e-3, abs=2e-6)
+    # A handoff row prints its size to 0.01 MB: its fit lies between the costs of the least and the most bytes that
+    # stands for, up to the table's rounding (0.001 ms).
+    for mb, _, fit in handoff:
+        least, most = (profile.handoff["host"].seconds((mb + d) * 1e6) for d in (-0.005, 0.005))
+        assert least - 6e-7 <= fit / 1e3 <= most + 6e-7, (mb, fit, least, most)
     # A decode row prints the mean context floored (total // batch): its fit lies between the costs of the least and
     # the most total context that mean stands for, up to the table's rounding (0.001 ms).
     for b, ctx, _, fit in rows("decode batch", 4):
