@@ -58,15 +58,23 @@ def test_a_given_router_rate_holds_whatever_the_workers():
     assert not check("disagg", 1000, 250, router_rps=300).exceeded
 
 
-def test_plan_reports_when_a_rate_needs_more_than_one_router(tmp_path):
-    proc = plan_command("--gpus", "4", "--rates", "2,8", "--num-requests", "60", "--disagg-policies", "always",
-                        "--router-rps", "5", "--out", str(tmp_path))
+def test_plan_puts_the_routers_a_rate_needs_in_front_and_says_when_told_fewer(tmp_path):
+    flags = ("--gpus", "4", "--rates", "2,8", "--num-requests", "60", "--disagg-policies", "always",
+             "--router-rps", "5")
+    proc = plan_command(*flags, "--out", str(tmp_path))
     assert proc.returncode == 0, proc.stderr[-3000:]
     lines = [line for line in proc.stdout.splitlines() if line.startswith("router: ")]
-    assert len(lines) == 2 and all("8 req/s" in line and "2 routers carry it" in line for line in lines)
+    assert len(lines) == 2 and all("2 routers, each in front of about 2 workers" in line
+                                   and "carry every rate here" in line for line in lines)
+    assert "routers: disagg layouts behind 2 routers, each in front of 2 engines" in proc.stdout
     record = json.loads((tmp_path / "plan.json").read_text())
-    assert {(c["mode"], c["rate"], c["exceeded"]) for c in record["router"]} == {
-        (m, r, r > 5) for m in ("colocated", "disagg") for r in (2, 8)}
+    assert {(c["mode"], c["rate"], c["used"], c["exceeded"]) for c in record["router"]} == {
+        (m, r, 2, False) for m in ("colocated", "disagg") for r in (2, 8)}
+    assert "1P:3D" not in record["results"] and "2P:2D" in record["results"]  # a router each needs a prefill worker
+    forced = plan_command(*flags, "--routers", "1")
+    assert forced.returncode == 0, forced.stderr[-3000:]
+    lines = [line for line in forced.stdout.splitlines() if line.startswith("router: ")]
+    assert len(lines) == 2 and all("8 req/s" in line and "2 routers carry it" in line for line in lines)
     quiet = plan_command("--gpus", "4", "--rates", "2", "--num-requests", "60", "--disagg-policies", "always",
                          "--output-len", "40")
     assert quiet.returncode == 0 and "router: one router carries every rate here" in quiet.stdout

@@ -14,9 +14,12 @@ from scripts.planner.config import BENCH_ONLY, MAX_SPLITS, PlanConfig
 
 PLAN_DOC = f"""Every split xP:yD of the GPUs (x + y = GPUS; with --profile at TP t, of GPUS / t engines) and as many
 colocated replicas, each split with each of --disagg-policies, simulated at every rate on the bench's workloads (the
-same flags, requests and arrival times as `pdcluster bench`). Beyond {MAX_SPLITS} splits, a coarse grid and then
-halving steps around the best (--all-splits: every one). The recommendation: the layout sustaining the highest
-rate (90% of requests within both SLOs), then the most within them at the highest rate, then the most headroom.
+same flags, requests and arrival times as `pdcluster bench`). Where the top rate needs more routers than one
+(--router-rps or the measured ceiling; --routers sets them), each router fronts its own shard of the engines with
+its share of the clients, and a layout is predicted from its distinct shards, each simulated alone at its share of
+the rate. Beyond {MAX_SPLITS} distinct splits (or shards), a coarse grid and then halving steps around the best
+(--all-splits: every one). The recommendation: the layout sustaining the highest rate (90% of requests within both
+SLOs), then the most within them at the highest rate, then the most headroom.
 
 --validate RESULTS.json[,RESULTS.json...]: instead of a plan, each mode of those `pdcluster bench` runs (of one
 machine) simulated on its requests at its send times, predicted / measured (error) side by side (OUT/validation.md
@@ -52,7 +55,13 @@ def run(args: argparse.Namespace) -> None:
     if plan.skipped_splits:
         print(f"(more than {MAX_SPLITS} splits: a coarse grid, then refined around the best; "
               f"--all-splits simulates every one)")
-    print(table(plan.results))
+    for line in router_lines(plan):
+        print(line)
+    shown = {name: points for name, points in plan.results.items() if name not in plan.hidden}
+    print(table(shown))
+    if plan.hidden:
+        print(f"({len(plan.results)} layouts simulated; the table shows an even grid of the splits and the best "
+              f"three; {'plan.json has' if cfg.out else '--out writes plan.json with'} every one)")
     for p in plan.profiles:
         if (stand_in := p.cost_transport(ACROSS_GPUS)) != ACROSS_GPUS:
             print(f"note: KV handoffs between GPUs go over {ACROSS_GPUS}, costed here as {stand_in}: the profile "
@@ -74,9 +83,29 @@ def run(args: argparse.Namespace) -> None:
                   "results": {name: [dataclasses.asdict(p) for p in points]
                               for name, points in plan.results.items()}}
         (out / "plan.json").write_text(json.dumps(record, indent=2) + "\n")
-        plots = draw(plan.results, slo, f"{prof.model} on {prof.machine}, {cfg.gpus} GPUs (predicted)", out)
+        plots = draw(shown, slo, f"{prof.model} on {prof.machine}, {cfg.gpus} GPUs (predicted)", out)
         note = ", ".join(str(p) for p in plots) if plots else "no plots (matplotlib is not installed)"
         print(f"wrote {out / 'plan.json'}; {note}", file=sys.stderr)
+
+
+def router_lines(plan) -> list[str]:
+    """How the plan put routers in front of the engines, where it put more than one."""
+    from scripts.planner.shards import shard_sizes
+
+    lines = []
+    for prof in plan.profiles:
+        n = plan.config.gpus // prof.tp
+        for mode, k in plan.routers.get(prof.tp, {}).items():
+            if k > 1:
+                sizes = sorted(set(shard_sizes(n, k)))
+                lines.append(f"routers: {'tp%d ' % prof.tp if prof.tp > 1 else ''}{mode} layouts behind {k} routers, "
+                             f"each in front of {'-'.join(map(str, sizes))} engines with its share of the clients: "
+                             f"each layout predicted from its shards, each simulated alone (--routers 1: one "
+                             f"router, simulated whole)")
+        if plan.unsharded.get(prof.tp):
+            lines.append(f"routers: {plan.unsharded[prof.tp]} splits with fewer prefill or decode engines than routers left "
+                         f"out (each router needs one of each)")
+    return lines
 
 
 def run_validate(cfg: PlanConfig) -> None:

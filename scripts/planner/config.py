@@ -53,6 +53,9 @@ class PlanConfig(BenchConfig):
                                       "and layouts come from the results; a path no unloaded request of a mode took "
                                       "gets the other modes' offset on it)")
     tolerance: float = _opt(0.15, "--validate: errors beyond this share of the measurement are marked")
+    routers: int = _opt(0, "routers, each in front of its own shard of the engines with its share of the clients "
+                           "(0: as many as the top rate needs, from --router-rps or the measured ceiling; 1: one "
+                           "router in front of every engine, simulated whole, however slowly)")
     router_rps: float | None = _opt(None, "requests/s one router sustains (default: what scripts/bench_router.py "
                                           "measured for that many workers, scripts/planner/router_ceiling.py); a "
                                           "rate beyond it is reported with the routers it needs")
@@ -90,6 +93,8 @@ class PlanConfig(BenchConfig):
                 raise ValueError(f"--disagg-policies: expected always, never or auto, got {policy!r}")
         if self.jobs < 0:
             raise ValueError(f"--jobs: must be >= 0, got {self.jobs}")
+        if self.routers < 0:
+            raise ValueError(f"--routers: must be >= 0, got {self.routers}")
         for name in ("slo_ttft", "slo_tpot", "num_requests", "local_prefill_chunk", "vocab_size", "burstiness",
                      "router_rps"):
             value = getattr(self, name)

@@ -2,9 +2,12 @@
 workloads (scripts/benchmark.py's `build_requests` and `arrivals`, from the same flags), scored for the
 recommendation (scripts/planner/report.py).
 
-Splits (per TP size and policy): with up to `MAX_SPLITS` of them, all; beyond, a coarse grid of that many, then
-halving steps around the best until neighbours are one engine apart (the score over splits has one peak in the
-cases tried; a bumpy one could hide a better split between grid points, which the output says).
+Splits (per TP size and policy), behind one router: with up to `MAX_SPLITS` of them, all; beyond, a coarse grid of
+that many, then halving steps around the best until neighbours are one engine apart (the score over splits has one
+peak in the cases tried; a bumpy one could hide a better split between grid points, which the output says). Where
+the top rate needs more than one router (scripts/planner/router_ceiling.py, or --routers), each router fronts a
+shard of the engines, and every split is predicted from its distinct shards, each simulated once
+(scripts/planner/shards.py).
 """
 from __future__ import annotations
 
@@ -16,9 +19,11 @@ from dataclasses import dataclass, field
 from scripts.bench_workloads import read_trace, trace_rate
 from scripts.benchmark import LoadPoint, arrivals, point_requests
 from scripts.planner.config import DEFAULT_REQUESTS, DEFAULT_VOCAB, MAX_JOBS, MAX_SPLITS, SLO, PlanConfig
+from scripts.planner.router_ceiling import check
+from scripts.planner.shards import Outcome, mix, shards_of, stretched
 from scripts.planner.engine import BlockPool
 from scripts.planner.profile import Profile, load_profile
-from scripts.planner.report import Point, score, summarize
+from scripts.planner.report import Point, score
 from scripts.planner.layout import Layout
 from scripts.planner.sim import ACROSS_GPUS, simulate
 from scripts.planner.workload import Workload
@@ -31,6 +36,10 @@ class Plan:
     skipped_splits: bool = False  # not every split was simulated
     spares: BlockPool = field(default_factory=BlockPool)  # block managers reused from one simulation to the next
     output_tokens: float = 0.0  # a request's streamed tokens, on average over the loads (the router's work per request)
+    routers: dict[int, dict[str, int]] = field(default_factory=dict)  # by TP size, each mode's routers
+    unsharded: dict[int, int] = field(default_factory=dict)  # by TP size, splits left out: fewer prefill or decode
+    # engines than routers
+    hidden: set[str] = field(default_factory=set)  # simulated but left out of the printed table (not of plan.json)
 
 
 def workloads(cfg: PlanConfig) -> list[tuple[float, Workload]]:
@@ -51,9 +60,17 @@ def workloads(cfg: PlanConfig) -> list[tuple[float, Workload]]:
     return out
 
 
+def outcomes(profile: Profile, layout: Layout, loads: list[tuple[float, Workload]], slo: SLO,
+             spares: BlockPool | None = None, stretch: float = 1.0) -> list[Outcome]:
+    """`layout` simulated at every load, its arrivals `stretch` times as far apart (a shard's share of the rate)."""
+    return [Outcome.of(str(layout), rate, simulate(profile, layout, stretched(w, stretch) if stretch != 1 else w,
+                                                   spares=spares), slo)
+            for rate, w in loads]
+
+
 def evaluate(profile: Profile, layout: Layout, loads: list[tuple[float, Workload]], slo: SLO,
              spares: BlockPool | None = None) -> list[Point]:
-    return [summarize(str(layout), rate, simulate(profile, layout, w, spares=spares), slo) for rate, w in loads]
+    return [o.point for o in outcomes(profile, layout, loads, slo, spares)]
 
 
 # A simulating process's own: what it simulates every layout on (handed over when it is forked, not pickled: the loads
@@ -67,9 +84,9 @@ def _start_worker(profile: Profile, loads: list[tuple[float, Workload]], slo: SL
     _worker = (profile, loads, slo, BlockPool())
 
 
-def _evaluate_in_worker(layout: Layout) -> list[Point]:
+def _outcomes_in_worker(layout: Layout, stretch: float) -> list[Outcome]:
     profile, loads, slo, spares = _worker
-    return evaluate(profile, layout, loads, slo, spares)
+    return outcomes(profile, layout, loads, slo, spares, stretch)
 
 
 class Layouts:
@@ -83,13 +100,15 @@ class Layouts:
             self.pool = ProcessPoolExecutor(jobs, mp_context=mp.get_context("fork"), initializer=_start_worker,
                                             initargs=(profile, loads, slo))
 
-    def start(self, layouts: list[Layout]) -> list[Future]:
+    def start(self, layouts: list[Layout], stretch: list[float] | None = None) -> list[Future]:
+        """Each layout's outcomes at every load (list[Outcome]), its arrivals stretched by its `stretch`."""
+        stretch = stretch or [1.0] * len(layouts)
         if self.pool is not None:
-            return [self.pool.submit(_evaluate_in_worker, layout) for layout in layouts]
+            return [self.pool.submit(_outcomes_in_worker, layout, f) for layout, f in zip(layouts, stretch)]
         done = []
-        for layout in layouts:
+        for layout, f in zip(layouts, stretch):
             done.append(Future())
-            done[-1].set_result(evaluate(self.profile, layout, self.loads, self.slo, self.spares))
+            done[-1].set_result(outcomes(self.profile, layout, self.loads, self.slo, self.spares, f))
         return done
 
     def close(self) -> None:
@@ -116,41 +135,93 @@ def run_plan(cfg: PlanConfig, profiles: list[Profile] | None = None) -> Plan:
 
 
 def _plan_tp(plan: Plan, profile: Profile, loads: list[tuple[float, Workload]], slo: SLO) -> None:
-    """The splits (and colocated) of the GPUs into engines of the profile's TP size. The splits of each round (the
-    coarse grid, then each halving step's neighbours) are simulated at once."""
+    """The splits (and colocated) of the GPUs into engines of the profile's TP size, each mode behind the routers
+    its top rate needs (`routers_for`)."""
     cfg, n = plan.config, plan.config.gpus // profile.tp
     if n < 2:
         raise ValueError(f"--gpus {cfg.gpus} makes fewer than 2 engines of tp {profile.tp}")
     common = dict(placement=cfg.placement, local_prefill_chunk=cfg.local_prefill_chunk, tp=profile.tp,
                   transport=ACROSS_GPUS)
-    layouts = Layouts(jobs(cfg), profile, loads, slo, plan.spares)
+    top = max(rate for rate, _ in loads)
+    routers = {mode: routers_for(cfg, mode, n, top, plan.output_tokens) for mode in ("disagg", "colocated")}
+    plan.routers[profile.tp] = routers
+    shards = Shards(Layouts(jobs(cfg), profile, loads, slo, plan.spares), n, loads)
     try:
         colocated = Layout(colocated=n, **common)
-        colocated_points = layouts.start([colocated])[0]
+        shards.start({colocated: shards_of(colocated, routers["colocated"])})
         for policy in cfg.policy_list():
-            seen: dict[int, tuple] = {}
-
-            def best_of(xs: list[int]) -> int:
-                """The best scoring split of `xs` (the first of equals), each simulated once."""
-                new = [Layout(prefill=x, decode=n - x, policy=policy, **common) for x in dict.fromkeys(xs)
-                       if x not in seen]
-                for layout, points in zip(new, layouts.start(new)):
-                    plan.results[str(layout)] = points.result()
-                    seen[layout.prefill] = score(plan.results[str(layout)], slo)
-                return max(xs, key=seen.__getitem__)
-
-            if n - 1 <= MAX_SPLITS or cfg.all_splits:
-                best_of(list(range(1, n)))
-            else:
-                plan.skipped_splits = True
-                step = -(-(n - 1) // MAX_SPLITS)
-                best = best_of(list(range(1, n, step)))
-                while step > 1:
-                    step //= 2
-                    best = best_of([x for x in (best - step, best, best + step) if 1 <= x < n])
-        plan.results[str(colocated)] = colocated_points.result()
+            _plan_splits(plan, shards, routers["disagg"], dict(policy=policy, **common), slo)
+        plan.results[str(colocated)] = shards.points(colocated, shards_of(colocated, routers["colocated"]))
     finally:
-        layouts.close()
+        shards.layouts.close()
+
+
+def routers_for(cfg: PlanConfig, mode: str, engines: int, rate: float, tokens: float) -> int:
+    """--routers, else the fewest whose ceilings carry `rate` (scripts/planner/router_ceiling.py); at most one per
+    engine colocated, one per prefill and decode pair disaggregated."""
+    most = engines if mode == "colocated" else engines // 2
+    if cfg.routers:
+        if cfg.routers > most:
+            raise ValueError(f"--routers {cfg.routers}: more than {engines} engines allow {mode} (at most {most}: "
+                             f"each router needs {'an engine' if mode == 'colocated' else 'a prefill and a decode one'})")
+        return cfg.routers
+    return min(most, check(mode, engines, rate, cfg.router_rps, tokens).routers or most)
+
+
+class Shards:
+    """Each distinct shard simulated once, at its share of every rate, and layouts' points mixed from them."""
+
+    def __init__(self, layouts: Layouts, engines: int, loads: list[tuple[float, Workload]]):
+        self.layouts, self.engines, self.loads = layouts, engines, loads
+        self.started: dict[Layout, Future] = {}
+
+    def start(self, splits: dict[Layout, dict[Layout, int]]) -> None:
+        new = [s for s in dict.fromkeys(s for counts in splits.values() for s in counts) if s not in self.started]
+        self.started.update(zip(new, self.layouts.start(new, [self.engines / s.engines for s in new])))
+
+    def points(self, layout: Layout, shards: dict[Layout, int]) -> list[Point]:
+        parts = [(shard.engines * count, count, self.started[shard].result()) for shard, count in shards.items()]
+        return [mix(str(layout), rate, [(e, c, done[i]) for e, c, done in parts])
+                for i, (rate, _) in enumerate(self.loads)]
+
+
+def _plan_splits(plan: Plan, shards: Shards, routers: int, common: dict, slo: SLO) -> None:
+    """Every split whose shards each get a prefill and a decode worker, where their distinct shards number up to
+    MAX_SPLITS (or --all-splits); beyond, a coarse grid of splits, then halving steps around the best. The splits of
+    each round are simulated at once. Beyond MAX_SPLITS splits shown, the printed table keeps an even grid and the
+    best three (`Plan.hidden`: the others)."""
+    n = shards.engines
+    splits = {}
+    for x in range(1, n):
+        if (counts := shards_of(Layout(prefill=x, decode=n - x, **common), routers)) is not None:
+            splits[x] = counts
+    plan.unsharded[common["tp"]] = n - 1 - len(splits)
+    seen: dict[int, tuple] = {}
+
+    def best_of(xs: list[int]) -> int:
+        """The best scoring split of `xs` (the first of equals), each simulated once."""
+        new = {Layout(prefill=x, decode=n - x, **common): splits[x] for x in dict.fromkeys(xs) if x not in seen}
+        shards.start(new)
+        for layout, counts in new.items():
+            plan.results[str(layout)] = shards.points(layout, counts)
+            seen[layout.prefill] = score(plan.results[str(layout)], slo)
+        return max(xs, key=seen.__getitem__)
+
+    xs = sorted(splits)
+    if len({s for counts in splits.values() for s in counts}) <= MAX_SPLITS or plan.config.all_splits:
+        best_of(xs)
+        if len(xs) > MAX_SPLITS and not plan.config.all_splits:
+            step = -(-len(xs) // MAX_SPLITS)
+            names = [str(Layout(prefill=x, decode=n - x, **common)) for x in xs]
+            best = sorted(names, key=lambda name: score(plan.results[name], slo), reverse=True)[:3]
+            plan.hidden.update(set(names) - set(names[::step]) - set(best))
+    else:
+        plan.skipped_splits = True
+        step = -(-len(xs) // MAX_SPLITS)
+        best = best_of(xs[::step])
+        while step > 1:
+            step //= 2
+            best = best_of([x for x in (best - step, best, best + step) if x in splits])
 
 
 def _order(name: str) -> tuple:

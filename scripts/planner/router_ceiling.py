@@ -47,7 +47,8 @@ MEASURED = {
 
 @dataclass(frozen=True)
 class RouterCheck:
-    """Whether one router carries `rate` for a layout of `workers` workers, and if not how many would."""
+    """Whether the `used` routers in front of a layout of `workers` workers, each in front of an even share of them
+    with its share of the clients, carry `rate`; and if not how many would."""
 
     mode: str
     workers: int
@@ -55,20 +56,29 @@ class RouterCheck:
     ceiling: float  # one router's, in front of all of them
     routers: int | None  # routers needed, each in front of an even share of the workers (None: none suffice)
     tokens: float = 0.0  # streamed tokens a request, on average
+    used: int = 1  # routers the plan put in front of them
+    carried: float = 0.0  # requests/s the used routers carry together (0: one router's ceiling)
+
+    @property
+    def capacity(self) -> float:
+        return self.carried or self.ceiling
 
     @property
     def exceeded(self) -> bool:
-        return self.rate > self.ceiling
+        return self.rate > self.capacity
 
     def advice(self) -> str:
-        head = (f"{self.mode}, {self.workers} workers, {self.rate:g} req/s: more than one router sustains "
-                f"(about {self.ceiling:.0f} req/s of {self.tokens:.0f} streamed tokens in front of {self.workers} "
-                f"workers)")
+        behind = ("more than one router sustains" if self.used == 1 else
+                  f"more than {self.used} routers sustain (each in front of about {self.share(self.used)} workers)")
+        head = (f"{self.mode}, {self.workers} workers, {self.rate:g} req/s: {behind} (about {self.capacity:.0f} req/s "
+                f"of {self.tokens:.0f} streamed tokens)")
         if self.routers is None:
             return head + "; no split of these workers among routers carries it"
-        share = math.ceil(self.workers / self.routers)
-        return (f"{head}; {self.routers} routers carry it, each in front of about {share} workers (its own prefill "
-                f"and decode pools when disaggregated), with the clients split across them")
+        return (f"{head}; {self.routers} routers carry it, each in front of about {self.share(self.routers)} workers "
+                f"(its own prefill and decode pools when disaggregated), with the clients split across them")
+
+    def share(self, routers: int) -> int:
+        return math.ceil(self.workers / routers)
 
 
 def routers_needed(rate: float, workers: int, ceiling) -> int | None:
@@ -79,32 +89,48 @@ def routers_needed(rate: float, workers: int, ceiling) -> int | None:
     return None
 
 
-def check(mode: str, workers: int, rate: float, router_rps: float | None = None, tokens: float = 0.0) -> RouterCheck:
+def check(mode: str, workers: int, rate: float, router_rps: float | None = None, tokens: float = 0.0,
+          used: int = 1) -> RouterCheck:
     """`router_rps`: one router's ceiling whatever the workers (else `MEASURED`'s, which falls as they grow and as
-    each request streams more `tokens`)."""
+    each request streams more `tokens`); `used` routers in front of the workers."""
     ceiling = (lambda w: router_rps) if router_rps else (lambda w: MEASURED[mode].ceiling(w, tokens))
-    return RouterCheck(mode, workers, rate, ceiling(workers), routers_needed(rate, workers, ceiling), tokens)
+    carried = used * ceiling(math.ceil(workers / used)) if used > 1 else 0.0
+    return RouterCheck(mode, workers, rate, ceiling(workers), routers_needed(rate, workers, ceiling), tokens, used,
+                       carried)
 
 
 def plan_checks(plan) -> list[RouterCheck]:
-    """Each worker count and mode of a plan (scripts/planner/plan.py's Plan) at each rate it simulated, its requests
-    streaming the loads' mean output tokens (as `pdcluster bench` streams every request)."""
+    """Each worker count and mode of a plan (scripts/planner/plan.py's Plan) at each rate it simulated, behind the
+    routers it put in front of them, its requests streaming the loads' mean output tokens (as `pdcluster bench`
+    streams every request)."""
     rates = sorted({p.rate for points in plan.results.values() for p in points})
     modes = sorted({"colocated" if "colocated" in name else "disagg" for name in plan.results})
-    workers = sorted({plan.config.gpus // profile.tp for profile in plan.profiles})
-    return [check(mode, n, rate, plan.config.router_rps, plan.output_tokens)
-            for n in workers for mode in modes for rate in rates]
+    return [check(mode, plan.config.gpus // profile.tp, rate, plan.config.router_rps, plan.output_tokens,
+                  plan.routers.get(profile.tp, {}).get(mode, 1))
+            for profile in plan.profiles for mode in modes for rate in rates]
 
 
 def summary(checks: list[RouterCheck]) -> list[str]:
-    """What a plan's report says of its router: one line when one router carries every rate, else one per mode and
-    worker count, at the lowest rate that needs more."""
+    """What a plan's report says of its routers: where they carry every rate, one line (one per mode and worker count
+    behind several); else one per mode and worker count, at the lowest rate that needs more."""
     over = [c for c in checks if c.exceeded]
     if not over:
-        top = max(checks, key=lambda c: c.rate / c.ceiling)
-        return [f"router: one router carries every rate here (at most {100 * top.rate / top.ceiling:.0f}% of its "
-                f"ceiling, about {top.ceiling:.0f} req/s of {top.tokens:.0f} streamed tokens for {top.mode} with "
-                f"{top.workers} workers)"]
+        lines, groups = [], {}
+        for c in checks:
+            groups.setdefault((c.mode, c.workers, c.used), []).append(c)
+        if all(used == 1 for _, _, used in groups):
+            top = max(checks, key=lambda c: c.rate / c.ceiling)
+            return [f"router: one router carries every rate here (at most {100 * top.rate / top.ceiling:.0f}% of its "
+                    f"ceiling, about {top.ceiling:.0f} req/s of {top.tokens:.0f} streamed tokens for {top.mode} with "
+                    f"{top.workers} workers)"]
+        for (mode, workers, used), group in groups.items():
+            top = max(group, key=lambda c: c.rate)
+            who = "one router carries" if used == 1 else (f"{used} routers, each in front of about {top.share(used)} "
+                                                          "workers with its share of the clients, carry")
+            lines.append(f"router: {mode}, {workers} workers: {who} every rate here (at most "
+                         f"{100 * top.rate / top.capacity:.0f}% of about {top.capacity:.0f} req/s of "
+                         f"{top.tokens:.0f} streamed tokens)")
+        return lines
     first: dict[tuple[str, int], RouterCheck] = {}
     for c in sorted(over, key=lambda c: c.rate):
         first.setdefault((c.mode, c.workers), c)

@@ -1,0 +1,110 @@
+"""A cluster behind several routers: each router in front of its own shard of the workers (its own prefill and
+decode pools, or its own replicas), the clients split across the routers by shard size, as the router ceiling
+advises once one router cannot carry the rate (scripts/planner/router_ceiling.py).
+
+Shards share nothing, so a layout's prediction is its shards': each distinct shard is simulated once, alone, on the
+rate's requests at its share of the rate (arrivals stretched by engines / shard engines), and the layout's figures
+are its shards' mixed by their share of the traffic. Splits of many GPUs repeat the same few shards (a shard of six
+engines is 1P:5D to 5P:1D), so every split of hundreds of GPUs costs a few small simulations a rate.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+
+from scripts.bench_metrics import SLO, percentile
+from scripts.planner.layout import Layout
+from scripts.planner.report import Point, records, summarize
+from scripts.planner.workload import SimRequest, Workload
+
+
+def shard_sizes(engines: int, routers: int) -> list[int]:
+    """Engines behind each router, as even as they go (the larger shards first)."""
+    base, extra = divmod(engines, routers)
+    return [base + (i < extra) for i in range(routers)]
+
+
+def shards_of(layout: Layout, routers: int) -> dict[Layout, int] | None:
+    """The distinct shards of `layout` behind `routers` routers and how many of each; None where some shard would
+    lack a prefill or a decode worker (fewer of either than routers)."""
+    if layout.gpus_per_engine < 1:
+        raise ValueError("shards: engines that share GPUs are not split among routers")
+    sizes = shard_sizes(layout.engines, routers)
+    if layout.colocated:
+        shards = [dataclasses.replace(layout, colocated=s) for s in sizes]
+    else:
+        if min(layout.prefill, layout.decode) < routers:
+            return None
+        prefill = [1] * routers
+        for _ in range(layout.prefill - routers):
+            # the next prefill engine to the shard with the fewest for its size, among those keeping a decode one
+            i = min((i for i in range(routers) if prefill[i] < sizes[i] - 1), key=lambda i: (prefill[i] / sizes[i], i))
+            prefill[i] += 1
+        shards = [dataclasses.replace(layout, prefill=p, decode=s - p) for p, s in zip(prefill, sizes)]
+    counts: dict[Layout, int] = {}
+    for shard in shards:
+        counts[shard] = counts.get(shard, 0) + 1
+    return counts
+
+
+def stretched(workload: Workload, factor: float) -> Workload:
+    """The same requests arriving `factor` times as far apart: one router's share of the rate (the prefix keys,
+    computed once, stay shared)."""
+    return dataclasses.replace(workload, arrivals=[t * factor for t in workload.arrivals])
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """One shard simulated at its share of one rate: its own summary and its served requests' latencies."""
+
+    point: Point
+    ttfts: list[float]
+    tpots: list[float]
+
+    @classmethod
+    def of(cls, name: str, rate: float, requests: list[SimRequest], slo: SLO) -> Outcome:
+        served = [r for r in records(requests) if r.ok]
+        return cls(summarize(name, rate, requests, slo), [r.ttft for r in served if r.ttft is not None],
+                   [t for r in served if (t := r.tpot) is not None])
+
+
+def mix(layout: str, rate: float, parts: list[tuple[int, int, Outcome]]) -> Point:
+    """A layout's point from its shards' outcomes: (engines in such shards, such shards, outcome). Requests are
+    weighed by their shard's share of the traffic; goodput adds up over the shards."""
+    engines = sum(e for e, _, _ in parts)
+    if len(parts) == 1:
+        _, count, o = parts[0]
+        return dataclasses.replace(o.point, layout=layout, rate=rate, goodput=count * o.point.goodput)
+
+    def pct(values: str, q: float) -> float:
+        return weighted_percentile([(v, e / len(getattr(o, values))) for e, _, o in parts for v in getattr(o, values)],
+                                   q)
+
+    share = [(e / engines, o.point) for e, _, o in parts]
+    return Point(layout, rate, max(p.requests for _, p in share), pct("ttfts", 50), pct("ttfts", 90),
+                 pct("tpots", 50), pct("tpots", 90), sum(w * p.attainment for w, p in share),
+                 sum(count * o.point.goodput for _, count, o in parts), round(sum(w * p.refused for w, p in share)),
+                 span_s=min(p.span_s for _, p in share), life_s=max(p.life_s for _, p in share))
+
+
+def weighted_percentile(pairs: list[tuple[float, float]], q: float) -> float:
+    """The q-th percentile of values with weights (value, weight): linear between the closest ranks as
+    bench_metrics.percentile is, each value's rank the middle of its weight; inf with no values."""
+    pairs = [p for p in pairs if p[1] > 0]
+    if not pairs:
+        return math.inf
+    if len({w for _, w in pairs}) == 1:
+        return percentile([v for v, _ in pairs], q)
+    pairs.sort()
+    total = sum(w for _, w in pairs)
+    target, below = q / 100 * total, 0.0
+    prev_v, prev_mid = pairs[0][0], pairs[0][1] / 2
+    if target <= prev_mid:
+        return prev_v
+    for v, w in pairs:
+        mid = below + w / 2
+        if mid >= target:
+            return prev_v + (v - prev_v) * (target - prev_mid) / (mid - prev_mid) if mid > prev_mid else v
+        prev_v, prev_mid, below = v, mid, below + w
+    return pairs[-1][0]

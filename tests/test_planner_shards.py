@@ -1,0 +1,115 @@
+"""A plan behind several routers (scripts/planner/shards.py): each router fronts its own shard of the engines with
+its share of the clients; a layout's figures are its shards', each distinct shard simulated once."""
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from scripts.bench_metrics import percentile
+from scripts.planner.config import SLO, PlanConfig
+from scripts.planner.layout import Layout
+from scripts.planner.plan import routers_for, run_plan
+from scripts.planner.report import Point
+from scripts.planner.shards import Outcome, mix, shard_sizes, shards_of, stretched, weighted_percentile
+from scripts.planner.sim import simulate
+from tests.test_planner import make_profile, workload
+
+
+def test_a_split_is_shared_among_routers_as_evenly_as_its_engines_go():
+    layout = Layout(prefill=88, decode=40)
+    shards = shards_of(layout, 22)
+    assert sorted(shard_sizes(128, 22)) == [5] * 4 + [6] * 18
+    assert sum(shards.values()) == 22
+    assert sum(s.engines * k for s, k in shards.items()) == 128
+    assert sum(s.prefill * k for s, k in shards.items()) == 88
+    assert all(s.prefill >= 1 and s.decode >= 1 for s in shards)
+    shares = [s.prefill / s.engines for s in shards]
+    assert max(shares) - min(shares) <= 1 / 5 + 1e-9  # within one engine of the even share
+    assert len(shards) <= 4  # a few distinct shards, whatever the split
+    assert shards_of(Layout(prefill=3, decode=125), 4) is None  # a router without a prefill worker
+    assert shards_of(Layout(colocated=10), 4) == {Layout(colocated=3): 2, Layout(colocated=2): 2}
+    assert shards_of(Layout(prefill=2, decode=5), 1) == {Layout(prefill=2, decode=5): 1}
+
+
+def test_stretched_arrivals_are_one_shards_share_of_the_rate():
+    w = workload(50, 10.0, 20, 4)
+    s = stretched(w, 3.0)
+    assert s.arrivals == [3.0 * t for t in w.arrivals] and s.prompts is w.prompts and s.keys is w.keys
+
+
+def test_a_layout_of_alike_shards_predicts_what_one_shard_does_with_their_goodput_added():
+    """2P:2D behind two routers is two 1P:1D clusters, each with half the clients: its latencies are one of them
+    simulated alone at half the rate, and its goodput twice that one's."""
+    profile, slo = make_profile(), SLO(1.0, 0.05)
+    cfg = PlanConfig(profile="given", gpus=4, seed=0, disagg_policies="always", rates="8", num_requests=80,
+                     input_len="200", output_len="20", routers=2)
+    plan = run_plan(cfg, [profile])
+    assert plan.routers[1] == {"disagg": 2, "colocated": 2}
+    assert list(plan.results) == ["2P:2D", "colocated x4"]  # 1P:3D and 3P:1D leave a router without a role
+    from scripts.planner.plan import workloads
+
+    (rate, w), = workloads(cfg)
+    alone = Outcome.of("1P:1D", rate, simulate(profile, Layout(prefill=1, decode=1, transport="nccl"),
+                                                stretched(w, 2.0)), slo).point
+    got = plan.results["2P:2D"][0]
+    assert alone.requests == 80 and got.layout == "2P:2D" and got.rate == 8
+    assert (got.ttft_p50, got.ttft_p90, got.tpot_p50, got.tpot_p90, got.attainment) == (
+        alone.ttft_p50, alone.ttft_p90, alone.tpot_p50, alone.tpot_p90, alone.attainment)
+    assert got.goodput == pytest.approx(2 * alone.goodput)
+
+
+def outcome(ttfts: list[float], attainment: float = 1.0, goodput: float = 1.0) -> Outcome:
+    point = Point("s", 1.0, len(ttfts), 0, 0, 0, 0, attainment, goodput, span_s=10.0, life_s=1.0)
+    return Outcome(point, ttfts, [0.01] * len(ttfts))
+
+
+def test_shards_mix_by_their_share_of_the_traffic():
+    fast, slow = outcome([0.1] * 100, attainment=1.0, goodput=5.0), outcome([2.0] * 100, attainment=0.5,
+                                                                              goodput=2.0)
+    # 9 engines in 3 fast shards, 3 in one slow one: three quarters of the requests are fast
+    p = mix("x", 40.0, [(9, 3, fast), (3, 1, slow)])
+    assert (p.layout, p.rate) == ("x", 40.0)
+    assert p.ttft_p50 == 0.1 and p.ttft_p90 == 2.0
+    assert p.attainment == pytest.approx(0.75 * 1.0 + 0.25 * 0.5)
+    assert p.goodput == pytest.approx(3 * 5.0 + 1 * 2.0)
+    same = mix("y", 1.0, [(2, 1, fast), (4, 2, dataclasses.replace(fast))])
+    assert same.ttft_p90 == 0.1
+
+
+@pytest.mark.parametrize("q", [10, 50, 90, 99])
+def test_equal_weights_give_the_bench_percentile(q):
+    values = [0.3, 0.1, 0.7, 0.2, 0.9, 0.4]
+    assert weighted_percentile([(v, 2.0) for v in values], q) == percentile(values, q)
+
+
+def test_weighted_percentiles_follow_the_weights():
+    pairs = [(1.0, 3.0), (2.0, 1.0)]
+    assert weighted_percentile(pairs, 10) == 1.0 and weighted_percentile(pairs, 99) == 2.0
+    assert 1.0 <= weighted_percentile(pairs, 50) < 1.5
+    assert weighted_percentile([], 50) == float("inf")
+
+
+def test_the_routers_are_those_the_top_rate_needs_unless_given():
+    cfg = PlanConfig(profile="given", router_rps=50)
+    assert routers_for(cfg, "disagg", 16, 120, 0) == 3
+    assert routers_for(cfg, "disagg", 16, 40, 0) == 1
+    assert routers_for(cfg, "disagg", 4, 1000, 0) == 2  # at most one per prefill and decode pair
+    assert routers_for(cfg, "colocated", 4, 1000, 0) == 4
+    assert routers_for(dataclasses.replace(cfg, routers=5), "disagg", 16, 40, 0) == 5
+    with pytest.raises(ValueError, match="--routers 9: more than 16 engines allow disagg"):
+        routers_for(dataclasses.replace(cfg, routers=9), "disagg", 16, 40, 0)
+    with pytest.raises(ValueError, match="--routers"):
+        PlanConfig(profile="given", routers=-1)
+
+
+def test_many_splits_behind_many_routers_come_from_few_shards_and_the_table_keeps_a_grid():
+    profile = make_profile()
+    cfg = PlanConfig(profile="given", gpus=64, seed=0, disagg_policies="always", rates="40", num_requests=60,
+                     input_len="100", output_len="8", routers=8)
+    plan = run_plan(cfg, [profile])
+    splits = [name for name in plan.results if not name.startswith("colocated")]
+    assert splits == [f"{x}P:{64 - x}D" for x in range(8, 57)]  # every split giving each router one of each
+    assert plan.unsharded[1] == 14 and not plan.skipped_splits
+    shown = [name for name in splits if name not in plan.hidden]
+    assert 3 < len(shown) <= 16 + 3 and set(plan.hidden) < set(splits)
