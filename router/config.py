@@ -31,6 +31,9 @@ class RouterConfig:
                                         "while the decode worker's running decodes keep their pace)")
     local_prefill_chunk: int = _opt(512, "disagg: most prompt tokens a decode worker prefills per step of the prompts "
                                          "it prefills itself, so its running decodes keep their pace")
+    eager_kv_links: int = _opt(256, "disagg: most prefill x decode worker pairs whose KV links the router has opened "
+                                    "as the workers meet, ahead of any handoff; in a larger cluster a pair's first "
+                                    "handoff opens its link (every pair ahead would be prefill x decode links)")
     max_queued_requests: int = _opt(4096, "requests waiting for a worker before new ones get `overloaded`")
     max_queued_tokens: int = _opt(1 << 20, "prompt tokens waiting for a worker before new requests get `overloaded`")
     max_worker_requests: int = _opt(1024, "requests one worker holds at a time (queued or running); more wait at "
@@ -82,6 +85,8 @@ class RouterConfig:
             raise ValueError(f"placement: must be prefix or load, got {self.placement!r}")
         if self.disagg_policy not in DISAGG_POLICIES:
             raise ValueError(f"disagg_policy: must be always, never or auto, got {self.disagg_policy!r}")
+        if self.eager_kv_links < 0:
+            raise ValueError(f"eager_kv_links: must be >= 0, got {self.eager_kv_links}")
         for name in ("max_worker_requests", "worker_timeout", "local_prefill_chunk"):  # zero would queue every request forever
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name}: must be positive, got {getattr(self, name)}")

@@ -3,7 +3,10 @@
 A handoff over nccl goes over a link between its two workers, whose first operation sets an NCCL communicator up,
 a cost the pair's first request would otherwise pay (docs/benchmarks.md, stop 30). So as a prefill and a decode
 worker meet (either one says hello), the router has the prefill worker open the link (`open_link`), and the cluster
-counts as ready once every link asked for has answered (`link_opened`, `Stats.kv_links_opening`).
+counts as ready once every link asked for has answered (`link_opened`, `Stats.kv_links_opening`). Every pair ahead
+is prefill x decode links (250,000 behind a router of 1,000 workers, whose messages alone stalled it past the
+workers' heartbeat timeout): beyond `limit` pairs, a pair's first handoff opens its link, as before any opened
+ahead.
 """
 from __future__ import annotations
 
@@ -24,10 +27,11 @@ class KVLinks:
     """`send(worker, message)`: the router's send to a worker."""
 
     def __init__(self, registry: WorkerRegistry, placement: Placement,
-                 send: Callable[[WorkerInfo, P.Message], Awaitable[None]]):
-        self.registry, self.placement, self.send = registry, placement, send
+                 send: Callable[[WorkerInfo, P.Message], Awaitable[None]], limit: int = 256):
+        self.registry, self.placement, self.send, self.limit = registry, placement, send, limit
         self.opening: set[Pair] = set()
         self.opened_count = 0  # answered without an error
+        self.beyond = False  # the live workers make more pairs than `limit` (said once as it happens)
 
     async def meet(self, worker: WorkerInfo) -> None:
         """A newly registered worker meets the live workers of the other side: each pair's prefill worker is asked
@@ -39,6 +43,16 @@ class KVLinks:
         elif worker.role == "decode":
             pairs = [(p, worker) for p in others if p.role == "prefill"]
         else:
+            return
+        live = [w for w in others if w.role in ("prefill", "decode")] + [worker]
+        prefills = sum(w.role == "prefill" for w in live)
+        beyond = prefills * (len(live) - prefills) > self.limit
+        if beyond and not self.beyond:
+            log.info("%d prefill x %d decode workers make more pairs than the %d whose KV links open ahead "
+                     "(--eager-kv-links): a pair's first handoff opens its link", prefills, len(live) - prefills,
+                     self.limit)
+        self.beyond = beyond
+        if beyond:
             return
         for prefill, decode in pairs:
             try:

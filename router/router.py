@@ -65,7 +65,8 @@ class Router:
         self.dispatcher = Dispatcher(config.mode, self.placement, self.disagg,
                                      lambda worker, msg: self.to_worker(worker, msg))
         self.scaling = Scaling(config, self.registry, self.on_worker_lost)
-        self.links = KVLinks(self.registry, self.placement, lambda worker, msg: self.to_worker(worker, msg))
+        self.links = KVLinks(self.registry, self.placement, lambda worker, msg: self.to_worker(worker, msg),
+                             limit=config.eager_kv_links)
         self.requests = RequestTable()
         self.local_clients: dict[bytes, LocalSink] = {}  # in-process clients: identity -> where its replies go
         split = config.mode == "disagg"  # its KV links and where it prefills are metrics too

@@ -495,6 +495,30 @@ def test_workers_meeting_open_their_kv_links_and_the_cluster_is_ready_once_they_
     run(main())
 
 
+def test_beyond_the_eager_limit_a_pairs_first_handoff_opens_its_link(make_router):
+    """Every pair ahead is prefill x decode links: past --eager-kv-links pairs the workers that join open none, the
+    cluster is ready without them, and their requests are served (a pair's first handoff opens its link)."""
+    async def main():
+        sim = await disagg(make_router, prefill=2, decode=2, eager_kv_links=2).start()
+        opens = sorted((w, m.decode_worker_id) for w, m in sim.sent if isinstance(m, P.OpenLink))
+        assert opens == [("p0", "d0"), ("p1", "d0")]  # p0, p1, d0 make 2 pairs; d1 would make 4
+        for p in ("p0", "p1"):
+            await sim.send(sim.workers[p], P.LinkOpened(decode_worker_id="d0"))
+        assert readiness_problem(sim.router.stats()) is None
+        for i in range(4):
+            await sim.submit(f"r{i}", max_tokens=3)
+        await sim.drain()
+        assert {w for w, m in sim.sent if isinstance(m, P.Reserve)} == {"d0", "d1"}  # d1 pairs without a link
+        assert all(isinstance(sim.terminal(f"r{i}"), P.Result) for i in range(4))
+        sim.router.registry.forget("d1")
+        d2 = FakeWorker("d2", "decode")
+        sim.workers["d2"] = d2
+        await sim.router.on_worker(b"d2", hello(d2))  # 2 x 2 again: beyond, none opened
+        assert len([m for _, m in sim.sent if isinstance(m, P.OpenLink)]) == 2
+
+    run(main())
+
+
 def test_colocated_workers_open_no_links(make_router):
     async def main():
         sim = await Sim(make_router(mode="colocated"), FakeWorker("c0", "colocated"),
