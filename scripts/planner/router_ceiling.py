@@ -38,10 +38,11 @@ class RouterCost:
 
 # scripts/bench_router.py's "req/s per core" at 10 and 1,000 instant workers and its heartbeats-only CPU (0.5 s
 # interval), fitted; a streamed token's CPU from its --stream runs at 16 and 256 tokens, as a share of the plain
-# request's in the same session, in the units of the fit; where and how: docs/benchmarks.md, "Router ceiling".
+# request's in the same session, in the units of the fit. Measured on a quiet 16-core Xeon host (the GPU host's CPU,
+# stop 32); where and how: docs/benchmarks.md, "Router ceiling".
 MEASURED = {
-    "colocated": RouterCost(base_s=0.450e-3, per_worker_s=1.21e-6, heartbeat_share=1.0e-4, per_token_s=34e-6),
-    "disagg": RouterCost(base_s=0.528e-3, per_worker_s=0.81e-6, heartbeat_share=1.0e-4, per_token_s=31e-6),
+    "colocated": RouterCost(base_s=0.459e-3, per_worker_s=0.82e-6, heartbeat_share=1.2e-4, per_token_s=33e-6),
+    "disagg": RouterCost(base_s=0.538e-3, per_worker_s=0.68e-6, heartbeat_share=1.1e-4, per_token_s=27e-6),
 }
 
 
