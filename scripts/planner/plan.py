@@ -68,11 +68,6 @@ def outcomes(profile: Profile, layout: Layout, loads: list[tuple[float, Workload
             for rate, w in loads]
 
 
-def evaluate(profile: Profile, layout: Layout, loads: list[tuple[float, Workload]], slo: SLO,
-             spares: BlockPool | None = None) -> list[Point]:
-    return [o.point for o in outcomes(profile, layout, loads, slo, spares)]
-
-
 # A simulating process's own: what it simulates every layout on (handed over when it is forked, not pickled: the loads
 # hold every prompt's tokens), and its block managers, reused from one layout to the next. Unset in the planner's
 # own process.
