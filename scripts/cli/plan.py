@@ -6,6 +6,7 @@ import argparse
 import dataclasses
 import json
 import sys
+import time
 from pathlib import Path
 
 from scripts.cli.args import UsageError, add_dataclass_args, dataclass_from_args
@@ -45,7 +46,14 @@ def run(args: argparse.Namespace) -> None:
     cfg = dataclass_from_args(PlanConfig, args, exclude=BENCH_ONLY)
     if cfg.validate:
         return run_validate(cfg)
-    plan = run_plan(cfg)
+    last = [time.monotonic()]
+
+    def progress(line: str) -> None:  # at most every 5 s: a long plan says how far it is
+        if time.monotonic() - last[0] >= 5:
+            last[0] = time.monotonic()
+            print(f"plan: {line}", file=sys.stderr, flush=True)
+
+    plan = run_plan(cfg, progress=progress)
     for prof in plan.profiles:
         print(f"profile: {prof.model} on {prof.machine} (tp {prof.tp})" + (f" -- {prof.note}" if prof.note else ""))
     prof = plan.profiles[0]

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import time
+from collections.abc import Callable
 from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import dataclass, field
 
@@ -88,8 +90,12 @@ class Layouts:
     """Simulates layouts at every load: in this process, or in `jobs` forked ones at once (where the platform forks).
     A simulation is a function of its inputs, so the results are the same either way."""
 
-    def __init__(self, jobs: int, profile: Profile, loads: list[tuple[float, Workload]], slo: SLO, spares: BlockPool):
+    def __init__(self, jobs: int, profile: Profile, loads: list[tuple[float, Workload]], slo: SLO, spares: BlockPool,
+                 progress: Callable[[str], None] | None = None):
         self.profile, self.loads, self.slo, self.spares = profile, loads, slo, spares
+        self.progress = progress
+        self.started = self.finished = 0
+        self.since = time.monotonic()
         self.pool = None
         if jobs > 1 and "fork" in mp.get_all_start_methods():
             self.pool = ProcessPoolExecutor(jobs, mp_context=mp.get_context("fork"), initializer=_start_worker,
@@ -98,13 +104,25 @@ class Layouts:
     def start(self, layouts: list[Layout], stretch: list[float] | None = None) -> list[Future]:
         """Each layout's outcomes at every load (list[Outcome]), its arrivals stretched by its `stretch`."""
         stretch = stretch or [1.0] * len(layouts)
+        self.started += len(layouts)
         if self.pool is not None:
-            return [self.pool.submit(_outcomes_in_worker, layout, f) for layout, f in zip(layouts, stretch)]
+            futures = [self.pool.submit(_outcomes_in_worker, layout, f) for layout, f in zip(layouts, stretch)]
+            for future in futures:
+                future.add_done_callback(self._done)
+            return futures
         done = []
         for layout, f in zip(layouts, stretch):
             done.append(Future())
             done[-1].set_result(outcomes(self.profile, layout, self.loads, self.slo, self.spares, f))
+            self._done(done[-1])
         return done
+
+    def _done(self, _: Future) -> None:
+        self.finished += 1
+        if self.progress is not None:
+            rates = len(self.loads)
+            self.progress(f"simulated {self.finished} of the {self.started} layouts started so far, at {rates} "
+                          f"rate{'s' if rates > 1 else ''} each ({time.monotonic() - self.since:.0f} s)")
 
     def close(self) -> None:
         if self.pool is not None:
@@ -115,7 +133,9 @@ def jobs(cfg: PlanConfig) -> int:
     return cfg.jobs or min(MAX_JOBS, os.cpu_count() or 1)
 
 
-def run_plan(cfg: PlanConfig, profiles: list[Profile] | None = None) -> Plan:
+def run_plan(cfg: PlanConfig, profiles: list[Profile] | None = None,
+             progress: Callable[[str], None] | None = None) -> Plan:
+    """`progress`: told as each simulation ends (a layout, or a shard behind several routers, at every rate)."""
     profiles = profiles or [load_profile(path) for path in cfg.profile_list()]
     if len({p.model for p in profiles}) > 1:
         raise ValueError(f"--profile: profiles of different models ({', '.join(p.model for p in profiles)})")
@@ -123,13 +143,14 @@ def run_plan(cfg: PlanConfig, profiles: list[Profile] | None = None) -> Plan:
     outputs = [n for _, w in loads for n in w.output_lens]
     plan = Plan(profiles, cfg, output_tokens=sum(outputs) / max(1, len(outputs)))
     for profile in profiles:
-        _plan_tp(plan, profile, loads, slo)
+        _plan_tp(plan, profile, loads, slo, progress)
     plan.results = dict(sorted(plan.results.items(), key=lambda item: _order(item[0])))
     plan.spares = BlockPool()  # their memory goes
     return plan
 
 
-def _plan_tp(plan: Plan, profile: Profile, loads: list[tuple[float, Workload]], slo: SLO) -> None:
+def _plan_tp(plan: Plan, profile: Profile, loads: list[tuple[float, Workload]], slo: SLO,
+             progress: Callable[[str], None] | None = None) -> None:
     """The splits (and colocated) of the GPUs into engines of the profile's TP size, each mode behind the routers
     its top rate needs (`routers_for`)."""
     cfg, n = plan.config, plan.config.gpus // profile.tp
@@ -140,7 +161,7 @@ def _plan_tp(plan: Plan, profile: Profile, loads: list[tuple[float, Workload]], 
     top = max(rate for rate, _ in loads)
     routers = {mode: routers_for(cfg, mode, n, top, plan.output_tokens) for mode in ("disagg", "colocated")}
     plan.routers[profile.tp] = routers
-    shards = Shards(Layouts(jobs(cfg), profile, loads, slo, plan.spares), n, loads)
+    shards = Shards(Layouts(jobs(cfg), profile, loads, slo, plan.spares, progress), n, loads)
     try:
         colocated = Layout(colocated=n, **common)
         shards.start({colocated: shards_of(colocated, routers["colocated"])})
