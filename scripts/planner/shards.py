@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from scripts.bench_metrics import SLO, percentile
@@ -77,13 +78,15 @@ def mix(layout: str, rate: float, parts: list[tuple[int, int, Outcome]]) -> Poin
         _, count, o = parts[0]
         return dataclasses.replace(o.point, layout=layout, rate=rate, goodput=count * o.point.goodput)
 
-    def pct(values: str, q: float) -> float:
-        return weighted_percentile([(v, e / len(getattr(o, values))) for e, _, o in parts for v in getattr(o, values)],
-                                   q)
+    def weighed(values: Callable[[Outcome], list[float]]) -> list[tuple[float, float]]:
+        """Each served request's value, weighed by its shard's engines over its shard's served requests."""
+        return [(v, e / len(values(o))) for e, _, o in parts for v in values(o)]
 
+    ttfts, tpots = weighed(lambda o: o.ttfts), weighed(lambda o: o.tpots)
     share = [(e / engines, o.point) for e, _, o in parts]
-    return Point(layout, rate, max(p.requests for _, p in share), pct("ttfts", 50), pct("ttfts", 90),
-                 pct("tpots", 50), pct("tpots", 90), sum(w * p.attainment for w, p in share),
+    return Point(layout, rate, max(p.requests for _, p in share), weighted_percentile(ttfts, 50),
+                 weighted_percentile(ttfts, 90), weighted_percentile(tpots, 50), weighted_percentile(tpots, 90),
+                 sum(w * p.attainment for w, p in share),
                  sum(count * o.point.goodput for _, count, o in parts), round(sum(w * p.refused for w, p in share)),
                  span_s=min(p.span_s for _, p in share), life_s=max(p.life_s for _, p in share))
 
