@@ -46,7 +46,7 @@ def test_a_layout_of_alike_shards_predicts_what_one_shard_does_with_their_goodpu
                      input_len="200", output_len="20", routers=2)
     told = []
     plan = run_plan(cfg, [profile], progress=told.append)
-    assert told[-1].startswith("simulated 2 of the 2 layouts started so far, at 1 rate each")  # 1P:1D, colocated x2
+    assert told[-1].startswith("simulated 2 of the 2 layouts and rates started so far")  # 1P:1D, colocated x2
     assert plan.routers[1] == {"disagg": 2, "colocated": 2}
     assert list(plan.results) == ["2P:2D", "colocated x4"]  # 1P:3D and 3P:1D leave a router without a role
     from scripts.planner.plan import workloads

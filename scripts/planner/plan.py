@@ -62,12 +62,12 @@ def workloads(cfg: PlanConfig) -> list[tuple[float, Workload]]:
     return out
 
 
-def outcomes(profile: Profile, layout: Layout, loads: list[tuple[float, Workload]], slo: SLO,
-             spares: BlockPool | None = None, stretch: float = 1.0) -> list[Outcome]:
-    """`layout` simulated at every load, its arrivals `stretch` times as far apart (a shard's share of the rate)."""
-    return [Outcome.of(str(layout), rate, simulate(profile, layout, stretched(w, stretch) if stretch != 1 else w,
-                                                   spares=spares), slo)
-            for rate, w in loads]
+def outcome(profile: Profile, layout: Layout, load: tuple[float, Workload], slo: SLO,
+            spares: BlockPool | None = None, stretch: float = 1.0) -> Outcome:
+    """`layout` simulated at one load, its arrivals `stretch` times as far apart (a shard's share of the rate)."""
+    rate, w = load
+    return Outcome.of(str(layout), rate, simulate(profile, layout, stretched(w, stretch) if stretch != 1 else w,
+                                                  spares=spares), slo)
 
 
 # A simulating process's own: what it simulates every layout on (handed over when it is forked, not pickled: the loads
@@ -81,14 +81,15 @@ def _start_worker(profile: Profile, loads: list[tuple[float, Workload]], slo: SL
     _worker = (profile, loads, slo, BlockPool())
 
 
-def _outcomes_in_worker(layout: Layout, stretch: float) -> list[Outcome]:
+def _outcome_in_worker(layout: Layout, stretch: float, load: int) -> Outcome:
     profile, loads, slo, spares = _worker
-    return outcomes(profile, layout, loads, slo, spares, stretch)
+    return outcome(profile, layout, loads[load], slo, spares, stretch)
 
 
 class Layouts:
-    """Simulates layouts at every load: in this process, or in `jobs` forked ones at once (where the platform forks).
-    A simulation is a function of its inputs, so the results are the same either way."""
+    """Simulates layouts at every load: in this process, or in `jobs` forked ones at once (where the platform forks),
+    each layout at each load on its own. A simulation is a function of its inputs, so the results are the same either
+    way."""
 
     def __init__(self, jobs: int, profile: Profile, loads: list[tuple[float, Workload]], slo: SLO, spares: BlockPool,
                  progress: Callable[[str], None] | None = None):
@@ -101,28 +102,29 @@ class Layouts:
             self.pool = ProcessPoolExecutor(jobs, mp_context=mp.get_context("fork"), initializer=_start_worker,
                                             initargs=(profile, loads, slo))
 
-    def start(self, layouts: list[Layout], stretch: list[float] | None = None) -> list[Future]:
-        """Each layout's outcomes at every load (list[Outcome]), its arrivals stretched by its `stretch`."""
+    def start(self, layouts: list[Layout], stretch: list[float] | None = None) -> list[list[Future]]:
+        """Each layout's outcome at each load (a Future of an Outcome), its arrivals stretched by its `stretch`."""
         stretch = stretch or [1.0] * len(layouts)
-        self.started += len(layouts)
-        if self.pool is not None:
-            futures = [self.pool.submit(_outcomes_in_worker, layout, f) for layout, f in zip(layouts, stretch)]
-            for future in futures:
-                future.add_done_callback(self._done)
-            return futures
-        done = []
+        self.started += len(layouts) * len(self.loads)
+        started = []
         for layout, f in zip(layouts, stretch):
-            done.append(Future())
-            done[-1].set_result(outcomes(self.profile, layout, self.loads, self.slo, self.spares, f))
-            self._done(done[-1])
-        return done
+            if self.pool is not None:
+                started.append([self.pool.submit(_outcome_in_worker, layout, f, i) for i in range(len(self.loads))])
+                for future in started[-1]:
+                    future.add_done_callback(self._done)
+                continue
+            started.append([])
+            for load in self.loads:
+                started[-1].append(Future())
+                started[-1][-1].set_result(outcome(self.profile, layout, load, self.slo, self.spares, f))
+                self._done(started[-1][-1])
+        return started
 
     def _done(self, _: Future) -> None:
         self.finished += 1
         if self.progress is not None:
-            rates = len(self.loads)
-            self.progress(f"simulated {self.finished} of the {self.started} layouts started so far, at {rates} "
-                          f"rate{'s' if rates > 1 else ''} each ({time.monotonic() - self.since:.0f} s)")
+            self.progress(f"simulated {self.finished} of the {self.started} layouts and rates started so far "
+                          f"({time.monotonic() - self.since:.0f} s)")
 
     def close(self) -> None:
         if self.pool is not None:
@@ -189,14 +191,15 @@ class Shards:
 
     def __init__(self, layouts: Layouts, engines: int, loads: list[tuple[float, Workload]]):
         self.layouts, self.engines, self.loads = layouts, engines, loads
-        self.started: dict[Layout, Future] = {}
+        self.started: dict[Layout, list[Future]] = {}
 
     def start(self, splits: dict[Layout, dict[Layout, int]]) -> None:
         new = [s for s in dict.fromkeys(s for counts in splits.values() for s in counts) if s not in self.started]
         self.started.update(zip(new, self.layouts.start(new, [self.engines / s.engines for s in new])))
 
     def points(self, layout: Layout, shards: dict[Layout, int]) -> list[Point]:
-        parts = [(shard.engines * count, count, self.started[shard].result()) for shard, count in shards.items()]
+        parts = [(shard.engines * count, count, [f.result() for f in self.started[shard]])
+                 for shard, count in shards.items()]
         return [mix(str(layout), rate, [(e, c, done[i]) for e, c, done in parts])
                 for i, (rate, _) in enumerate(self.loads)]
 
