@@ -44,13 +44,12 @@ class KVLinks:
             pairs = [(p, worker) for p in others if p.role == "prefill"]
         else:
             return
-        live = [w for w in others if w.role in ("prefill", "decode")] + [worker]
-        prefills = sum(w.role == "prefill" for w in live)
-        beyond = prefills * (len(live) - prefills) > self.limit
+        by_role = self.registry.roster().by_role
+        prefills, decodes = len(by_role.get("prefill", ())), len(by_role.get("decode", ()))
+        beyond = prefills * decodes > self.limit
         if beyond and not self.beyond:
             log.info("%d prefill x %d decode workers make more pairs than the %d whose KV links open ahead "
-                     "(--eager-kv-links): a pair's first handoff opens its link", prefills, len(live) - prefills,
-                     self.limit)
+                     "(--eager-kv-links): a pair's first handoff opens its link", prefills, decodes, self.limit)
         self.beyond = beyond
         if beyond:
             return

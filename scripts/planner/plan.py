@@ -166,10 +166,11 @@ def _plan_tp(plan: Plan, profile: Profile, loads: list[tuple[float, Workload]], 
     shards = Shards(Layouts(jobs(cfg), profile, loads, slo, plan.spares, progress), n, loads)
     try:
         colocated = Layout(colocated=n, **common)
-        shards.start({colocated: shards_of(colocated, routers["colocated"])})
+        colocated_shards = shards_of(colocated, routers["colocated"])
+        shards.start({colocated: colocated_shards})
         for policy in cfg.policy_list():
             _plan_splits(plan, shards, routers["disagg"], dict(policy=policy, **common), slo)
-        plan.results[str(colocated)] = shards.points(colocated, shards_of(colocated, routers["colocated"]))
+        plan.results[str(colocated)] = shards.points(colocated, colocated_shards)
     finally:
         shards.layouts.close()
 
