@@ -2,6 +2,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass
+from functools import cached_property
 
 from common.engine.block_manager import BlockManager
 from common.engine.sequence import PENDING, Sequence, SequenceStatus
@@ -14,7 +15,7 @@ class ScheduledBatch:
     seqs: list[Sequence]
     num_new_tokens: list[int]
 
-    @property
+    @cached_property
     def num_decodes(self) -> int:
         return next((i for i, n in enumerate(self.num_new_tokens) if n != 1), len(self.num_new_tokens))
 
@@ -64,27 +65,44 @@ class Scheduler:
     def schedule(self) -> ScheduledBatch | None:
         budget = self.max_num_batched_tokens
         prefill_budget = self.max_prefill_tokens
-        scheduled: list[tuple[Sequence, int]] = []
-        ready = [s for s in self.running if not self._awaits_last_token(s)]
-        queue = deque(sorted(ready, key=lambda s: s.num_uncomputed() > 1))
+        # Decodes (one token each, most of a step) and prompt chunks are kept apart as they are scheduled, so the
+        # batch comes out decodes first without sorting; this runs every step, over every running sequence.
+        decodes: list[Sequence] = []
+        chunks: list[tuple[Sequence, int]] = []
+        ready: list[Sequence] = []
+        prompts: list[Sequence] = []  # running ones with prompt tokens left: after the decodes in the queue
+        for s in self.running:
+            if len(s.token_ids) - s.num_computed_tokens > 1:
+                prompts.append(s)
+            elif not self._awaits_last_token(s):
+                ready.append(s)
+        ready.extend(prompts)
+        queue = deque(ready)
+        allocate, block_size = self.block_manager.allocate, self.block_manager.block_size
         preempted = False
         while queue and budget > 0:
             seq = queue.popleft()
-            prefill = seq.num_uncomputed() > 1  # the next chunk of a prompt
-            n = min(seq.num_uncomputed(), budget, prefill_budget if prefill else budget)
+            uncomputed = len(seq.token_ids) - seq.num_computed_tokens
+            prefill = uncomputed > 1  # the next chunk of a prompt
+            n = min(uncomputed, budget, prefill_budget) if prefill else min(uncomputed, budget)
             if n <= 0:
                 continue
-            while not self.block_manager.allocate(seq, seq.num_computed_tokens + n):
+            table, end = seq.block_table, seq.num_computed_tokens + n
+            # A decode whose last block has room allocates nothing: checked here, as the block manager would
+            while not ((table and end <= len(table) * block_size) or allocate(seq, end)):
                 victim = queue.pop() if queue else seq
                 self._preempt(victim)
                 preempted = True
                 if victim is seq:
                     break
             else:
-                scheduled.append((seq, n))
                 budget -= n
                 if prefill:
                     prefill_budget -= n
+                if n == 1:
+                    decodes.append(seq)
+                else:
+                    chunks.append((seq, n))
         # Admission is first come, first served, but a sequence that already holds its prompt's blocks (handed off,
         # its KV in) passes one that waits for blocks: behind a head needing more blocks than are free (a
         # preempted sequence, a long prompt), the handed-off ones would hold theirs forever with nothing running
@@ -108,14 +126,16 @@ class Scheduler:
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
             n = min(seq.num_uncomputed(), budget, prefill_budget if prefill else budget)
-            scheduled.append((seq, n))
             budget -= n
             if prefill:
                 prefill_budget -= n
-        if not scheduled:
+            if n == 1:
+                decodes.append(seq)
+            else:
+                chunks.append((seq, n))
+        if not decodes and not chunks:
             return None
-        scheduled.sort(key=lambda item: item[1] != 1)
-        return ScheduledBatch([s for s, _ in scheduled], [n for _, n in scheduled])
+        return ScheduledBatch(decodes + [s for s, _ in chunks], [1] * len(decodes) + [n for _, n in chunks])
 
     def advance(self, batch: ScheduledBatch) -> list[int]:
         """Once a batch is launched: count its tokens as computed and give each sequence that completes a
