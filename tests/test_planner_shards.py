@@ -3,15 +3,17 @@ its share of the clients; a layout's figures are its shards', each distinct shar
 from __future__ import annotations
 
 import dataclasses
+import random
 
 import pytest
 
 from scripts.bench_metrics import percentile
+from scripts.bench_workloads import gamma_arrivals
 from scripts.planner.config import SLO, PlanConfig
 from scripts.planner.layout import Layout
 from scripts.planner.plan import routers_for, run_plan
 from scripts.planner.report import Point
-from scripts.planner.shards import Outcome, mix, shard_sizes, shards_of, stretched, weighted_percentile
+from scripts.planner.shards import Outcome, mix, router_share, shard_sizes, shards_of, stretched, weighted_percentile
 from scripts.planner.sim import simulate
 from tests.test_planner import make_profile, workload
 
@@ -32,10 +34,42 @@ def test_a_split_is_shared_among_routers_as_evenly_as_its_engines_go():
     assert shards_of(Layout(prefill=2, decode=5), 1) == {Layout(prefill=2, decode=5): 1}
 
 
-def test_stretched_arrivals_are_one_shards_share_of_the_rate():
+def test_a_routers_share_of_poisson_arrivals_is_the_same_requests_further_apart():
     w = workload(50, 10.0, 20, 4)
-    s = stretched(w, 3.0)
-    assert s.arrivals == [3.0 * t for t in w.arrivals] and s.prompts is w.prompts and s.keys is w.keys
+    s = router_share(w, 10.0, 1 / 3)
+    assert s.arrivals == pytest.approx([3.0 * t for t in w.arrivals]) and s.prompts is w.prompts and s.keys is w.keys
+    assert router_share(w, 10.0, 1.0) is w
+
+
+def gaps_cv(times: list[float]) -> tuple[float, float]:
+    gaps = [b - a for a, b in zip([0.0] + times, times)]
+    mean = sum(gaps) / len(gaps)
+    return mean, (sum((g - mean) ** 2 for g in gaps) / len(gaps)) ** 0.5 / mean
+
+
+def test_a_routers_share_of_bursty_arrivals_is_a_thinned_stream_steadier_than_the_whole():
+    """Clients split at random: a router gets a random tenth of a gamma stream of CV 3 at 100 req/s. Its gaps average
+    1 / (10 req/s) and their CV^2 is 1 + 0.1 (3^2 - 1) = 1.8, where stretching the stream would keep CV 3."""
+    n, rate, cv = 20000, 100.0, 3.0
+    w = dataclasses.replace(workload(n, rate, 8, 2), arrivals=gamma_arrivals(random.Random(1), n, rate, cv),
+                            arrival_cv=cv, seed=1)
+    assert gaps_cv(w.arrivals)[1] == pytest.approx(cv, rel=0.06)
+    s = router_share(w, rate, 0.1)
+    mean, got = gaps_cv(s.arrivals)
+    assert len(s.arrivals) == n and s.prompts is w.prompts
+    assert mean == pytest.approx(1 / (0.1 * rate), rel=0.05)
+    assert got == pytest.approx(1.8 ** 0.5, rel=0.05)
+    assert router_share(w, rate, 0.1).arrivals == s.arrivals  # seeded: every process draws the same
+
+
+def test_a_routers_share_of_a_trace_is_a_random_share_of_its_requests_at_their_own_times():
+    w = dataclasses.replace(workload(2000, 50.0, 8, 2), arrival_cv=None)
+    w.keys[16] = list(range(2000))  # stands in for each prompt's keys: they follow their request
+    s = router_share(w, 50.0, 0.25)
+    assert 400 < len(s.arrivals) < 600
+    kept = [w.arrivals.index(t) for t in s.arrivals]
+    assert kept == sorted(kept) and s.keys[16] == kept
+    assert s.prompts == [w.prompts[i] for i in kept] and s.output_lens == [w.output_lens[i] for i in kept]
 
 
 def test_a_layout_of_alike_shards_predicts_what_one_shard_does_with_their_goodput_added():
@@ -53,7 +87,7 @@ def test_a_layout_of_alike_shards_predicts_what_one_shard_does_with_their_goodpu
 
     (rate, w), = workloads(cfg)
     alone = Outcome.of("1P:1D", rate, simulate(profile, Layout(prefill=1, decode=1, transport="nccl"),
-                                                stretched(w, 2.0)), slo).point
+                                                stretched(w, 2.0)), slo).point  # Poisson: a router's share
     got = plan.results["2P:2D"][0]
     assert alone.requests == 80 and got.layout == "2P:2D" and got.rate == 8
     assert (got.ttft_p50, got.ttft_p90, got.tpot_p50, got.tpot_p90, got.attainment) == (

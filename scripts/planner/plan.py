@@ -22,7 +22,7 @@ from scripts.bench_workloads import read_trace, trace_rate
 from scripts.benchmark import LoadPoint, arrivals, point_requests
 from scripts.planner.config import DEFAULT_REQUESTS, DEFAULT_VOCAB, MAX_JOBS, MAX_SPLITS, SLO, PlanConfig
 from scripts.planner.router_ceiling import check
-from scripts.planner.shards import Outcome, mix, shards_of, stretched
+from scripts.planner.shards import Outcome, mix, router_share, shards_of
 from scripts.planner.engine import BlockPool
 from scripts.planner.profile import Profile, load_profile
 from scripts.planner.report import Point, score
@@ -57,17 +57,18 @@ def workloads(cfg: PlanConfig) -> list[tuple[float, Workload]]:
     for i, point in enumerate(points):
         requests = point_requests(cfg, i, n, cfg.vocab_size or DEFAULT_VOCAB, trace)
         times = arrivals(cfg, point, i, requests)
+        given = point.kind == "trace" or bool(requests and requests[0].arrival is not None)
+        cv = None if given else cfg.burstiness if cfg.arrivals == "gamma" else 1.0
         out.append((point.value, Workload(times, [r.prompt_ids for r in requests],
-                                          [r.output_len for r in requests], shared)))
+                                          [r.output_len for r in requests], shared, arrival_cv=cv, seed=cfg.seed)))
     return out
 
 
 def outcome(profile: Profile, layout: Layout, load: tuple[float, Workload], slo: SLO,
-            spares: BlockPool | None = None, stretch: float = 1.0) -> Outcome:
-    """`layout` simulated at one load, its arrivals `stretch` times as far apart (a shard's share of the rate)."""
+            spares: BlockPool | None = None, share: float = 1.0) -> Outcome:
+    """`layout` simulated at one load, or at a router's `share` of it (a shard's)."""
     rate, w = load
-    return Outcome.of(str(layout), rate, simulate(profile, layout, stretched(w, stretch) if stretch != 1 else w,
-                                                  spares=spares), slo)
+    return Outcome.of(str(layout), rate, simulate(profile, layout, router_share(w, rate, share), spares=spares), slo)
 
 
 # A simulating process's own: what it simulates every layout on (handed over when it is forked, not pickled: the loads
@@ -81,9 +82,9 @@ def _start_worker(profile: Profile, loads: list[tuple[float, Workload]], slo: SL
     _worker = (profile, loads, slo, BlockPool())
 
 
-def _outcome_in_worker(layout: Layout, stretch: float, load: int) -> Outcome:
+def _outcome_in_worker(layout: Layout, share: float, load: int) -> Outcome:
     profile, loads, slo, spares = _worker
-    return outcome(profile, layout, loads[load], slo, spares, stretch)
+    return outcome(profile, layout, loads[load], slo, spares, share)
 
 
 class Layouts:
@@ -102,12 +103,12 @@ class Layouts:
             self.pool = ProcessPoolExecutor(jobs, mp_context=mp.get_context("fork"), initializer=_start_worker,
                                             initargs=(profile, loads, slo))
 
-    def start(self, layouts: list[Layout], stretch: list[float] | None = None) -> list[list[Future]]:
-        """Each layout's outcome at each load (a Future of an Outcome), its arrivals stretched by its `stretch`."""
-        stretch = stretch or [1.0] * len(layouts)
+    def start(self, layouts: list[Layout], shares: list[float] | None = None) -> list[list[Future]]:
+        """Each layout's outcome at each load (a Future of an Outcome), at its router's share of the load."""
+        shares = shares or [1.0] * len(layouts)
         self.started += len(layouts) * len(self.loads)
         started = []
-        for layout, f in zip(layouts, stretch):
+        for layout, f in zip(layouts, shares):
             if self.pool is not None:
                 started.append([self.pool.submit(_outcome_in_worker, layout, f, i) for i in range(len(self.loads))])
                 for future in started[-1]:
@@ -196,7 +197,7 @@ class Shards:
 
     def start(self, splits: dict[Layout, dict[Layout, int]]) -> None:
         new = [s for s in dict.fromkeys(s for counts in splits.values() for s in counts) if s not in self.started]
-        self.started.update(zip(new, self.layouts.start(new, [self.engines / s.engines for s in new])))
+        self.started.update(zip(new, self.layouts.start(new, [s.engines / self.engines for s in new])))
 
     def points(self, layout: Layout, shards: dict[Layout, int]) -> list[Point]:
         parts = [(shard.engines * count, count, [f.result() for f in self.started[shard]])

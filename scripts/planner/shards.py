@@ -2,8 +2,9 @@
 decode pools, or its own replicas), the clients split across the routers by shard size, as the router ceiling
 advises once one router cannot carry the rate (scripts/planner/router_ceiling.py).
 
-Shards share nothing, so a layout's prediction is its shards': each distinct shard is simulated once, alone, on the
-rate's requests at its share of the rate (arrivals stretched by engines / shard engines), and the layout's figures
+Shards share nothing, so a layout's prediction is its shards': each distinct shard is simulated once, alone, on its
+router's share of the clients' requests (`router_share`: a random split, shard engines / engines of the stream; as many
+requests as the workload's, except from a trace, whose requests a router gets its share of), and the layout's figures
 are its shards' mixed by their share of the traffic. Splits of many GPUs repeat the same few shards (a shard of six
 engines is 1P:5D to 5P:1D), so every split of hundreds of GPUs costs a few small simulations a rate.
 """
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import random
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -50,9 +52,36 @@ def shards_of(layout: Layout, routers: int) -> dict[Layout, int] | None:
 
 
 def stretched(workload: Workload, factor: float) -> Workload:
-    """The same requests arriving `factor` times as far apart: one router's share of the rate (the prefix keys,
-    computed once, stay shared)."""
+    """The same requests arriving `factor` times as far apart (the prefix keys, computed once, stay shared)."""
     return dataclasses.replace(workload, arrivals=[t * factor for t in workload.arrivals])
+
+
+def router_share(workload: Workload, rate: float, share: float) -> Workload:
+    """What one router receives when the clients are split among the routers at random, `share` of the requests
+    its own: a random `share` of the whole stream (a thinning), which is
+    - for Poisson arrivals, a Poisson stream at `share` of the rate: the same requests `1 / share` times as far apart;
+    - for gamma arrivals (gaps with CV c), a steadier stream: a kept request's gap sums a geometric number of the
+      stream's gaps (CV^2 = 1 + share (c^2 - 1)). Stretching would keep the whole stream's bursts, each `1 / share`
+      times as long. Drawn as many requests as the workload's;
+    - for given times (a trace), a random `share` of its requests at their own times: what the router gets."""
+    if share >= 1 or workload.arrival_cv == 1.0 or math.isinf(rate):
+        return workload if share >= 1 else stretched(workload, 1 / share)
+    rng = random.Random(f"{workload.seed}:{rate}:{share}:router share")
+    if workload.arrival_cv is None:
+        if workload.phases is not None:
+            raise ValueError("a router's share of given arrival times: the workload has phases (a bench replay)")
+        kept = [i for i in range(len(workload.arrivals)) if rng.random() < share] or [0]
+        return dataclasses.replace(
+            workload, arrivals=[workload.arrivals[i] for i in kept], prompts=[workload.prompts[i] for i in kept],
+            output_lens=[workload.output_lens[i] for i in kept],
+            keys={bs: [keys[i] for i in kept] for bs, keys in workload.keys.items()})
+    shape = 1 / workload.arrival_cv ** 2
+    t, times = 0.0, []
+    for _ in workload.arrivals:
+        gaps = 1 + int(math.log(1 - rng.random()) / math.log(1 - share))  # geometric: the stream's gaps to the next kept
+        t += rng.gammavariate(gaps * shape, 1 / (rate * shape))  # their sum: a gamma of `gaps` times the shape
+        times.append(t)
+    return dataclasses.replace(workload, arrivals=times)
 
 
 @dataclass(frozen=True)

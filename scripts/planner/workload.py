@@ -52,3 +52,7 @@ class Workload:
     # unloaded requests one at a time, then its load points. A phase's arrivals count from when every request of
     # the phase before has finished. None: one phase.
     phases: list[int] | None = None
+    # How the arrivals were drawn, for a router's share of them (scripts/planner/shards.py `router_share`): the
+    # coefficient of variation of their gaps (1: Poisson; gamma's), or None for given times (a trace); and the seed
+    arrival_cv: float | None = 1.0
+    seed: int = 0
