@@ -133,8 +133,9 @@ def test_the_routers_are_those_the_top_rate_needs_unless_given():
     assert routers_for(cfg, "disagg", 4, 1000, 0) == 2  # at most one per prefill and decode pair
     assert routers_for(cfg, "colocated", 4, 1000, 0) == 4
     assert routers_for(dataclasses.replace(cfg, routers=5), "disagg", 16, 40, 0) == 5
-    with pytest.raises(ValueError, match="--routers 9: more than 16 engines allow disagg"):
-        routers_for(dataclasses.replace(cfg, routers=9), "disagg", 16, 40, 0)
+    assert routers_for(dataclasses.replace(cfg, routers=9), "disagg", 16, 40, 0) == 9  # no split serves them all
+    with pytest.raises(ValueError, match="--routers 17: more than the 16 engines"):
+        routers_for(dataclasses.replace(cfg, routers=17), "colocated", 16, 40, 0)
     with pytest.raises(ValueError, match="--routers"):
         PlanConfig(profile="given", routers=-1)
 
@@ -149,3 +150,18 @@ def test_many_splits_behind_many_routers_come_from_few_shards_and_the_table_keep
     assert plan.unsharded[1] == 14 and not plan.skipped_splits
     shown = [name for name in splits if name not in plan.hidden]
     assert 3 < len(shown) <= 16 + 3 and set(plan.hidden) < set(splits)
+
+
+def test_more_routers_than_a_split_can_serve_leave_the_splits_out_not_the_plan():
+    """Two GPUs behind two routers: each router gets a colocated engine; no split gives each a prefill and a decode
+    engine, so the plan has colocated only, and says why."""
+    from scripts.cli.plan import router_lines
+
+    cfg = PlanConfig(profile="given", gpus=2, seed=0, disagg_policies="always", rates="8", num_requests=40,
+                     input_len="100", output_len="8", routers=2)
+    plan = run_plan(cfg, [make_profile()])
+    assert list(plan.results) == ["colocated x2"] and plan.unsharded[1] == 1
+    assert router_lines(plan) == [
+        "routers: disagg: no split of 2 engines gives each of 2 routers a prefill and a decode engine; none planned",
+        "routers: colocated layouts behind 2 routers, each in front of 1 engine with its share of the clients: each "
+        "layout predicted from its shards, each simulated alone (--routers 1: one router, simulated whole)"]

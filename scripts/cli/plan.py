@@ -103,14 +103,17 @@ def router_lines(plan) -> list[str]:
     lines = []
     for prof in plan.profiles:
         n = plan.config.gpus // prof.tp
+        tp = f"tp{prof.tp} " if prof.tp > 1 else ""
         for mode, k in plan.routers.get(prof.tp, {}).items():
-            if k > 1:
-                sizes = sorted(set(shard_sizes(n, k)))
-                lines.append(f"routers: {'tp%d ' % prof.tp if prof.tp > 1 else ''}{mode} layouts behind {k} routers, "
-                             f"each in front of {'-'.join(map(str, sizes))} engines with its share of the clients: "
-                             f"each layout predicted from its shards, each simulated alone (--routers 1: one "
-                             f"router, simulated whole)")
-        if plan.unsharded.get(prof.tp):
+            if mode == "disagg" and plan.unsharded.get(prof.tp) == n - 1:
+                lines.append(f"routers: {tp}disagg: no split of {n} engines gives each of {k} routers a prefill and a "
+                             f"decode engine; none planned")
+            elif k > 1:
+                sizes = "-".join(map(str, sorted(set(shard_sizes(n, k)))))
+                lines.append(f"routers: {tp}{mode} layouts behind {k} routers, each in front of {sizes} "
+                             f"engine{'s' if sizes != '1' else ''} with its share of the clients: each layout predicted "
+                             f"from its shards, each simulated alone (--routers 1: one router, simulated whole)")
+        if 0 < plan.unsharded.get(prof.tp, 0) < n - 1:
             lines.append(f"routers: {plan.unsharded[prof.tp]} splits with fewer prefill or decode engines than routers left "
                          f"out (each router needs one of each)")
     return lines

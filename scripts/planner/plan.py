@@ -178,12 +178,12 @@ def _plan_tp(plan: Plan, profile: Profile, loads: list[tuple[float, Workload]], 
 
 def routers_for(cfg: PlanConfig, mode: str, engines: int, rate: float, tokens: float) -> int:
     """--routers, else the fewest whose ceilings carry `rate` (scripts/planner/router_ceiling.py); at most one per
-    engine colocated, one per prefill and decode pair disaggregated."""
+    engine colocated, one per prefill and decode pair disaggregated. Given more than a split can serve, the splits
+    are left out (as any split is that cannot give each router a prefill and a decode engine), not the plan."""
     most = engines if mode == "colocated" else engines // 2
     if cfg.routers:
-        if cfg.routers > most:
-            raise ValueError(f"--routers {cfg.routers}: more than {engines} engines allow {mode} (at most {most}: "
-                             f"each router needs {'an engine' if mode == 'colocated' else 'a prefill and a decode one'})")
+        if cfg.routers > engines:
+            raise ValueError(f"--routers {cfg.routers}: more than the {engines} engines (each router needs one)")
         return cfg.routers
     return min(most, check(mode, engines, rate, cfg.router_rps, tokens).routers or most)
 
@@ -229,6 +229,8 @@ def _plan_splits(plan: Plan, shards: Shards, routers: int, common: dict, slo: SL
         return max(xs, key=seen.__getitem__)
 
     xs = sorted(splits)
+    if not xs:
+        return
     if len({s for counts in splits.values() for s in counts}) <= MAX_SPLITS or plan.config.all_splits:
         best_of(xs)
         if len(xs) > MAX_SPLITS and not plan.config.all_splits:
