@@ -165,3 +165,25 @@ def test_more_routers_than_a_split_can_serve_leave_the_splits_out_not_the_plan()
         "routers: disagg: no split of 2 engines gives each of 2 routers a prefill and a decode engine; none planned",
         "routers: colocated layouts behind 2 routers, each in front of 1 engine with its share of the clients: each "
         "layout predicted from its shards, each simulated alone (--routers 1: one router, simulated whole)"]
+
+
+def test_a_redraw_on_the_plans_own_seed_repeats_it_and_on_another_moves_it():
+    """The noise line: the pick simulated again on another draw of the workload. On the plan's own seed the redraw is
+    the plan's figures exactly (the same shards, the same requests); on another, the same rates, other figures."""
+    from scripts.planner.plan import redraw
+    from scripts.planner.report import moved, noise_line
+
+    cfg = PlanConfig(profile="given", gpus=4, seed=0, disagg_policies="always", rates="8,16", num_requests=80,
+                     input_len="100:300", output_len="10:30", routers=2)
+    plan = run_plan(cfg, [make_profile()])
+    assert redraw(plan, "2P:2D", 0) == plan.results["2P:2D"]
+    assert redraw(plan, "colocated x4", 0) == plan.results["colocated x4"]
+    other = redraw(plan, "2P:2D", 1)
+    assert [p.rate for p in other] == [8, 16] and other != plan.results["2P:2D"]
+    moves = moved(plan.results["2P:2D"], other)
+    assert set(moves) == {"ttft_p50", "ttft_p90", "tpot_p50", "tpot_p90", "goodput"}
+    assert moves["ttft_p50"] > 0 and moves == moved(plan.results["2P:2D"], other)
+    assert moved(other, other) == dict.fromkeys(moves, 0.0)
+    assert noise_line("2P:2D", 1, {"ttft_p50": 0.123, "goodput": float("nan")}).startswith(
+        "noise: 2P:2D again on another draw of the workload (--seed 1), the most each figure moved over the rates: "
+        "TTFT p50 12%. ")

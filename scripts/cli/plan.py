@@ -36,10 +36,10 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> None:
-    from scripts.planner.plan import run_plan  # the simulator loads only when a plan runs
+    from scripts.planner.plan import redraw, run_plan  # the simulator loads only when a plan runs
     from scripts.planner.plots import draw
     from scripts.planner.config import DEFAULT_REQUESTS
-    from scripts.planner.report import ATTAINMENT, recommend, short_spans, table
+    from scripts.planner.report import ATTAINMENT, moved, noise_line, recommend, short_spans, table
     from scripts.planner.router_ceiling import plan_checks, summary
     from scripts.planner.sim import ACROSS_GPUS
 
@@ -79,6 +79,10 @@ def run(args: argparse.Namespace) -> None:
             print(f"note: {line}")
     best, why = recommend(plan.results, slo)
     print(f"recommendation: {best}: {why}")
+    again = None
+    if not cfg.trace:  # a trace is one draw
+        again = redraw(plan, best, cfg.seed + 1)
+        print(noise_line(best, cfg.seed + 1, moved(plan.results[best], again)))
     routers = plan_checks(plan)
     print("\n".join(summary(routers)), flush=True)
     if cfg.out:
@@ -89,7 +93,9 @@ def run(args: argparse.Namespace) -> None:
                   "slo": dataclasses.asdict(slo), "recommendation": {"layout": best, "why": why},
                   "router": [dict(dataclasses.asdict(c), exceeded=c.exceeded) for c in routers],
                   "results": {name: [dataclasses.asdict(p) for p in points]
-                              for name, points in plan.results.items()}}
+                              for name, points in plan.results.items()},
+                  "redraw": None if again is None else {"layout": best, "seed": cfg.seed + 1,
+                                                        "points": [dataclasses.asdict(p) for p in again]}}
         (out / "plan.json").write_text(json.dumps(record, indent=2) + "\n")
         plots = draw(shown, slo, f"{prof.model} on {prof.machine}, {cfg.gpus} GPUs (predicted)", out)
         note = ", ".join(str(p) for p in plots) if plots else "no plots (matplotlib is not installed)"

@@ -125,3 +125,24 @@ def table(results: dict[str, list[Point]]) -> str:
 
 def _ms(seconds: float) -> str:
     return f"{1000 * seconds:>7.1f}ms"
+
+
+FIGURES = {"ttft_p50": "TTFT p50", "ttft_p90": "TTFT p90", "tpot_p50": "TPOT p50", "tpot_p90": "TPOT p90",
+           "goodput": "goodput"}
+
+
+def moved(first: list[Point], second: list[Point]) -> dict[str, float]:
+    """The most each figure moved from one simulation of a layout to another (`second` against `first`, as a share
+    of `first`), over the rates where both are finite."""
+    out = {}
+    for name in FIGURES:
+        shares = [abs(getattr(b, name) / getattr(a, name) - 1) for a, b in zip(first, second)
+                  if math.isfinite(getattr(a, name)) and math.isfinite(getattr(b, name)) and getattr(a, name) > 0]
+        out[name] = max(shares, default=math.nan)
+    return out
+
+
+def noise_line(name: str, seed: int, moves: dict[str, float]) -> str:
+    parts = ", ".join(f"{FIGURES[figure]} {100 * share:.0f}%" for figure, share in moves.items() if math.isfinite(share))
+    return (f"noise: {name} again on another draw of the workload (--seed {seed}), the most each figure moved over "
+            f"the rates: {parts}. Layouts closer than that differ by the draw (more --num-requests narrows it)")
