@@ -1,6 +1,6 @@
 """serve start-up and the first requests' TTFT against later ones, through the cluster: requests i, i+100 and i+200
 have the same prompt length and sampling; prints each window's TTFT median and the median of the per-pair ratios."""
-import random, statistics, subprocess, sys, time
+import os, random, statistics, subprocess, sys, time
 from router.client import Client
 
 model, label, port, mode = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
@@ -23,6 +23,9 @@ try:
             ids = [rng.randrange(1, 100000) for _ in range(shape.randint(20, 2000))]
             out = c.generate(ids, max_tokens=8, temperature=shape.choice([0.0, 0.7]), ignore_eos=True)
             ttft.append(out.timings.ttft * 1e3)
+    if os.environ.get("EACH"):  # stop 33: each request's TTFT, the first 40 and 101-140
+        print(f"{label} 1-40:    " + " ".join(f"{t:.1f}" for t in ttft[:40]))
+        print(f"{label} 101-140: " + " ".join(f"{t:.1f}" for t in ttft[100:140]))
     w = [ttft[0:20], ttft[100:120], ttft[200:220]]
     med = [statistics.median(x) for x in w]
     pair = statistics.median(a / b for a, b in zip(w[0], w[1]))
