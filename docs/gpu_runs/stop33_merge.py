@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from scripts.bench_metrics import percentile  # noqa: E402
+from scripts.bench_metrics import RequestRecord, percentile  # noqa: E402
 
 
 def points(path: Path) -> list[tuple[float, list[dict]]]:
@@ -20,16 +20,10 @@ def points(path: Path) -> list[tuple[float, list[dict]]]:
     return [(p["load"]["value"], p["requests"]) for p in results["runs"][0]["points"]]
 
 
-def tpot(r: dict) -> float | None:
-    if r.get("error_code") or r.get("ttft") is None or r.get("output_tokens", 0) < 2:
-        return None
-    return (r["end"] - r["start"] - r["ttft"]) / (r["output_tokens"] - 1)
-
-
 def row(name: str, rate: float, requests: list[dict]) -> str:
-    ok = [r for r in requests if not r.get("error_code")]
-    ttfts = [r["ttft"] for r in ok if r.get("ttft") is not None]
-    tpots = [t for r in ok if (t := tpot(r)) is not None]
+    ok = [r for r in map(RequestRecord.from_json, requests) if r.ok]
+    ttfts = [r.ttft for r in ok if r.ttft is not None]
+    tpots = [t for r in ok if (t := r.tpot) is not None]
     ms = [1e3 * percentile(v, q) for v in (ttfts, tpots) for q in (50, 90)]
     return (f"{name:<12}{rate:>6g}{len(ok):>5}/{len(requests):<5}" + "".join(f"{m:>10.1f}" for m in ms))
 

@@ -43,8 +43,7 @@ class Plan:
     unsharded: dict[int, int] = field(default_factory=dict)  # by TP size, splits left out: fewer prefill or decode
     # engines than routers
     hidden: set[str] = field(default_factory=set)  # simulated but left out of the printed table (not of plan.json)
-    # by layout: the profile it was planned with, the layout and its shards (for `redraw`)
-    shards: dict[str, tuple[Profile, Layout, dict[Layout, int]]] = field(default_factory=dict)
+    layouts: dict[str, Layout] = field(default_factory=dict)  # each result's layout (for `redraw`)
 
 
 def workloads(cfg: PlanConfig) -> list[tuple[float, Workload]]:
@@ -175,7 +174,7 @@ def _plan_tp(plan: Plan, profile: Profile, loads: list[tuple[float, Workload]], 
         for policy in cfg.policy_list():
             _plan_splits(plan, shards, routers["disagg"], dict(policy=policy, **common), slo)
         plan.results[str(colocated)] = shards.points(colocated, colocated_shards)
-        plan.shards[str(colocated)] = (profile, colocated, colocated_shards)
+        plan.layouts[str(colocated)] = colocated
     finally:
         shards.layouts.close()
 
@@ -184,7 +183,9 @@ def redraw(plan: Plan, name: str, seed: int) -> list[Point]:
     """Layout `name` of the plan simulated again on another draw of its workload (`seed`: the same flags, other
     prompts, lengths and arrival times), behind the same routers. How far its figures move is the simulation's own
     noise at this many requests: differences between layouts smaller than that are the draw's."""
-    profile, layout, counts = plan.shards[name]
+    layout = plan.layouts[name]
+    profile = next(p for p in plan.profiles if p.tp == layout.tp)
+    counts = shards_of(layout, plan.routers[layout.tp][layout.mode])
     loads = workloads(dataclasses.replace(plan.config, seed=seed))
     shards = Shards(Layouts(jobs(plan.config), profile, loads, plan.config.slo(), BlockPool()),
                     plan.config.gpus // profile.tp, loads)
@@ -244,7 +245,7 @@ def _plan_splits(plan: Plan, shards: Shards, routers: int, common: dict, slo: SL
         shards.start(new)
         for layout, counts in new.items():
             plan.results[str(layout)] = shards.points(layout, counts)
-            plan.shards[str(layout)] = (shards.layouts.profile, layout, counts)
+            plan.layouts[str(layout)] = layout
             seen[layout.prefill] = score(plan.results[str(layout)], slo)
         return max(xs, key=seen.__getitem__)
 
