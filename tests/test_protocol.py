@@ -197,6 +197,18 @@ def test_registry_names():
     assert directions == set(REGISTRY.values())
 
 
+def test_the_decoder_is_built_at_import_not_on_the_first_frame():
+    """Built on a process's first frame, the decoder over every type cost that frame's request milliseconds: the
+    first request each worker took (issue 20). A fresh interpreter has it once the package is imported."""
+    probe = ("from common.protocol import codec, REGISTRY\n"
+             "assert codec._decoder is not None\n"
+             "print(len(REGISTRY))")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                         cwd=Path(__file__).resolve().parent.parent)
+    assert out.returncode == 0, out.stderr
+    assert int(out.stdout) == len(REGISTRY)
+
+
 def test_envelope_and_omitted_defaults():
     frame = encode(Submit(request_id="a", prompt="x"))
     assert msgpack.unpackb(frame) == {"v": 1, "type": "submit", "request_id": "a", "prompt": "x"}

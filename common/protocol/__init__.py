@@ -12,7 +12,7 @@ from common.protocol.cluster import (
     AbortRequest, Alive, GenerateTask, HandoffAck, Heartbeat, KVHandoff, KVLinkOpen, LinkOpened, OpenLink, PrefillTask,
     Reserve, Reserved, Shutdown, TokenBatch, WorkerHello, liveness_identity,
 )
-from common.protocol.codec import checked, decode, encode, field_problem
+from common.protocol.codec import checked, decode, encode, field_problem, prepare
 from common.protocol.errors import (
     ABORTED, BAD_REQUEST, ERROR_CODES, INTERNAL, NOT_FOUND, OVERLOADED, TIMEOUT, TOO_LARGE, UNAUTHORIZED,
     UNAVAILABLE, UNKNOWN_TYPE, UNSUPPORTED_VERSION, ProtocolError,
@@ -27,6 +27,8 @@ from common.protocol.schema import (
 )
 
 DEFAULT_ROUTER_ADDRESS = "tcp://127.0.0.1:5555"
+
+prepare()  # every message type is defined now: the decoder is built at import, not on a process's first frame
 
 # What each socket accepts, for `decode(frame, expect=...)`.
 CLIENT_TO_ROUTER = (Submit, Abort, Ping, Pong, StatsRequest, ScaleRequest)
