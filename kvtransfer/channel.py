@@ -9,7 +9,7 @@ from common import protocol as P
 
 class DataChannel:
     """The KV data plane of one worker: a PULL socket others push handoffs and acks to, and PUSH
-    sockets to peers, opened on first use. Records travel as the first frame of a multipart message;
+    sockets to peers, opened on first use or ahead of it (`connect`). Records travel as the first frame of a multipart message;
     KV payload frames, if any, follow. `secure(sock, server)`, if given, configures each socket before
     it binds (server) or connects (e.g. CURVE, see common/auth.py)."""
 
@@ -25,7 +25,9 @@ class DataChannel:
         self.address = f"tcp://{host}:{port}"
         self.peers: dict[str, zmq.Socket] = {}
 
-    def send(self, address: str, msg: P.Message, payload: list | None = None) -> None:
+    def connect(self, address: str) -> zmq.Socket:
+        """The PUSH socket to a peer's inbox, connected now if it is not yet (ZMQ connects in the background: a
+        first record sent on a fresh socket waits for the TCP and ZMTP handshakes)."""
         sock = self.peers.get(address)
         if sock is None:
             sock = self.peers[address] = self.ctx.socket(zmq.PUSH)
@@ -33,7 +35,10 @@ class DataChannel:
             if self.secure is not None:
                 self.secure(sock, False)
             sock.connect(address)
-        sock.send_multipart([P.encode(msg), *(payload or [])], copy=False)
+        return sock
+
+    def send(self, address: str, msg: P.Message, payload: list | None = None) -> None:
+        self.connect(address).send_multipart([P.encode(msg), *(payload or [])], copy=False)
 
     def recv(self) -> tuple[P.Message, list[memoryview]]:
         """One pending message (call when the inbox is readable); raises ProtocolError for a bad record."""

@@ -99,6 +99,13 @@ class CudaIPCTransport(Transport):
         return self._descriptor
 
     # ---- prefill side -------------------------------------------------------------------------------
+    def open(self, peer_id, peer):
+        """The peer's pool mapped and the copy kernel loaded (compiled, on a cold cache) now, as the router has the
+        pair meet: left to the first handoff, they were its request's time to first token. Nothing for the peer
+        to join."""
+        self.peer_pool(peer_id, peer.cuda_ipc)
+        return None
+
     def send(self, request_id, peer_id, peer, src_block_ids, dst_block_ids):
         dst_kv = self.peer_pool(peer_id, peer.cuda_ipc)
         check_block_ids(src_block_ids, self.pool.num_blocks, "source")

@@ -57,8 +57,8 @@ class Transport(ABC):
 
     def open(self, peer_id: str, peer: KVDescriptors) -> tuple[str, Future] | None:
         """Prefill side, before any handoff to `peer_id`: set up what its first handoff would otherwise set up.
-        None where there is nothing to set up; else the link's name (for the peer's `join`) and a future that
-        resolves once the link works both ways."""
+        None where nothing is left to set up once it returns; else the link's name (for the peer's `join`) and a
+        future that resolves once the link works both ways."""
         return None
 
     def join(self, peer_id: str, link: str) -> Future | None:

@@ -6,6 +6,8 @@ import logging
 import time
 from concurrent.futures import Future
 
+import zmq
+
 from common import protocol as P
 from common.config import EngineConfig
 from common.engine.sequence import Sequence
@@ -42,8 +44,9 @@ class PrefillWorker(KVWorker):
         try:
             if transport is None:
                 raise TransferError(f"this prefill worker has no {msg.transport!r} transport")
+            self.kv.channel.connect(msg.decode_kv_address)  # every handoff's record goes this way
             opened = transport.open(msg.decode_worker_id, msg.decode_kv)
-        except TransferError as e:
+        except (TransferError, zmq.ZMQError) as e:
             self.send(P.LinkOpened(decode_worker_id=msg.decode_worker_id, error=str(e)[:P.MAX_MESSAGE_LEN]))
             return
         if opened is None:  # nothing to set up

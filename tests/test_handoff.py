@@ -121,7 +121,9 @@ class StubEndpoint:
     def __init__(self, sent: list):
         self.transports = {"nccl": StubTransport()}
         self.address = "tcp://127.0.0.1:2"
-        self.channel = type("Channel", (), {"send": lambda _, address, msg, payload=None: sent.append(msg)})()
+        self.connected: list[str] = []
+        self.channel = type("Channel", (), {"send": lambda _, address, msg, payload=None: sent.append(msg),
+                                            "connect": lambda _, address: self.connected.append(address)})()
 
 
 def stub_worker(cls):
@@ -273,6 +275,7 @@ def test_a_prefill_worker_opens_a_link_when_asked_and_answers_once_it_works():
     w = stub_worker(PrefillWorker)
     ask = P.OpenLink(decode_worker_id="d0", decode_kv_address="tcp://127.0.0.1:9", transport="nccl")
     w.on_open_link(ask)
+    assert w.kv.connected == ["tcp://127.0.0.1:9"]  # the data channel to it, ahead of the first handoff's record
     assert w.to_peers == [P.KVLinkOpen(src_worker_id="w0", transport="nccl", link="link-to-d0")]
     tick(w)
     assert w.to_router == [] and w.busy()  # the loop polls often while the link opens

@@ -227,6 +227,23 @@ def test_cuda_ipc_descriptor_maps_in_this_process_too():
     assert sender.peer_pool("d0", receiver.descriptor()).data_ptr() == dst.kv.data_ptr()
 
 
+def test_cuda_ipc_open_sets_the_pair_up_before_its_first_handoff():
+    """open (the router's open_link as the workers meet) maps the peer's pool and loads the copy kernel, so the
+    first handoff does neither; a pool it cannot use is refused there, before any request."""
+    src, dst = source_pool("cuda:0"), KVPool(LAYOUT, NUM_BLOCKS, "cuda:0")
+    receiver, sender = CudaIPCTransport(dst), CudaIPCTransport(src, strategy="kernel")
+    peer = KVDescriptors(cuda_ipc=receiver.descriptor())
+    assert sender.open("d0", peer) is None  # nothing for the decode side to join
+    descriptor, kv, copy = sender.peers["d0"]
+    assert kv.data_ptr() == dst.kv.data_ptr() and copy.device == dst.kv.device
+    sender.send("r1", "d0", peer, [5, 1, 2], [7, 8, 0])
+    assert sender.peers["d0"][2] is copy  # the handoff set nothing up
+    assert torch.equal(dst.kv[[7, 8, 0]], src.kv[[5, 1, 2]])
+    other = KVLayout(num_layers=4, block_size=32, num_kv_heads=8, head_dim=128, dtype="bfloat16")
+    with pytest.raises(TransferError, match="KV layout mismatch with d1"):
+        sender.open("d1", KVDescriptors(cuda_ipc=CudaIPCTransport(KVPool(other, 8, "cuda:0")).descriptor()))
+
+
 @pytest.mark.parametrize("strategy", ["runs", "kernel"])
 def test_cuda_ipc_does_not_wait_for_work_queued_after_the_blocks_were_written(strategy):
     """With overlap the engine launches the next prefill before it hands off the blocks of the one it just
