@@ -9,9 +9,10 @@ from common import protocol as P
 
 class DataChannel:
     """The KV data plane of one worker: a PULL socket others push handoffs and acks to, and PUSH
-    sockets to peers, opened on first use or ahead of it (`connect`). Records travel as the first frame of a multipart message;
-    KV payload frames, if any, follow. `secure(sock, server)`, if given, configures each socket before
-    it binds (server) or connects (e.g. CURVE, see common/auth.py)."""
+    sockets to peers, opened on first use or ahead of it (`connect`). Records travel as the first
+    frame of a multipart message; KV payload frames, if any, follow. `secure(sock, server)`, if
+    given, configures each socket before it binds (server) or connects (e.g. CURVE, see
+    common/auth.py)."""
 
     def __init__(self, ctx: zmq.Context, host: str = "127.0.0.1",
                  secure: Callable[[zmq.Socket, bool], None] | None = None):

@@ -102,8 +102,14 @@ class CudaIPCTransport(Transport):
     def open(self, peer_id, peer):
         """The peer's pool mapped and the copy kernel loaded (compiled, on a cold cache) now, as the router has the
         pair meet: left to the first handoff, they were its request's time to first token. Nothing for the peer
-        to join."""
-        self.peer_pool(peer_id, peer.cuda_ipc)
+        to join. What fails here is answered (`link_opened` with the reason), not raised through the worker's loop;
+        the first handoff tries again."""
+        try:
+            self.peer_pool(peer_id, peer.cuda_ipc)
+        except TransferError:
+            raise
+        except Exception as e:  # a kernel that does not compile, a CUDA error: this pair's handoffs fail the same
+            raise TransferError(f"cannot set up cuda_ipc to {peer_id}: {type(e).__name__}: {e}") from e
         return None
 
     def send(self, request_id, peer_id, peer, src_block_ids, dst_block_ids):

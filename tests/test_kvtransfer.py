@@ -447,6 +447,24 @@ def test_cuda_ipc_needs_a_cuda_pool():
         CudaIPCTransport(blank_pool(2))
 
 
+def test_cuda_ipc_open_answers_what_fails_as_a_transfer_error():
+    """open_link runs cuda_ipc's setup on the prefill worker's loop: a failure there (a kernel that does not compile)
+    must come back as the link's answer, not end the worker. (The setup itself: test_kvtransfer_gpu.py.)"""
+    transport = object.__new__(CudaIPCTransport)  # no CUDA pool here: only `open`'s own handling is under test
+
+    def fails(peer_id, descriptor):
+        raise RuntimeError("PTX assembly failed")
+    transport.peer_pool = fails
+    with pytest.raises(TransferError, match="cannot set up cuda_ipc to d0: RuntimeError: PTX assembly failed"):
+        transport.open("d0", KVDescriptors())
+
+    def refuses(peer_id, descriptor):
+        raise TransferError("d0 published no cuda_ipc descriptor")
+    transport.peer_pool = refuses
+    with pytest.raises(TransferError, match="^d0 published no cuda_ipc descriptor$"):
+        transport.open("d0", KVDescriptors())
+
+
 def test_available_transports():
     assert available_transports("cpu") == ["host"]
     assert available_transports("cpu", "host") == ["host"]
