@@ -1,5 +1,7 @@
-# Stop 34 (issue 21's knee): the nccl sender posting its KV on the worker's thread (this tree) against on its link
-# thread (stop 33's, .ab/base with a link to .gpu-deps), one after the other on one machine of four GPUs: Qwen3-8B,
+# Stop 34 (issue 21's knee): the nccl sender posting its KV on the worker's thread against on its link thread (stop
+# 33's tree, .ab/base with a link to .gpu-deps), one after the other on one machine of four GPUs. As run, "this tree"
+# had `post_here=True` in NcclTransport.send's `link.run(...)`; that change was measured and reverted (docs/
+# benchmarks.md, stop 34), so rerunning it needs the change put back. Qwen3-8B,
 # 3P:1D, long-short at 48 req/s, 400 requests, each served with --timeline-dir; prints the bench's line and the
 # timeline's parts (`land`: the KV record at the decode worker -> landed).
 export PYTHONUNBUFFERED=1
