@@ -317,3 +317,25 @@ def test_a_decode_reservation_waits_out_a_long_prefill_and_times_only_the_landin
     h = w.handoffs.get("r1")
     assert h.state is HandoffState.LANDING
     assert before + w.config.handoff_timeout <= h.deadline <= time.monotonic() + w.config.handoff_timeout
+
+
+def test_a_worker_polling_its_step_pauses_while_a_transfer_is_in_flight(monkeypatch):
+    """The link thread of a transfer needs the GIL between its calls; the worker's thread, polling a running step
+    for messages, pauses for it then, and only then (an idle link costs the poll nothing)."""
+    from kvtransfer import kv_worker
+
+    pauses = []
+    monkeypatch.setattr(kv_worker.time, "sleep", pauses.append)
+    w = stub_worker(PrefillWorker)
+    w._poller = type("Poller", (), {"poll": lambda self, timeout: []})()
+    w.inputs = {}
+    w._meanwhile()
+    assert pauses == []
+    sending: Future = Future()
+    prefill_sending(w, "r1", sending)
+    w._meanwhile()
+    assert pauses == [kv_worker.LINK_YIELD_S]
+    sending.set_result(None)
+    w._meanwhile()  # the poll's tick sees the send end: nothing in flight after it
+    w._meanwhile()
+    assert pauses == [kv_worker.LINK_YIELD_S]
