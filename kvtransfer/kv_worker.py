@@ -25,7 +25,7 @@ log = logging.getLogger(__name__)
 SWITCH_INTERVAL_S = 0.0005
 # While a KV transfer is in flight, the worker's thread sleeps this long each time it polls a running step, so that
 # the transfer's link thread gets the GIL between its calls: polling without a pause, it held the GIL but for the
-# switch interval, and each of the link thread's calls waited for it (docs/benchmarks.md, stop 34).
+# switch interval, and each of the link thread's calls waited for it (docs/benchmarks.md, stops 34 and 35).
 LINK_YIELD_S = 50e-6
 
 

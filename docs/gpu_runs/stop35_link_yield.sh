@@ -1,6 +1,6 @@
 # Stop 35 (issue 21's knee, from stop 34's trace): a KV worker's thread pausing LINK_YIELD_S each time it polls a
-# running step while a transfer is in flight (branch stop34-link-yield, this tree) against main without the pause
-# (.ab/base: `git archive main | tar -x -C .ab/base`; carry .ab and .gpu-deps), alternated on one machine of four
+# running step while a transfer is in flight (2505e8e) against the tree before it
+# (.ab/base: `git archive 5c40299 | tar -x -C .ab/base`; carry .ab and .gpu-deps), alternated on one machine of four
 # GPUs: Qwen3-8B, 3P:1D, long-short at 32 and 48 req/s, 400 requests, each served with --timeline-dir. Prints each
 # bench line (TTFT and TPOT: the pause must not cost the decode steps) and the timeline's parts per load point
 # (`land`: the KV record at the decode worker -> landed; `send`).
