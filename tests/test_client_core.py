@@ -121,6 +121,24 @@ def test_a_stream_yields_deltas_then_keeps_its_result():
     assert [m.TYPE for m in sent] == ["submit"]
 
 
+def test_a_streams_routed_deltas_are_taken_without_a_flow_but_not_its_end():
+    """`queued_delta` (the async stream's way past a flow for each token) takes only what the flow would return at
+    once: a Delta already routed. The Result and errors are left to the flow, which ends the call."""
+    c, _ = core()
+    stream = StreamState(c.submit("hi", False, True, "s", None, {}))
+    assert c.queued_delta(stream) is None
+    c.receive(P.encode(P.Delta(request_id="s", token_ids=[1], text="a", index=0)))
+    c.receive(P.encode(P.Delta(request_id="s", token_ids=[2], text="b", index=1)))
+    c.receive(P.encode(result("s", [1, 2])))
+    assert [c.queued_delta(stream).token_ids for _ in range(2)] == [[1], [2]]
+    assert c.queued_delta(stream) is None and "s" in c.calls
+    flow = c.next_delta(stream)
+    wait = next(flow)
+    with pytest.raises(StopIteration) as done:
+        flow.send(wait.box.items.popleft())
+    assert done.value.value is None and stream.result.token_ids == [1, 2] and "s" not in c.calls
+
+
 def test_a_closed_core_refuses_to_send_and_fails_what_waits():
     c, _ = core()
     call = c.submit("hi", False, False, "r1", None, {})

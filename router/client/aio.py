@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from collections.abc import AsyncIterator
 from typing import Any
@@ -15,6 +16,8 @@ from router.client.results import ClientError, Completion
 from router.client.socket import dealer
 
 log = logging.getLogger(__name__)
+
+READ_BATCH = 64  # frames the reader routes before the event loop's next turn
 
 
 class AsyncClient:
@@ -82,17 +85,22 @@ class AsyncClient:
         return run.value
 
     async def _wait(self, effect: Wait):
-        """The box's next reply, once the reader has routed one; None when the deadline passes first."""
+        """The box's next reply, once the reader has routed one; None when the deadline passes first. One future, woken
+        by the reply or the deadline's timer: an Event under `wait_for` cost a task a wait, on every streamed token."""
         box = effect.box
         if not box.items:
-            arrived = asyncio.Event()
-            box.notify = arrived.set
+            loop = asyncio.get_running_loop()
+            woken = loop.create_future()
+            box.notify = functools.partial(_wake, woken)
+            timer = None if effect.deadline is None else loop.call_later(remaining(effect.deadline), _wake, woken)
             try:
-                await asyncio.wait_for(arrived.wait(), remaining(effect.deadline))
-            except asyncio.TimeoutError:
-                return None
+                await woken
             finally:
                 box.notify = None
+                if timer is not None:
+                    timer.cancel()
+            if not box.items:
+                return None
         return box.items.popleft()
 
     def _send(self, frame: bytes) -> None:
@@ -105,11 +113,23 @@ class AsyncClient:
         try:
             while True:
                 self._core.receive(await self._sock.recv())
-                await asyncio.sleep(0)  # a queued frame comes without suspending: let the callers take theirs
+                # The frames queued behind it are routed in one go (a non-blocking read each), then the callers take
+                # theirs: a turn of the event loop per frame cost more than routing it.
+                for _ in range(READ_BATCH - 1):
+                    queued = self._sock.recv(zmq.NOBLOCK)
+                    if queued.exception() is not None:
+                        break  # zmq.Again: nothing more queued now
+                    self._core.receive(queued.result())
+                await asyncio.sleep(0)
         except asyncio.CancelledError:
             raise
         except Exception as exc:
             self._core.close_with(ClientError(f"reading from {self.address} failed: {exc!r}"))
+
+
+def _wake(waiter: asyncio.Future[None]) -> None:
+    if not waiter.done():
+        waiter.set_result(None)
 
 
 def _report_send_failure(sent: asyncio.Future[Any]) -> None:
@@ -122,7 +142,7 @@ class AsyncStream(StreamBase):
 
     async def _deltas(self) -> AsyncIterator[Delta]:
         try:
-            while (delta := await self._client._run(self._client._core.next_delta(self._state))) is not None:
+            while (delta := await self._next()) is not None:
                 yield delta
         finally:
             self.close()
@@ -131,10 +151,14 @@ class AsyncStream(StreamBase):
         return self._deltas()
 
     async def __anext__(self) -> Delta:
-        delta = await self._client._run(self._client._core.next_delta(self._state))
+        delta = await self._next()
         if delta is None:
             raise StopAsyncIteration
         return delta
+
+    async def _next(self) -> Delta | None:
+        core = self._client._core
+        return core.queued_delta(self._state) or await self._client._run(core.next_delta(self._state))
 
     async def aclose(self) -> None:
         self.close()

@@ -337,6 +337,13 @@ class ClientCore:
             yield Sleep(wait)
         raise AssertionError("unreachable")
 
+    def queued_delta(self, stream: StreamState) -> Delta | None:
+        """The stream's next Delta if the reader has routed it already, without a flow: what `next_delta` would return
+        at once. A busy stream's deltas mostly come this way; anything else (none yet, the Result, an error) is the
+        flow's."""
+        items = stream.call.box.items
+        return items.popleft() if items and type(items[0]) is Delta else None
+
     def next_delta(self, stream: StreamState) -> Flow[Delta | None]:
         """A stream's next Delta, or None once its result came (then in `stream.result`)."""
         if stream.call.done:
