@@ -32,6 +32,9 @@ class AsyncClient:
                  connect_timeout: float | None = CONNECT_TIMEOUT_S) -> None:
         self.address = address
         self._sock = dealer(zmq.asyncio.Context.instance(), address, auth_token)
+        # The same socket without futures, for frames already queued: a future per read (and one holding zmq.Again
+        # in a reference cycle per batch) cost more than the read.
+        self._queued = zmq.Socket.shadow(self._sock.underlying)
         self._core = ClientCore(address, self._send, timeout, retries, connect_timeout)
         self._reader: asyncio.Task[None] | None = None
 
@@ -116,10 +119,11 @@ class AsyncClient:
                 # The frames queued behind it are routed in one go (a non-blocking read each), then the callers take
                 # theirs: a turn of the event loop per frame cost more than routing it.
                 for _ in range(READ_BATCH - 1):
-                    queued = self._sock.recv(zmq.NOBLOCK)
-                    if queued.exception() is not None:
-                        break  # zmq.Again: nothing more queued now
-                    self._core.receive(queued.result())
+                    try:
+                        frame = self._queued.recv(zmq.NOBLOCK)
+                    except zmq.Again:
+                        break  # nothing more queued now
+                    self._core.receive(frame)
                 await asyncio.sleep(0)
         except asyncio.CancelledError:
             raise
