@@ -1,11 +1,12 @@
-"""The client core without sockets (router/client/core.py): frames in, what each call sees, the frames it sends,
-and the flows' waits, answered by hand."""
+"""The client core without sockets (router/client/core.py, its flows' parts router/client/flow.py): frames in, what
+each call sees, the frames it sends, and the flows' waits, answered by hand."""
 from __future__ import annotations
 
 import pytest
 
 from common import protocol as P
-from router.client.core import ClientCore, Run, Sleep, StreamState, Wait
+from router.client.core import ClientCore, StreamState
+from router.client.flow import Run, Sleep, Wait
 from router.client.results import ClientError, ClientTimeout, Completion, ServerError
 
 USAGE = P.Usage(prompt_tokens=1, completion_tokens=1, cached_tokens=0)

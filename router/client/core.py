@@ -8,96 +8,30 @@ logic. Frames go out through the `send` callable each wrapper gives the core (bo
 """
 from __future__ import annotations
 
-import contextlib
 import itertools
 import logging
 import random
 import time
-from collections import deque
-from collections.abc import Callable, Generator, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, TypeVar, Union
+from typing import Any
 
 from common.protocol import (
     ROUTER_TO_CLIENT, Abort, Delta, Error, Message, Ping, Pong, ProtocolError, Result, ScaleReply, ScaleRequest,
     Stats, StatsRequest, decode, encode,
 )
 from common.sampling_params import InvalidRequest
+from router.client.flow import Box, Flow, Sleep, Wait, deadline_after
 from router.client.results import ClientError, ClientTimeout, Completion, ServerError, readiness_problem
 from router.client.submit import Prompt, build_submit
 
 log = logging.getLogger(__name__)
 
-T = TypeVar("T")
 RETRYABLE = ("overloaded", "unavailable", "aborted")  # error codes a resubmit may cure
 RETRY_BACKOFF_S = (0.1, 2.0)  # first wait and cap when the router gives no retry_after
 READY_POLL_S = 0.2  # between stats polls in wait_ready
 READY_STATS_TIMEOUT_S = 1.0  # one stats request in wait_ready; a later one is sent if it expires
 CONNECT_TIMEOUT_S = 10.0  # how long a client waits for the first word from a router before saying none is there
-
-
-# ---- what a flow waits for ------------------------------------------------------------------------------
-
-class Box:
-    """Where replies to one call land, in order; `notify` (set by a waiting driver) is called on each arrival."""
-
-    def __init__(self) -> None:
-        self.items: deque[Message | ClientError] = deque()
-        self.notify: Callable[[], None] | None = None
-
-    def put(self, item: Message | ClientError) -> None:
-        self.items.append(item)
-        if self.notify is not None:
-            self.notify()
-
-
-@dataclass(frozen=True)
-class Wait:
-    """Until `box` holds an item (the answer: the item, taken out) or `deadline` passes (the answer: None)."""
-
-    box: Box
-    deadline: float | None
-
-
-@dataclass(frozen=True)
-class Sleep:
-    seconds: float
-
-
-Flow = Generator[Union[Wait, Sleep], Any, T]
-
-
-class Run:
-    """Drives one flow for a client: `effect` is what it waits for now (None: done, its result in `value`); the
-    client waits, then `answer`s. An exception while waiting (an interrupt, a cancellation) goes into the flow
-    (`waiting`), so its cleanup runs (a request in flight is aborted) before it propagates."""
-
-    def __init__(self, flow: Flow[T]) -> None:
-        self.flow, self.value = flow, None
-        self.effect: Wait | Sleep | None = None
-        self.answer(None)
-
-    def answer(self, reply: Any) -> None:
-        try:
-            self.effect = self.flow.send(reply)
-        except StopIteration as done:
-            self.effect, self.value = None, done.value
-
-    @contextlib.contextmanager
-    def waiting(self) -> Iterator[None]:
-        try:
-            yield
-        except BaseException as exc:
-            self.flow.throw(exc)
-            raise
-
-
-def deadline_after(timeout: float | None) -> float | None:
-    return None if timeout is None else time.monotonic() + timeout
-
-
-def remaining(deadline: float | None) -> float | None:
-    return None if deadline is None else max(0.0, deadline - time.monotonic())
 
 
 # ---- requests ---------------------------------------------------------------------------------------------

@@ -8,8 +8,8 @@ from typing import Any
 import zmq
 
 from common.protocol import DEFAULT_ROUTER_ADDRESS, Abort, Delta, ScaleReply, Stats
-from router.client.core import (CONNECT_TIMEOUT_S, ClientCore, Flow, Prompt, Run, StreamBase, StreamState, T, Wait,
-                                remaining)
+from router.client.core import CONNECT_TIMEOUT_S, ClientCore, Prompt, StreamBase, StreamState
+from router.client.flow import Flow, Run, T, Wait, remaining
 from router.client.results import ClientError, Completion
 from router.client.socket import dealer
 
