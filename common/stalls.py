@@ -140,12 +140,15 @@ class StallStacks:
 
 
 class Stalls:
-    """A process's own stalls over a span (`watching`): its loop's lateness and its full collections, summed;
-    `stacks`: also log where the loop was in each stall longer than 50 ms (StallStacks)."""
+    """A process's own stalls over a span (`watching`): its loop's lateness and its full collections, summed, and
+    its CPU over the span's wall time (`cpu_busy`: a loop busy most of the time queues what it reads, a wait no
+    stall shows while it keeps giving its tasks turns); `stacks`: also log where the loop was in each stall longer
+    than 50 ms (StallStacks)."""
 
     def __init__(self, stacks: bool = False) -> None:
         self.loop, self.gc = LoopLag(), GcPauses()
         self.stacks = StallStacks(self.loop) if stacks else None
+        self.cpu_seconds = self.wall_seconds = 0.0
 
     @asynccontextmanager
     async def watching(self):
@@ -154,9 +157,12 @@ class Stalls:
         if self.stacks is not None:
             self.loop.last_tick = time.perf_counter()
             self.stacks.start()
+        cpu, wall = time.process_time(), time.perf_counter()
         try:
             yield self
         finally:
+            self.cpu_seconds += time.process_time() - cpu
+            self.wall_seconds += time.perf_counter() - wall
             if self.stacks is not None:
                 self.stacks.stop()
             self.gc.stop()
@@ -164,4 +170,5 @@ class Stalls:
 
     def totals(self) -> dict[str, float]:
         return {"loop_stalls": self.loop.stalls, "loop_stall_seconds": self.loop.stalled_seconds,
-                "longest_loop_stall": self.loop.longest, "gc_pauses": self.gc.count, "gc_seconds": self.gc.seconds}
+                "longest_loop_stall": self.loop.longest, "gc_pauses": self.gc.count, "gc_seconds": self.gc.seconds,
+                "cpu_busy": self.cpu_seconds / self.wall_seconds if self.wall_seconds else 0.0}

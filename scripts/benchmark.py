@@ -89,6 +89,9 @@ class LoadPoint:
 
 
 UNLOADED = LoadPoint("concurrency", 1)  # one request at a time: nothing else shares the cluster
+# The client's CPU over a load point's wall time from which its note says so: the old client was this busy at the
+# 32 req/s where it first added milliseconds to a first token (docs/benchmarks.md, stop 35)
+CLIENT_BUSY = 0.5
 
 
 def load_points(cfg: BenchConfig, trace: list[TraceEntry] | None) -> list[LoadPoint]:
@@ -295,14 +298,18 @@ def summary_line(mode: str, label: str, s: dict, judged: bool = True) -> str:
 
 
 def stall_note(result: dict) -> str:
-    """The bench client's and the router's own stalls over a point, where there were any: the latencies measured
-    then include them."""
+    """The bench client's and the router's own stalls over a point, where there were any, and a client busy
+    `CLIENT_BUSY` of its core or more: the latencies measured then include them (a busy client's loop queues the
+    tokens it reads: stop 35)."""
     parts = []
     for who in ("client", "router"):
         s = result.get(who) or {}
         if s.get("loop_stalls") or s.get("gc_pauses"):
             parts.append(f"{who} {s['loop_stalls']} loop stalls ({s['loop_stall_seconds']:.2f} s), "
                          f"{s['gc_pauses']} full GCs ({s['gc_seconds']:.2f} s)")
+    busy = (result.get("client") or {}).get("cpu_busy", 0.0)
+    if busy >= CLIENT_BUSY:
+        parts.append(f"client busy {100 * busy:.0f}% of a core")
     return "  stalls: " + "; ".join(parts) if parts else ""
 
 

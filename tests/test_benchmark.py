@@ -1093,3 +1093,26 @@ def test_a_point_records_the_bench_clients_own_stalls_and_says_so(tmp_path, monk
     stalls = run["points"][0]["client"]
     assert stalls["loop_stalls"] >= 1 and 0.1 <= stalls["longest_loop_stall"] <= stalls["loop_stall_seconds"]
     assert "stalls: client" in capsys.readouterr().out
+
+
+def test_a_point_whose_client_was_busy_says_so(tmp_path, monkeypatch, capsys):
+    """A client whose process spent most of a point on its CPU queued the tokens it read, even where its loop gave
+    every task its turn (no stall shows that): each point keeps its CPU share, and the summary line names a busy one.
+    Here the process's CPU clock runs with the wall clock: busy throughout, whatever else the machine runs."""
+    import time
+    from types import SimpleNamespace
+
+    import router.client
+    from common import stalls
+    from scripts import benchmark
+
+    client = FakeCluster()
+    monkeypatch.setattr(router.client, "AsyncClient", lambda address: client)
+    monkeypatch.setattr(stalls, "time", SimpleNamespace(perf_counter=time.perf_counter, process_time=time.perf_counter))
+    run = {"mode": "disagg", "address": "tcp://fake", "warmup": None, "unloaded": None, "points": []}
+    asyncio.run(bench_cluster(config(tmp_path), run, None, [LoadPoint("concurrency", 2)],
+                              [[W.BenchRequest([1] * 5, 2)] * 4], [], []))
+    client_totals = run["points"][0]["client"]
+    assert client_totals["cpu_busy"] > 0.99
+    assert "client busy 100% of a core" in capsys.readouterr().out
+    assert benchmark.stall_note({"client": {**client_totals, "cpu_busy": benchmark.CLIENT_BUSY / 2}}) == ""
