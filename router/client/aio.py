@@ -89,7 +89,7 @@ class AsyncClient:
 
     async def _wait(self, effect: Wait):
         """The box's next reply, once the reader has routed one; None when the deadline passes first. One future, woken
-        by the reply or the deadline's timer: an Event under `wait_for` cost a task a wait, on every streamed token."""
+        by the reply or the deadline's timer: an Event under `wait_for` cost more, on every streamed token."""
         box = effect.box
         if not box.items:
             loop = asyncio.get_running_loop()
