@@ -371,11 +371,12 @@ class Router:
 
     # ---- io -----------------------------------------------------------------------------------------
     def stats(self) -> P.Stats:
-        stalls = {k: v for k, v in self.stalls.totals().items() if k != "longest_loop_stall"}
+        loop, gc = self.stalls.loop, self.stalls.gc
         totals = P.RouterTotals(prompt_tokens=self.prompt_tokens, cached_tokens=self.cached_tokens,
                                 migrations=self.migrations, local_prefills=self.disagg.local_choices,
                                 remote_prefills=self.disagg.remote_choices, kv_links_opened=self.links.opened_count,
-                                **stalls)
+                                loop_stalls=loop.stalls, loop_stall_seconds=loop.stalled_seconds, gc_pauses=gc.count,
+                                gc_seconds=gc.seconds)
         return P.Stats(uptime=time.monotonic() - self.started, requests_in_flight=len(self.requests),
                        queued_requests=len(self.queue), workers=[w.stats() for w in self.registry.workers.values()],
                        totals=totals, kv_links_opening=self.links.still_opening())
