@@ -4,6 +4,7 @@ Everything draws from a `random.Random` it is given, so a seed makes a run repea
 """
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import random
@@ -47,7 +48,13 @@ class LengthRange:
 
 
 def random_prompt(rng: random.Random, length: int, vocab_size: int) -> list[int]:
-    return [rng.randrange(vocab_size) for _ in range(length)]
+    """`length` draws of `rng.randrange(vocab_size)`, the same ids from the same state: randrange draws
+    `vocab_size.bit_length()` bits until they fall below it, done here in batches of as many draws as ids are
+    missing (never more, so the generator ends where randrange's would), at C speed."""
+    bits, ids = vocab_size.bit_length(), []
+    while len(ids) < length:
+        ids += [r for r in map(rng.getrandbits, itertools.repeat(bits, length - len(ids))) if r < vocab_size]
+    return ids
 
 
 # ---- synthetic mixes ----------------------------------------------------------------------------

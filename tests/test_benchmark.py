@@ -127,6 +127,16 @@ def test_random_requests_are_seeded_and_in_range():
     assert len({len(r.prompt_ids) for r in a}) > 10
 
 
+@pytest.mark.parametrize("vocab", [1, 2, 255, 256, 257, 151936])
+def test_random_prompts_are_the_ids_randrange_draws(vocab):
+    """Batched draws give what one randrange an id gives from the same state, and leave the generator where it would
+    (earlier runs' workloads, recorded only by their seed, stay the same)."""
+    for seed, length in [(0, 0), (1, 1), (2, 37), (3, 4096)]:
+        a, b = random.Random(seed), random.Random(seed)
+        assert W.random_prompt(a, length, vocab) == [b.randrange(vocab) for _ in range(length)]
+        assert a.random() == b.random()
+
+
 def test_long_short_mix_has_the_exact_share_of_long_requests():
     reqs = W.long_short_mix(random.Random(0), 40, 1000, W.LengthRange(50, 60), W.LengthRange(30, 30),
                             W.LengthRange(900, 900), W.LengthRange(2, 2), 0.25)
