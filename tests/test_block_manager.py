@@ -163,6 +163,24 @@ def test_a_block_freed_with_nothing_in_flight_is_not_fenced_and_own_steps_take_f
     assert bm.fenced == {} and bm.num_free_blocks == 0
 
 
+
+def test_a_cleared_cache_hands_out_blocks_as_never_used_unless_one_is_fenced():
+    bm = BlockManager(num_blocks=8, block_size=4)
+    a = seq(list(range(12)), "a")
+    assert bm.allocate(a, 12)
+    computed(bm, a)
+    bm.free_blocks(a)
+    bm.clear_cache()
+    b = seq(list(range(12)), "b")
+    assert bm.allocate(b, 12) and b.block_table == [0, 1, 2] and b.num_computed_tokens == 0  # no hit, in id order
+    assert bm.num_free_blocks == 5 and bm.free == {}
+    bm.epoch = 2  # freed under a launch not yet collected: fenced, and the free order stays
+    bm.free_blocks(b)
+    bm.clear_cache()
+    assert sorted(bm.fenced) == [0, 1, 2] and bm.num_free_blocks == 8
+    c = seq(list(range(8)), "c")
+    assert bm.allocate(c, 8, use_cache=False, remote=True) and set(c.block_table).isdisjoint(bm.fenced)
+
 @pytest.mark.parametrize("block_size", [1, 4, 16])
 def test_the_routers_prefix_keys_are_the_keys_the_engine_caches_blocks_under(block_size):
     """The router places a prompt where its blocks' keys are cached (router/prefix_index.py, `block_keys`); an engine

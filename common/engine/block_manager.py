@@ -109,8 +109,11 @@ class BlockManager:
             self.hash_to_block.setdefault(h, b)
 
     def clear_cache(self) -> None:
-        """Forget every cached prefix (and the hit counts); only while no block is in use."""
+        """Forget every cached prefix (and the hit counts); only while no block is in use. Unless one is fenced,
+        every block is then as good as never used, and is taken as such (in one slice, not one by one)."""
         assert not any(self.ref_counts), "clear_cache with blocks in use"
+        if not self.fenced:
+            self.unused_from, self.free = 0, OrderedDict()
         self.block_hash = [None] * self.num_blocks
         self.block_tokens = [None] * self.num_blocks
         self.hash_to_block.clear()
