@@ -77,12 +77,13 @@ class BlockManager:
         ref_counts, free = self.ref_counts, self.free
         fence = self.epoch > self.collected  # a launched step not yet collected may still write them
         for b in reversed(seq.block_table):
-            ref_counts[b] -= 1
-            assert ref_counts[b] >= 0, f"block {b} freed twice"
-            if ref_counts[b] == 0:
+            left = ref_counts[b] = ref_counts[b] - 1
+            if left == 0:
                 free[b] = None
                 if fence:
                     self.fenced[b] = self.epoch
+            elif left < 0:
+                raise AssertionError(f"block {b} freed twice")
         seq.block_table = []
 
     def release(self, launch: int) -> None:
@@ -138,8 +139,9 @@ class BlockManager:
     def _take_free_blocks(self, n: int) -> list[int]:
         """The n least recently freed blocks (never used ones first), each out of the prefix cache and with one
         reference."""
-        first_use = min(n, self.num_blocks - self.unused_from)
-        taken = list(range(self.unused_from, self.unused_from + first_use))
+        first_use, start = min(n, self.num_blocks - self.unused_from), self.unused_from
+        taken = list(range(start, start + first_use))
+        self.ref_counts[start:start + first_use] = [1] * first_use
         self.unused_from += first_use
         for _ in range(n - first_use):
             b, _ = self.free.popitem(last=False)
@@ -149,7 +151,6 @@ class BlockManager:
                 if self.hash_to_block.get(h) == b:
                     del self.hash_to_block[h]
                 self.block_hash[b] = self.block_tokens[b] = None
-            taken.append(b)
-        for b in taken:
             self.ref_counts[b] = 1
+            taken.append(b)
         return taken
