@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 
 from scripts.bench_workloads import read_trace, trace_rate
 from scripts.benchmark import LoadPoint, arrivals, point_requests
+from scripts.planner.collector import collector_paused
 from scripts.planner.config import DEFAULT_REQUESTS, DEFAULT_VOCAB, MAX_JOBS, MAX_SPLITS, SLO, PlanConfig
 from scripts.planner.router_ceiling import check
 from scripts.planner.shards import Outcome, mix, router_share, shards_of
@@ -66,6 +67,7 @@ def workloads(cfg: PlanConfig) -> list[tuple[float, Workload]]:
     return out
 
 
+@collector_paused()  # until the requests are summed up: the collection that follows then scans none of them
 def outcome(profile: Profile, layout: Layout, load: tuple[float, Workload], slo: SLO,
             spares: BlockPool | None = None, share: float = 1.0) -> Outcome:
     """`layout` simulated at one load, or at a router's `share` of it (a shard's)."""

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import weakref
 from dataclasses import dataclass
 
 from common import protocol as P
@@ -67,7 +68,10 @@ class Simulation:
         config = RouterConfig(model="simulated", mode=layout.mode)
         self.registry = WorkerRegistry(config.max_worker_requests)
         self.placement = Placement(self.registry, policy=layout.placement)
-        self.disagg = DisaggPolicy(layout.policy, layout.local_prefill_chunk, clock=lambda: self.now)
+        # The policy reads the simulated clock through a weak reference: a cycle back to the simulation would keep it
+        # (every request's sequences) for the cyclic collector to scan and free, not freed as it is let go
+        ref = weakref.ref(self)
+        self.disagg = DisaggPolicy(layout.policy, layout.local_prefill_chunk, clock=lambda: ref().now)
         self.admission = Admission(config, self.registry, self.placement, tokenizer=None)
         self.queue = self.admission.queue
         self.engines: dict[str, SimEngine] = {}
