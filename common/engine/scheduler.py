@@ -69,28 +69,32 @@ class Scheduler:
         # batch comes out decodes first without sorting; this runs every step, over every running sequence.
         decodes: list[Sequence] = []
         chunks: list[tuple[Sequence, int]] = []
-        ready: list[Sequence] = []
+        queue: list[Sequence] = []  # served from `head`; a preemption takes the last one still queued
         prompts: list[Sequence] = []  # running ones with prompt tokens left: after the decodes in the queue
         for s in self.running:
             if len(s.token_ids) - s.num_computed_tokens > 1:
                 prompts.append(s)
-            elif not self._awaits_last_token(s):
-                ready.append(s)
-        ready.extend(prompts)
-        queue = deque(ready)
+            elif s.token_ids[-1] != PENDING or not self._pending_is_last(s):
+                queue.append(s)
+        queue += prompts
         allocate, block_size = self.block_manager.allocate, self.block_manager.block_size
         preempted = False
-        while queue and budget > 0:
-            seq = queue.popleft()
+        head = 0
+        while head < len(queue) and budget > 0:
+            seq = queue[head]
+            head += 1
             uncomputed = len(seq.token_ids) - seq.num_computed_tokens
             prefill = uncomputed > 1  # the next chunk of a prompt
-            n = min(uncomputed, budget, prefill_budget) if prefill else min(uncomputed, budget)
-            if n <= 0:
+            if prefill:
+                n = min(uncomputed, budget, prefill_budget)
+            elif uncomputed == 1:
+                n = 1
+            else:
                 continue
             table, end = seq.block_table, seq.num_computed_tokens + n
             # A decode whose last block has room allocates nothing: checked here, as the block manager would
             while not ((table and end <= len(table) * block_size) or allocate(seq, end)):
-                victim = queue.pop() if queue else seq
+                victim = queue.pop() if head < len(queue) else seq
                 self._preempt(victim)
                 preempted = True
                 if victim is seq:
@@ -153,15 +157,19 @@ class Scheduler:
         """The batch's tokens are known: fill in its PENDING tokens, register full blocks in the prefix
         cache, finish what is done. Returns the sequences that got a token (finished ones included)."""
         updated = []
+        commit, block_size = self.block_manager.commit, self.block_manager.block_size
         for seq, n, old, token in zip(batch.seqs, batch.num_new_tokens, olds, sampled):
-            if seq.status != SequenceStatus.RUNNING:
+            if seq.status is not SequenceStatus.RUNNING:
                 continue  # aborted, preempted or finished (one step late) while this step was in flight
             pos = old + n
+            full = old // block_size != seq.num_computed_tokens // block_size  # a block became full
             if seq.token_ids[pos] != PENDING:
-                self.block_manager.commit(seq, old)
+                if full:
+                    commit(seq, old)
                 continue  # a chunk of a longer prompt: no token yet
             seq.token_ids[pos] = token
-            self.block_manager.commit(seq, old)
+            if full:
+                commit(seq, old)  # with its token in
             if seq.prefill_only:
                 self.finish(seq, "prefilled", free=False)  # its blocks wait for the KV handoff
             elif reason := self.finish_reason(seq, token, pos + 1):
@@ -169,12 +177,10 @@ class Scheduler:
             updated.append(seq)
         return updated
 
-    def _awaits_last_token(self, seq: Sequence) -> bool:
-        """Its PENDING token will be its last: nothing more to compute."""
-        if not seq.token_ids or seq.token_ids[-1] != PENDING:
-            return False
-        return (seq.prefill_only or seq.num_completion_tokens >= seq.sampling.max_tokens
-                or seq.num_tokens >= self.max_model_len)
+    def _pending_is_last(self, seq: Sequence) -> bool:
+        """Given a PENDING last token: it will be the sequence's last (nothing more to compute)."""
+        n = len(seq.token_ids)
+        return seq.prefill_only or n - seq.num_prompt_tokens >= seq.sampling.max_tokens or n >= self.max_model_len
 
     def finish(self, seq: Sequence, reason: str, free: bool = True) -> None:
         if seq.status == SequenceStatus.RUNNING:
