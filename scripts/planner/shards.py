@@ -89,14 +89,14 @@ class Outcome:
     """One shard simulated at its share of one rate: its own summary and its served requests' latencies."""
 
     point: Point
-    ttfts: list[float]
+    ttfts: list[float]  # sorted, as the tpots: a mix of shards then merges sorted runs
     tpots: list[float]
 
     @classmethod
     def of(cls, name: str, rate: float, requests: list[SimRequest], slo: SLO) -> Outcome:
         served = [r for r in records(requests) if r.ok]
-        return cls(summarize(name, rate, requests, slo), [r.ttft for r in served if r.ttft is not None],
-                   [t for r in served if (t := r.tpot) is not None])
+        return cls(summarize(name, rate, requests, slo), sorted(r.ttft for r in served if r.ttft is not None),
+                   sorted(t for r in served if (t := r.tpot) is not None))
 
 
 def mix(layout: str, rate: float, parts: list[tuple[int, int, Outcome]]) -> Point:
@@ -111,10 +111,9 @@ def mix(layout: str, rate: float, parts: list[tuple[int, int, Outcome]]) -> Poin
         """Each served request's value, weighed by its shard's engines over its shard's served requests."""
         return [(v, e / len(values(o))) for e, _, o in parts for v in values(o)]
 
-    ttfts, tpots = weighed(lambda o: o.ttfts), weighed(lambda o: o.tpots)
+    ttft, tpot = weighted_percentiles(weighed(lambda o: o.ttfts)), weighted_percentiles(weighed(lambda o: o.tpots))
     share = [(e / engines, o.point) for e, _, o in parts]
-    return Point(layout, rate, max(p.requests for _, p in share), weighted_percentile(ttfts, 50),
-                 weighted_percentile(ttfts, 90), weighted_percentile(tpots, 50), weighted_percentile(tpots, 90),
+    return Point(layout, rate, max(p.requests for _, p in share), *ttft, *tpot,
                  sum(w * p.attainment for w, p in share),
                  sum(count * o.point.goodput for _, count, o in parts), round(sum(w * p.refused for w, p in share)),
                  span_s=min(p.span_s for _, p in share), life_s=max(p.life_s for _, p in share))
@@ -123,12 +122,23 @@ def mix(layout: str, rate: float, parts: list[tuple[int, int, Outcome]]) -> Poin
 def weighted_percentile(pairs: list[tuple[float, float]], q: float) -> float:
     """The q-th percentile of values with weights (value, weight): linear between the closest ranks as
     bench_metrics.percentile is, each value's rank the middle of its weight; inf with no values."""
+    return weighted_percentiles(pairs, (q,))[0]
+
+
+def weighted_percentiles(pairs: list[tuple[float, float]], qs: tuple[float, ...] = (50, 90)) -> list[float]:
+    """`weighted_percentile` at each of `qs`, the pairs sorted once."""
     pairs = [p for p in pairs if p[1] > 0]
     if not pairs:
-        return math.inf
+        return [math.inf] * len(qs)
     if len({w for _, w in pairs}) == 1:
-        return percentile([v for v, _ in pairs], q)
+        values = [v for v, _ in pairs]
+        return [percentile(values, q) for q in qs]
     pairs.sort()
+    return [_ranked(pairs, q) for q in qs]
+
+
+def _ranked(pairs: list[tuple[float, float]], q: float) -> float:
+    """`weighted_percentile` of sorted pairs."""
     total = sum(w for _, w in pairs)
     target, below = q / 100 * total, 0.0
     prev_v, prev_mid = pairs[0][0], pairs[0][1] / 2
