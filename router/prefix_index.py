@@ -45,13 +45,14 @@ class WorkerPrefixes:
         return n
 
     def add(self, prompt: PromptKeys) -> None:
+        keys = self.keys
         for key in prompt.keys:
-            if key in self.keys:
-                self.keys.move_to_end(key)
+            if key in keys:
+                keys.move_to_end(key)
             else:
-                self.keys[key] = None  # a new key goes last
-        while len(self.keys) > self.capacity:
-            self.keys.popitem(last=False)
+                keys[key] = None  # a new key goes last
+        for _ in range(len(keys) - self.capacity):
+            keys.popitem(last=False)
 
 
 class PrefixIndex:
