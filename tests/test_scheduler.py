@@ -169,6 +169,19 @@ def test_overlap_never_passes_max_tokens_or_schedules_a_finished_prefill():
     assert bm.num_free_blocks == bm.num_blocks
 
 
+def test_overlap_caches_generated_blocks_under_their_sampled_tokens():
+    """A block filled by generated tokens is registered once its tokens are known, not while a PENDING one is in
+    it: a prompt that repeats a finished request's prompt and answer finds every full block but the last in the
+    cache."""
+    s, bm = make(block_size=4)
+    a = add(s, "a", 5, max_tokens=12)
+    run_overlapped(s, lambda q, step: 100 + step)  # every token a different one
+    assert a.num_completion_tokens == 12 and PENDING not in a.token_ids
+    again = Sequence("again", a.token_ids[:], SamplingParams(max_tokens=1))
+    assert bm.allocate(again, again.num_tokens)
+    assert again.num_cached_tokens == 16  # 17 tokens: blocks 0-3 hit (the last token is always recomputed)
+
+
 def test_overlap_preemption_drops_the_pending_token_and_recomputes():
     s, bm = make(num_blocks=6, block_size=4, budget=64)
     seqs = [add(s, f"r{i}", 7, max_tokens=12) for i in range(3)]
