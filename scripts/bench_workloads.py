@@ -51,6 +51,8 @@ def random_prompt(rng: random.Random, length: int, vocab_size: int) -> list[int]
     """`length` draws of `rng.randrange(vocab_size)`, the same ids from the same state: randrange draws
     `vocab_size.bit_length()` bits until they fall below it, done here in batches of as many draws as ids are
     missing (never more, so the generator ends where randrange's would), at C speed."""
+    if vocab_size < 1:
+        raise ValueError(f"a vocabulary of {vocab_size} token ids: expected at least 1")
     bits, ids = vocab_size.bit_length(), []
     while len(ids) < length:
         ids += [r for r in map(rng.getrandbits, itertools.repeat(bits, length - len(ids))) if r < vocab_size]

@@ -135,6 +135,8 @@ def test_random_prompts_are_the_ids_randrange_draws(vocab):
         a, b = random.Random(seed), random.Random(seed)
         assert W.random_prompt(a, length, vocab) == [b.randrange(vocab) for _ in range(length)]
         assert a.random() == b.random()
+    with pytest.raises(ValueError, match="vocabulary of 0"):
+        W.random_prompt(random.Random(0), 5, 0)
 
 
 def test_long_short_mix_has_the_exact_share_of_long_requests():
