@@ -13,7 +13,7 @@ from scripts.planner.config import SLO, PlanConfig
 from scripts.planner.layout import Layout
 from scripts.planner.plan import routers_for, run_plan
 from scripts.planner.report import Point
-from scripts.planner.shards import Outcome, mix, router_share, shard_sizes, shards_of, stretched, weighted_percentile
+from scripts.planner.shards import Outcome, mix, router_share, shard_sizes, shards_of, stretched, weighted_percentiles
 from scripts.planner.sim import simulate
 from tests.test_planner import make_profile, workload
 
@@ -113,17 +113,19 @@ def test_shards_mix_by_their_share_of_the_traffic():
     assert same.ttft_p90 == 0.1
 
 
-@pytest.mark.parametrize("q", [10, 50, 90, 99])
-def test_equal_weights_give_the_bench_percentile(q):
+def test_equal_weights_give_the_bench_percentile():
     values = [0.3, 0.1, 0.7, 0.2, 0.9, 0.4]
-    assert weighted_percentile([(v, 2.0) for v in values], q) == percentile(values, q)
+    qs = (10, 50, 90, 99)
+    assert weighted_percentiles([(v, 2.0) for v in values], qs) == [percentile(values, q) for q in qs]
 
 
 def test_weighted_percentiles_follow_the_weights():
     pairs = [(1.0, 3.0), (2.0, 1.0)]
-    assert weighted_percentile(pairs, 10) == 1.0 and weighted_percentile(pairs, 99) == 2.0
-    assert 1.0 <= weighted_percentile(pairs, 50) < 1.5
-    assert weighted_percentile([], 50) == float("inf")
+    p10, p50, p99 = weighted_percentiles(pairs, (10, 50, 99))
+    assert p10 == 1.0 and p99 == 2.0
+    assert 1.0 <= p50 < 1.5
+    assert weighted_percentiles([], (50,)) == [float("inf")]
+    assert weighted_percentiles(list(reversed(pairs)), (10, 50, 99)) == [p10, p50, p99]  # any order in
 
 
 def test_the_routers_are_those_the_top_rate_needs_unless_given():

@@ -119,14 +119,9 @@ def mix(layout: str, rate: float, parts: list[tuple[int, int, Outcome]]) -> Poin
                  span_s=min(p.span_s for _, p in share), life_s=max(p.life_s for _, p in share))
 
 
-def weighted_percentile(pairs: list[tuple[float, float]], q: float) -> float:
-    """The q-th percentile of values with weights (value, weight): linear between the closest ranks as
-    bench_metrics.percentile is, each value's rank the middle of its weight; inf with no values."""
-    return weighted_percentiles(pairs, (q,))[0]
-
-
 def weighted_percentiles(pairs: list[tuple[float, float]], qs: tuple[float, ...] = (50, 90)) -> list[float]:
-    """`weighted_percentile` at each of `qs`, the pairs sorted once."""
+    """The `qs`-th percentiles of values with weights (value, weight), the pairs sorted once: linear between the
+    closest ranks as bench_metrics.percentile is, each value's rank the middle of its weight; inf with no values."""
     pairs = [p for p in pairs if p[1] > 0]
     if not pairs:
         return [math.inf] * len(qs)
@@ -138,7 +133,7 @@ def weighted_percentiles(pairs: list[tuple[float, float]], qs: tuple[float, ...]
 
 
 def _ranked(pairs: list[tuple[float, float]], q: float) -> float:
-    """`weighted_percentile` of sorted pairs."""
+    """One weighted percentile of sorted pairs."""
     total = sum(w for _, w in pairs)
     target, below = q / 100 * total, 0.0
     prev_v, prev_mid = pairs[0][0], pairs[0][1] / 2
