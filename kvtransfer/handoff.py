@@ -14,6 +14,7 @@ frees the decode side's reservation.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
 from enum import Enum
@@ -72,9 +73,11 @@ class Handoff:
 
 class HandoffTable:
     """A worker's open handoffs, by request id. The worker polls it: `transfers_ended` on every loop (cheap: only
-    the handoffs with a transfer in flight), `expired` now and then; and settles each handoff either returns."""
+    the handoffs with a transfer in flight; `on_transfer_end` wakes the loop for it), `expired` now and then; and
+    settles each handoff either returns."""
 
-    def __init__(self) -> None:
+    def __init__(self, on_transfer_end: Callable[[], None] | None = None) -> None:
+        self.on_transfer_end = on_transfer_end  # called (on the transport's thread) as a watched transfer ends
         self._open: dict[str, Handoff] = {}
         self._moving: dict[str, Handoff] = {}  # those with a transfer in flight
         self._totals: dict[str, TransportTotals] = {}  # acknowledged handoffs by transport (heartbeats carry them)
@@ -111,6 +114,8 @@ class HandoffTable:
         """Poll this handoff's transfer (after `Handoff.moving` with a future)."""
         if handoff.pending is not None:
             self._moving[handoff.request_id] = handoff
+            if self.on_transfer_end is not None:
+                handoff.pending.add_done_callback(lambda _: self.on_transfer_end())
 
     @property
     def transferring(self) -> bool:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 import sys
-import time
 
 import msgspec
 import zmq
@@ -16,17 +15,12 @@ from common.worker.config import WorkerConfig
 from common.worker.runtime import Worker
 from kvtransfer.endpoint import KVEndpoint
 from kvtransfer.handoff import Handoff, HandoffTable
-from kvtransfer.nccl.link import fine_timer_slack
 
 log = logging.getLogger(__name__)
 
 # The GIL switch interval of a KV worker's process: a link thread waiting for the GIL gets it back from a main
 # thread busy in Python within this, not the interpreter's default 5 ms (docs/benchmarks.md, stop 25).
 SWITCH_INTERVAL_S = 0.0005
-# While a KV transfer is in flight, the worker's thread sleeps this long each time it polls a running step, so that
-# the transfer's link thread gets the GIL between its calls: polling without a pause, it held the GIL but for the
-# switch interval, and each of the link thread's calls waited for it (docs/benchmarks.md, stops 34 and 35).
-LINK_YIELD_S = 50e-6
 
 
 class KVWorker(Worker):
@@ -38,10 +32,9 @@ class KVWorker(Worker):
     def __init__(self, config: WorkerConfig, engine_config: EngineConfig):
         super().__init__(config, engine_config)
         sys.setswitchinterval(SWITCH_INTERVAL_S)
-        fine_timer_slack()  # this thread's LINK_YIELD_S pauses end on time
         self.kv = KVEndpoint(self.ctx, self.engine.runner.kv_pool, self.engine.config.device, config.kv_transports,
                              config.host, config.handoff_timeout, auth.socket_security(self.keys))
-        self.handoffs = HandoffTable()
+        self.handoffs = HandoffTable(on_transfer_end=self.wakeup.wake)
         self.inputs[self.kv.channel.inbox] = self._on_data_frames
 
     def hello(self) -> P.WorkerHello:
@@ -54,11 +47,6 @@ class KVWorker(Worker):
     def close(self) -> None:
         self.kv.close()
         super().close()
-
-    def _meanwhile(self) -> None:
-        super()._meanwhile()
-        if self.busy():
-            time.sleep(LINK_YIELD_S)
 
     def _on_data_frames(self, frames: list[zmq.Frame]) -> None:
         try:

@@ -56,6 +56,7 @@ class PrefillWorker(KVWorker):
         self.kv.channel.send(msg.decode_kv_address, P.KVLinkOpen(src_worker_id=self.config.worker_id,
                                                                  transport=msg.transport, link=link), [])
         self.opening[msg.decode_worker_id] = done
+        done.add_done_callback(lambda _: self.wakeup.wake())
 
     def busy(self) -> bool:
         return super().busy() or bool(self.opening)

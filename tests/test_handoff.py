@@ -2,6 +2,8 @@
 while a streaming transport still reads or writes them (kvtransfer/handoff.py)."""
 from __future__ import annotations
 
+import select
+import threading
 import time
 from concurrent.futures import Future
 
@@ -12,6 +14,7 @@ from common.engine.sequence import Sequence
 from common.sampling_params import SamplingParams
 from common.worker.config import WorkerConfig
 from common.worker.timeline import Timeline
+from common.worker.wakeup import Wakeup
 from decode_worker.worker import DecodeWorker
 from kvtransfer.errors import TransferError
 from kvtransfer.handoff import Handoff, HandoffState, HandoffTable
@@ -131,7 +134,8 @@ def stub_worker(cls):
     w = object.__new__(cls)
     w.config = WorkerConfig(worker_id="w0", router_address="")
     w.engine = StubEngine()
-    w.handoffs = HandoffTable()
+    w.wakeup = Wakeup()
+    w.handoffs = HandoffTable(on_transfer_end=w.wakeup.wake)
     w.to_router, w.to_peers = [], []
     w.kv = StubEndpoint(w.to_peers)
     w.send = w.to_router.append
@@ -278,8 +282,9 @@ def test_a_prefill_worker_opens_a_link_when_asked_and_answers_once_it_works():
     assert w.kv.connected == ["tcp://127.0.0.1:9"]  # the data channel to it, ahead of the first handoff's record
     assert w.to_peers == [P.KVLinkOpen(src_worker_id="w0", transport="nccl", link="link-to-d0")]
     tick(w)
-    assert w.to_router == [] and w.busy()  # the loop polls often while the link opens
+    assert w.to_router == [] and w.busy() and not woken(w)  # busy while the link opens
     w.kv.transports["nccl"].opened.set_result(None)
+    assert woken(w)  # its end wakes the loop
     tick(w)
     assert w.to_router == [P.LinkOpened(decode_worker_id="d0")] and not w.busy()
     w.on_open_link(ask)
@@ -319,23 +324,76 @@ def test_a_decode_reservation_waits_out_a_long_prefill_and_times_only_the_landin
     assert before + w.config.handoff_timeout <= h.deadline <= time.monotonic() + w.config.handoff_timeout
 
 
-def test_a_worker_polling_its_step_pauses_while_a_transfer_is_in_flight(monkeypatch):
-    """The link thread of a transfer needs the GIL between its calls; the worker's thread, polling a running step
-    for messages, pauses for it then, and only then (an idle link costs the poll nothing)."""
-    from kvtransfer import kv_worker
+def woken(w) -> bool:
+    """Whether the worker's loop has a wake-up pending (taking it)."""
+    ready = bool(select.select([w.wakeup], [], [], 0)[0])
+    w.wakeup.clear()
+    return ready
 
-    pauses = []
-    monkeypatch.setattr(kv_worker.time, "sleep", pauses.append)
+
+def test_a_transfer_ending_wakes_the_worker_loop():
+    w = stub_worker(DecodeWorker)
+    reserved(w, "r1", [4, 5])
+    w.receive(handoff("r1", [4, 5]), [])
+    assert not woken(w)
+    w.kv.transports["nccl"].pending.set_result(None)  # on the transport's thread, in a worker
+    assert woken(w)
+
+
+class StepEvent:
+    """A running step's CUDA event, stood in for: done when the test says."""
+
+    def __init__(self) -> None:
+        self.done = threading.Event()
+
+    def query(self) -> bool:
+        return self.done.is_set()
+
+    def synchronize(self) -> None:
+        self.done.wait()
+
+
+def waiting_worker(monkeypatch) -> tuple[PrefillWorker, list[int]]:
+    """A prefill worker whose loop polls only its wake-ups; the poll timeouts it asked for. The loop's own timeout is
+    made an hour: a wait below that returns only when something wakes it."""
+    import zmq
+
+    from common.worker import runtime
+
+    monkeypatch.setattr(runtime, "IDLE_POLL_MS", 3_600_000)
     w = stub_worker(PrefillWorker)
-    w._poller = type("Poller", (), {"poll": lambda self, timeout: []})()
     w.inputs = {}
-    w._meanwhile()
-    assert pauses == []
+    poller, timeouts = zmq.Poller(), []
+    poller.register(w.wakeup.fileno(), zmq.POLLIN)
+    w._poller = type("Poller", (), {"poll": lambda self, t: timeouts.append(t) or poller.poll(t)})()
+    return w, timeouts
+
+
+def test_a_worker_waits_for_its_step_blocked_while_a_transfer_is_in_flight(monkeypatch):
+    """While a step runs, the loop polls its messages without waiting, but with a KV transfer in flight it waits in
+    its poll (holding no GIL: the transfer's thread needs it between its operations) until the transfer ends."""
+    w, timeouts = waiting_worker(monkeypatch)
+    step = StepEvent()
+    w._meanwhile(step)
+    assert timeouts == [0]
     sending: Future = Future()
     prefill_sending(w, "r1", sending)
-    w._meanwhile()
-    assert pauses == [kv_worker.LINK_YIELD_S]
-    sending.set_result(None)
-    w._meanwhile()  # the poll's tick sees the send end: nothing in flight after it
-    w._meanwhile()
-    assert pauses == [kv_worker.LINK_YIELD_S]
+    threading.Timer(0.2, sending.set_result, (None,)).start()
+    start = time.monotonic()
+    w._meanwhile(step)
+    assert timeouts[1] > 0 and 0.15 < time.monotonic() - start < 60
+    assert w.handoffs.get("r1").state is HandoffState.LANDED and not w.busy()  # settled when it woke
+    w._meanwhile(step)
+    assert timeouts[2] == 0
+
+
+def test_a_worker_waiting_blocked_wakes_when_its_step_ends(monkeypatch):
+    w, timeouts = waiting_worker(monkeypatch)
+    prefill_sending(w, "r1", Future())
+    step = StepEvent()
+    threading.Timer(0.2, step.done.set).start()
+    start = time.monotonic()
+    while not step.query():  # as InFlight.tokens calls it
+        w._meanwhile(step)
+    assert 0.15 < time.monotonic() - start < 60 and len(timeouts) <= 3 and all(t > 0 for t in timeouts)
+    w.wakeup.close()

@@ -134,12 +134,21 @@ def test_messages_are_taken_while_the_gpu_runs_a_step(tiny_qwen3_dir, router):
     step = worker.engine.step
     inside, answered, idles = threading.Event(), threading.Event(), [0]
 
+    class Running:  # the step's CUDA event, stood in for: the step runs until the pong is out (at most 5 s)
+        deadline = time.monotonic() + 5
+
+        def query(self):
+            return answered.is_set() or time.monotonic() > self.deadline
+
+        def synchronize(self):
+            answered.wait(5)
+
     def gpu_like_step(idle=None, **kw):
         inside.set()
-        deadline = time.monotonic() + 5
-        while idle is not None and not answered.is_set() and time.monotonic() < deadline:
+        event = Running()
+        while idle is not None and not event.query():
             idles[0] += 1  # counted before the call: the pong it sends may be read before the call returns
-            idle()
+            idle(event)
         inside.clear()
         return step(idle=idle, **kw)
 
@@ -182,5 +191,6 @@ def test_collecting_a_step_calls_idle_until_its_tokens_are_there():
             assert self.queries >= 3, "synchronized before the event was done"
 
     calls = []
-    assert InFlight(torch.tensor([5, 6]), None, Event()).tokens(lambda: calls.append(1)) == [5, 6]
-    assert len(calls) == 2
+    event = Event()
+    assert InFlight(torch.tensor([5, 6]), None, event).tokens(calls.append) == [5, 6]
+    assert calls == [event, event]  # told what it waits for

@@ -32,13 +32,13 @@ class InFlight:
         event.record()
         return cls(host, started, event)
 
-    def tokens(self, idle: Callable[[], None] | None = None) -> list[int]:
-        """The sampled tokens, once the GPU has them; `idle` is called over and over until then (a server takes
-        its messages meanwhile)."""
+    def tokens(self, idle: Callable[[torch.cuda.Event], None] | None = None) -> list[int]:
+        """The sampled tokens, once the GPU has them; `idle` is called with the event they wait for, over and over
+        until then (a server takes its messages meanwhile, or waits blocked until the event wakes it)."""
         if self.event is not None:
             if idle is not None:
                 while not self.event.query():
-                    idle()
+                    idle(self.event)
             self.event.synchronize()
         return self.host.tolist()
 

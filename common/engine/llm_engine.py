@@ -6,6 +6,7 @@ import socket
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from common.config import EngineConfig
 from common.engine.block_manager import BlockManager
@@ -19,6 +20,9 @@ from common.engine.warmup import WarmupReport, warm_up
 from common.prompt import check_prompt
 from common.protocol import WorkerLoad
 from common.sampling_params import InvalidRequest, SamplingParams
+
+if TYPE_CHECKING:
+    import torch
 
 log = logging.getLogger(__name__)
 
@@ -167,10 +171,10 @@ class LLMEngine:
             self.scheduler.finish(seq, "abort")
         return True
 
-    def step(self, idle: Callable[[], None] | None = None) -> list[Sequence]:
+    def step(self, idle: Callable[[torch.cuda.Event], None] | None = None) -> list[Sequence]:
         """Launches the next scheduled batch, then collects the tokens of the batch launched before it (with
         overlap) or of this one (without). Returns the sequences that got a token. `idle` runs over and over
-        while the GPU has yet to produce them: it may add, reserve and abort requests, not step."""
+        while the GPU has yet to produce them (`InFlight.tokens`): it may add, reserve and abort requests, not step."""
         start = time.perf_counter()
         batch = self.scheduler.schedule()
         launched, self.launched = None, batch
@@ -212,7 +216,7 @@ class LLMEngine:
         return self.clock.delay(time.perf_counter())
 
     def _collect(self, batch: ScheduledBatch, in_flight: InFlight, olds: list[int], launch: int,
-                 idle: Callable[[], None] | None = None) -> list[Sequence]:
+                 idle: Callable[[torch.cuda.Event], None] | None = None) -> list[Sequence]:
         tokens = in_flight.tokens(idle)
         updated = self.scheduler.resolve(batch, olds, tokens)
         self.block_manager.release(launch)

@@ -1,7 +1,8 @@
 """A worker: one engine behind a ZMQ connection to the router.
 
 `Worker` owns the loop: messages in, one engine step when it is due, token updates out, heartbeats. Messages are
-also taken while the GPU runs a step (`_meanwhile`). A role (the colocated one below; `prefill_worker/`,
+also taken while the GPU runs a step (`_meanwhile`). What ends on another thread (a step's GPU work, a KV transfer)
+wakes the loop through its `Wakeup`. A role (the colocated one below; `prefill_worker/`,
 `decode_worker/`) says which messages it takes (`handlers`), may add sockets of its own to the loop (`inputs`: the
 KV data channel) and work to do outside the engine (`tick`), and what follows a step (`on_step`).
 """
@@ -25,11 +26,11 @@ from common.worker.config import WorkerConfig, model_fingerprint
 from common.worker.liveness import Liveness
 from common.stalls import startup_heap_frozen
 from common.worker.timeline import Timeline
+from common.worker.wakeup import Event, Wakeup
 
 log = logging.getLogger(__name__)
 
-IDLE_POLL_MS = 20  # between messages when nothing runs
-TRANSFER_POLL_MS = 1  # while a KV transfer is in flight: its end frees or admits a request
+IDLE_POLL_MS = 20  # between messages when nothing runs (what ends on another thread wakes the loop sooner)
 
 
 class Worker:
@@ -58,7 +59,8 @@ class Worker:
             P.AbortRequest: lambda msg: self.abort(msg.request_id),
         }
         self.inputs: dict[zmq.Socket, Callable[[list[zmq.Frame]], None]] = {self.router: self._on_router_frames}
-        self._poller: zmq.Poller | None = None  # over `inputs`, once `run` starts
+        self.wakeup = Wakeup()
+        self._poller: zmq.Poller | None = None  # over `inputs` and `wakeup`'s descriptor, once `run` starts
 
     # ---- the loop -----------------------------------------------------------------------------------
     def run(self) -> None:
@@ -69,17 +71,14 @@ class Worker:
         self.send(self.hello())
         self.liveness.start()
         poller = self._poller = zmq.Poller()
-        for sock in self.inputs:
+        for sock in (*self.inputs, self.wakeup.fileno()):
             poller.register(sock, zmq.POLLIN)
         next_heartbeat = 0.0
         try:
             while not self._stopped.is_set():
-                if self.engine.has_unfinished():  # take messages until the next step is due (whole ms)
-                    timeout = int(self.engine.launch_delay() * 1e3)
-                else:
-                    timeout = TRANSFER_POLL_MS if self.busy() else IDLE_POLL_MS
-                for sock, _ in poller.poll(timeout):
-                    self._drain(sock, self.inputs[sock])
+                # take messages until the next step is due (whole ms)
+                timeout = int(self.engine.launch_delay() * 1e3) if self.engine.has_unfinished() else IDLE_POLL_MS
+                self._poll(timeout)
                 now = time.monotonic()
                 self.tick(now, expire=now >= next_heartbeat)
                 if self.engine.has_unfinished() and self.engine.launch_delay() <= 0:
@@ -108,13 +107,27 @@ class Worker:
         finally:
             self.liveness.step_ended()
 
-    def _meanwhile(self) -> None:
-        """While the GPU runs a step: take messages and end finished transfers as they come, not when the step is
-        over. With overlap the next step is already launched, so a request that comes now joins the one after it
-        either way; but a reservation is answered, and a landed handoff's first token reported, that much sooner."""
-        for sock, _ in self._poller.poll(0):
-            self._drain(sock, self.inputs[sock])
+    def _meanwhile(self, step: Event) -> None:
+        """While the GPU runs a step (`step`: its event; called until it has completed): take messages and end
+        finished transfers as they come, not when the step is over. With overlap the next step is already launched,
+        so a request that comes now joins the one after it either way; but a reservation is answered, and a landed
+        handoff's first token reported, that much sooner. With work on another thread (`busy`: a KV transfer), wait
+        blocked, woken by a message, that work's end or the step's: a KV link thread needs the GIL between its
+        operations, and a loop that polls holds it. Otherwise poll: the step's end is seen soonest."""
+        if self.busy():
+            self.wakeup.watch(step)
+            self._poll(IDLE_POLL_MS)
+        else:
+            self._poll(0)
         self.tick(time.monotonic(), expire=False)
+
+    def _poll(self, timeout_ms: int) -> None:
+        """Take what has come (waiting up to `timeout_ms` for something to)."""
+        for sock, _ in self._poller.poll(timeout_ms):
+            if sock == self.wakeup.fileno():  # a file descriptor comes back as its number
+                self.wakeup.clear()
+            else:
+                self._drain(sock, self.inputs[sock])
 
     def _prompts(self):
         return (seq.token_ids for seq in self.engine.requests.values())
@@ -126,6 +139,7 @@ class Worker:
         if self._authenticator is not None:
             self._authenticator.stop()
         self.ctx.term()
+        self.wakeup.close()
         self.engine.close()
 
     def _drain(self, sock: zmq.Socket, handle: Callable[[list[zmq.Frame]], None]) -> None:
@@ -164,7 +178,7 @@ class Worker:
             device_index=self.config.device_index)
 
     def busy(self) -> bool:
-        """Work outside the engine that the loop must poll for soon (a KV transfer in flight)."""
+        """Work on another thread that wakes the loop when it ends (a KV transfer in flight)."""
         return False
 
     def tick(self, now: float, expire: bool) -> None:
