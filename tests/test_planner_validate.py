@@ -279,3 +279,44 @@ def test_a_path_no_unloaded_request_took_gets_the_other_runs_offset(tmp_path, mo
     for row in validate(auto, truth):
         assert row.borrowed == ()
         assert row.measured.ttft_p50 - row.predicted.ttft_p50 == pytest.approx(0.005, abs=1e-9), row.load
+
+
+def test_a_predictions_rank_is_the_percentile_it_is_of_the_measured_values():
+    from scripts.bench_metrics import percentile
+    from scripts.planner.validate import rank_of
+
+    rng = random.Random(7)
+    for n in (2, 5, 40, 101):
+        values = sorted(rng.random() for _ in range(n))
+        for q in (0, 12.5, 50, 90, 100):
+            assert rank_of(values, percentile(values, q)) == pytest.approx(q)
+    assert rank_of([1.0, 2.0, 2.0, 2.0, 3.0], 2.0) == 50  # the middle of a run of equal values
+    assert (rank_of([5.0], 4.0), rank_of([5.0], 5.0), rank_of([5.0], 6.0)) == (0, 50, 100)
+
+
+def test_a_p50_in_the_gap_between_two_groups_misses_in_value_and_its_rank_says_by_how_little():
+    """Half the requests fast, half slow: the measured p50 lies between the groups. A prediction at the fast group's
+    top is 74% off in value but the measured p49; the note under the table says so, with the wide p40-p60 span."""
+    from scripts.bench_metrics import RequestRecord
+    from scripts.planner.report import Point
+    from scripts.planner.validate import Row, rank_cells, ranks
+
+    fast = [0.010 + 0.0001 * i for i in range(50)]  # 10.0-14.9 ms
+    slow = [0.100 + 0.001 * i for i in range(50)]  # 100-149 ms
+    measured = [RequestRecord(i, 100, 8, 0.0, t + 0.035 + 0.0001 * i, ttft=t, itl=[0.005] * 7, output_tokens=8)
+                for i, t in enumerate(fast + slow)]
+    summary = summarize(measured, SLO(1.0, 0.05))
+    assert summary.ttft.p50 == pytest.approx(0.05745)  # midway between 14.9 and 100 ms
+    point = Point("1P:1D", 4.0, 100, 0.0149, 0.140, summary.tpot.p50, summary.tpot.p90, 1.0, 4.0)  # TTFT p50: the
+    # fast group's slowest
+    row = Row("disagg", "1P:1D", "4 req/s", point,
+              Point("1P:1D", 4.0, 100, summary.ttft.p50, summary.ttft.p90, summary.tpot.p50, summary.tpot.p90, 1.0,
+                    4.0))
+    rank_cells(row, measured)
+    assert row.error("ttft_p50") == pytest.approx(-0.7406, abs=1e-4)
+    assert row.ranks["ttft_p50"] == pytest.approx(100 * 49 / 99)
+    assert (row.ranks["tpot_p50"], row.ranks["tpot_p90"]) == (pytest.approx(50), pytest.approx(90))
+    assert row.spans["ttft_p50"][0] < 0.015 and row.spans["ttft_p50"][1] > 0.1
+    (line,) = ranks([row])
+    assert line.startswith("disagg at 4 req/s, TTFT p50 -74.1%: the prediction is the measured p49 (p40-p60: ")
+    assert "TTFT p50" in line and "p49" in table([row]) and "beyond" not in line

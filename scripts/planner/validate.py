@@ -8,12 +8,13 @@ scripts/planner/bench_replay.py.
 """
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import math
 import statistics
 from dataclasses import dataclass
 
-from scripts.bench_metrics import SLO, RequestRecord, summarize
+from scripts.bench_metrics import SLO, RequestRecord, percentile, summarize
 from scripts.planner.bench_replay import bench_config, layout_of, served, with_transport, workload_of
 from scripts.planner.layout import Layout
 from scripts.planner.profile import Profile
@@ -44,6 +45,11 @@ class Row:
     borrowed: tuple[str, ...] = ()  # the paths whose offset came from the other runs validated with it (`validate`)
     note: str = ""  # what the simulation of this mode could not take from the run (said under the table)
     busy: tuple[float, float] | None = None  # the engines' busy seconds, simulated and measured (`busy_seconds`)
+    # Where each latency prediction falls among the measured requests' values: the percentile it is of them
+    # (`rank_of`). A p50 that falls in a gap between two groups of requests misses by far in value, not in rank.
+    ranks: dict[str, float] = dataclasses.field(default_factory=dict)
+    spans: dict[str, tuple[float, float]] = dataclasses.field(default_factory=dict)  # the measured values 10 points
+    # of rank either side of the cell's percentile
 
     def error(self, key: str) -> float:
         """(predicted - measured) / measured; 0 when both are 0, inf when only the measurement is."""
@@ -183,12 +189,49 @@ def validate(results: dict | list[dict], profile: Profile) -> list[Row]:
                 shifted([r for r in requests if r.first is not None and path(r) == p], offset)
             load = measured["load"]
             rate = load["value"] if load["value"] is not None else math.inf
-            rows.append(Row(replayed.run["mode"], str(replayed.layout), load["label"],
-                            predict_summary(str(replayed.layout), rate, requests, replayed.slo),
-                            point(replayed.run["mode"], rate, summarize(records, replayed.slo)), replayed.offset,
-                            offsets, tuple(borrowed), note, busy_seconds(replayed.simulation, replayed.first_point + i, measured,
-                                                         replayed.layout)))
+            row = Row(replayed.run["mode"], str(replayed.layout), load["label"],
+                      predict_summary(str(replayed.layout), rate, requests, replayed.slo),
+                      point(replayed.run["mode"], rate, summarize(records, replayed.slo)), replayed.offset, offsets,
+                      tuple(borrowed), note, busy_seconds(replayed.simulation, replayed.first_point + i, measured,
+                                                          replayed.layout))
+            rank_cells(row, records)
+            rows.append(row)
     return rows
+
+
+LATENCIES = {"ttft_p50": ("ttft", 50), "ttft_p90": ("ttft", 90), "tpot_p50": ("tpot", 50), "tpot_p90": ("tpot", 90)}
+
+
+def rank_cells(row: Row, records: list[RequestRecord]) -> None:
+    """Each latency cell's prediction ranked among the measured values the cell's percentile was taken of (the
+    served requests' TTFTs, their TPOTs where they have one), and the measured values 10 points either side."""
+    served = [r for r in records if r.ok]
+    values = {"ttft": sorted(r.ttft for r in served if r.ttft is not None),
+              "tpot": sorted(t for r in served if (t := r.tpot) is not None)}
+    for key, (metric, q) in LATENCIES.items():
+        measured, predicted = values[metric], getattr(row.predicted, key)
+        if measured and math.isfinite(predicted):
+            row.ranks[key] = rank_of(measured, predicted)
+            row.spans[key] = (percentile(measured, max(0, q - 10)), percentile(measured, min(100, q + 10)))
+
+
+def rank_of(values: list[float], x: float) -> float:
+    """The percentile (0-100) that `x` would be of sorted `values`: the inverse of bench_metrics.percentile (linear
+    between the closest ranks), the middle of a run of equal values."""
+    n = len(values)
+    if x < values[0]:
+        return 0.0
+    if x > values[-1]:
+        return 100.0
+    if n == 1:
+        return 50.0
+    lo, hi = bisect.bisect_left(values, x), bisect.bisect_right(values, x)
+    if lo < hi:  # equal to values[lo:hi]
+        position = (lo + hi - 1) / 2
+    else:  # between values[lo - 1] and values[lo]
+        a, b = values[lo - 1], values[lo]
+        position = lo - 1 + (x - a) / (b - a)
+    return 100 * position / (n - 1)
 
 
 def borrowed_note(mode: str, borrowed: dict[str, float]) -> str:
@@ -245,15 +288,31 @@ def notes(rows: list[Row]) -> list[str]:
     return list(dict.fromkeys(r.note for r in rows if r.note))
 
 
+def ranks(rows: list[Row], tolerance: float = TOLERANCE) -> list[str]:
+    """For each latency cell beyond `tolerance`: which of the measured requests' percentiles the prediction is, and
+    the measured values 10 points either side of the cell's (wide where the percentile falls in a gap)."""
+    lines = []
+    for r in rows:
+        for name, key in METRICS:
+            if key in r.ranks and beyond(r, key, tolerance):
+                q = LATENCIES[key][1]
+                low, high = r.spans[key]
+                lines.append(f"{r.mode} at {r.load}, {name} {_error(r.error(key))}: the prediction is the measured "
+                             f"p{r.ranks[key]:.0f} (p{max(0, q - 10)}-p{min(100, q + 10)}: {_value(key, low)}-"
+                             f"{_value(key, high)} ms)")
+    return lines
+
+
 def table(rows: list[Row], tolerance: float = TOLERANCE) -> str:
-    """The text table: each cell predicted / measured (error), `!` where the error is beyond `tolerance`."""
+    """The text table: each cell predicted / measured (error), `!` where the error is beyond `tolerance`; under it,
+    where those latency predictions rank among the measured values (`ranks`)."""
     body = [[label(r), r.load] + [cell(r, k) + ("!" if beyond(r, k, tolerance) else " ")
                                                  for _, k in METRICS] + [busy_cell(r)] for r in rows]
     widths = [max(len(line[i]) for line in [headers(), *body]) for i in range(len(headers()))]
     lines = ["  ".join(h.ljust(w) for h, w in zip(headers(), widths))]
     lines.append("-" * len(lines[0]))
     lines += ["  ".join(c.ljust(w) for c, w in zip(line, widths)) for line in body]
-    return "\n".join(lines + [f"note: {n}" for n in notes(rows)])
+    return "\n".join(lines + [f"note: {n}" for n in notes(rows)] + [f"rank: {n}" for n in ranks(rows, tolerance)])
 
 
 def markdown(rows: list[Row], profile: Profile, source: str, tolerance: float = TOLERANCE) -> str:
@@ -266,6 +325,7 @@ def markdown(rows: list[Row], profile: Profile, source: str, tolerance: float = 
         cells = [f"**{cell(r, k)}**" if beyond(r, k, tolerance) else cell(r, k) for _, k in METRICS] + [busy_cell(r)]
         lines.append(f"| {label(r)} | {r.load} | " + " | ".join(cells) + " |")
     lines += [""] + [f"Note: {n}" for n in notes(rows)] if notes(rows) else []
+    lines += [""] + [f"Rank: {n}" for n in ranks(rows, tolerance)] if ranks(rows, tolerance) else []
     return "\n".join(lines) + "\n"
 
 
@@ -273,7 +333,8 @@ def to_json(rows: list[Row], tolerance: float = TOLERANCE) -> list[dict]:
     return [{"mode": r.mode, "layout": r.layout, "load": r.load, "unloaded_offset_s": r.offset_s,
              "offsets_s": r.offsets, "borrowed": list(r.borrowed), "note": r.note,
              "metrics": {k: {"predicted": _finite(getattr(r.predicted, k)), "measured": _finite(getattr(r.measured, k)),
-                             "error": _finite(r.error(k)), "beyond": beyond(r, k, tolerance)} for _, k in METRICS},
+                             "error": _finite(r.error(k)), "beyond": beyond(r, k, tolerance),
+                             "measured_rank": r.ranks.get(k), "measured_span": r.spans.get(k)} for _, k in METRICS},
              "attainment": {"predicted": r.predicted.attainment, "measured": r.measured.attainment},
              "busy_seconds": None if r.busy is None else {"predicted": r.busy[0], "measured": r.busy[1]}}
             for r in rows]
