@@ -67,3 +67,21 @@ def test_a_wake_up_after_close_does_nothing():
     w.watch(Event())  # never completes: close leaves its daemon thread waiting, and returns
     w.close()
     w.wake()
+
+
+def test_an_event_whose_wait_fails_still_wakes_the_loop_and_the_next_one_is_watched():
+    class Failing(Event):
+        def synchronize(self) -> None:
+            raise RuntimeError("CUDA error: an illegal memory access")  # the loop's own wait raises it
+
+    w = Wakeup()
+    try:
+        w.watch(Failing())
+        assert readable(w, timeout=10)
+        w.clear()
+        done = Event()
+        done.done.set()
+        w.watch(done)
+        assert readable(w, timeout=10) and done.waits == 1
+    finally:
+        w.close()

@@ -8,11 +8,14 @@ needs the GIL between each of its operations, then gets it back only as often as
 """
 from __future__ import annotations
 
+import logging
 import os
 import queue
 import sys
 import threading
 from typing import Protocol
+
+log = logging.getLogger(__name__)
 
 
 class Event(Protocol):
@@ -82,7 +85,10 @@ class Wakeup:
 
             torch.cuda.set_device(device)
         while (event := self._events.get()) is not None:
-            event.synchronize()  # a CUDA event's wait lets go of the GIL
+            try:
+                event.synchronize()  # a CUDA event's wait lets go of the GIL
+            except Exception:  # a failed step: the loop's own wait on the event raises it where it is handled
+                log.debug("waiting on a step's event failed", exc_info=True)
             self.wake()
 
 
