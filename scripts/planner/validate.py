@@ -324,8 +324,9 @@ def markdown(rows: list[Row], profile: Profile, source: str, tolerance: float = 
     for r in rows:
         cells = [f"**{cell(r, k)}**" if beyond(r, k, tolerance) else cell(r, k) for _, k in METRICS] + [busy_cell(r)]
         lines.append(f"| {label(r)} | {r.load} | " + " | ".join(cells) + " |")
-    lines += [""] + [f"Note: {n}" for n in notes(rows)] if notes(rows) else []
-    lines += [""] + [f"Rank: {n}" for n in ranks(rows, tolerance)] if ranks(rows, tolerance) else []
+    said, ranked = notes(rows), ranks(rows, tolerance)
+    lines += [""] + [f"Note: {n}" for n in said] if said else []
+    lines += [""] + [f"Rank: {n}" for n in ranked] if ranked else []
     return "\n".join(lines) + "\n"
 
 
