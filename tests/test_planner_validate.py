@@ -320,3 +320,4 @@ def test_a_p50_in_the_gap_between_two_groups_misses_in_value_and_its_rank_says_b
     (line,) = ranks([row])
     assert line.startswith("disagg at 4 req/s, TTFT p50 -74.1%: the prediction is the measured p49 (p40-p60: ")
     assert "TTFT p50" in line and "p49" in table([row]) and "beyond" not in line
+    assert f"\nRank: {line}\n" in markdown([row], make_profile(), "a test")
