@@ -89,6 +89,26 @@ def test_a_profile_costs_as_its_formulas_say():
     assert p.prefill.seconds(0) == p.decode.seconds(0, 0) == 0.0
 
 
+def test_a_profile_on_slower_gpus_slows_every_gpu_step_and_nothing_else():
+    """`Profile.slower`: prompt, decode and mixed steps take `share` more; the host's part of a step (its launch,
+    the eager prompt line's launch floor) and the KV handoffs do not."""
+    p = make_profile(prefill_graph_max_tokens=1024, mixed_step_s=0.002,
+                     prefill_eager=PrefillCost(base_s=0.02, per_token_s=2e-4, per_token_context_s=1e-8),
+                     decode_skinny_max_batch=2, decode_skinny=DecodeCost(base_s=0.003, per_seq_s=1e-3))
+    slow, host = p.slower(0.1), p.host_launch_s
+    for tokens in (100, 2048):  # a graphed prompt step, an eager one
+        (seconds, floor), (slow_seconds, slow_floor) = p.prompt_step(tokens), slow.prompt_step(tokens)
+        assert slow_seconds - slow_floor == pytest.approx(1.1 * (seconds - floor)) and slow_floor == floor
+    assert p.prompt_step(100)[1] == host and p.prompt_step(2048)[1] == host + 0.02
+    for batch in (1, 8):  # the skinny line, the other
+        assert slow.decode_cost(batch).seconds(batch, 500 * batch) == pytest.approx(
+            1.1 * p.decode_cost(batch).seconds(batch, 500 * batch))
+    assert slow.mixed_step_s == pytest.approx(0.0022)
+    assert (slow.host_launch_s, slow.launch_prep_s, slow.handoff) == (p.host_launch_s, p.launch_prep_s, p.handoff)
+    assert p.slower(0.0) == p and p.prompt_step(100) == make_profile(
+        prefill_graph_max_tokens=1024).prompt_step(100)  # the profile itself unchanged
+
+
 def test_a_prompt_steps_attention_grows_with_each_chunks_own_square():
     """A chunk's attention over its own tokens grows as their square: four prompts of 1,024 tokens in one step cost
     less than one prompt of 4,096, by the pairs they do not have; a chunk after 1,000 computed tokens also pays
@@ -680,6 +700,8 @@ def test_a_trace_without_rates_is_simulated_as_recorded(tmp_path):
     (dict(rates="4,fast"), "--rates"),
     (dict(output_len="0"), "--output-len"),
     (dict(router_rps=0), "--router-rps"),
+    (dict(slower_gpus=1.0), "--slower-gpus"),
+    (dict(slower_gpus=-0.1), "--slower-gpus"),
 ])
 def test_plan_settings_are_checked_naming_the_flag(flags, message):
     with pytest.raises(ValueError, match=message):
@@ -702,6 +724,10 @@ def test_plan_prints_every_split_and_a_recommendation(tmp_path):
     record = json.loads((tmp_path / "plan.json").read_text())
     assert record["recommendation"]["layout"] in record["results"]
     assert len(record["results"]["2P:2D"]) == 2
+    best = record["recommendation"]["layout"]
+    assert f"machine: {best} on GPUs 4% slower in every step" in proc.stdout
+    assert record["slower_gpus"]["layout"] == best and record["slower_gpus"]["share"] == 0.04
+    assert [p["rate"] for p in record["slower_gpus"]["points"]] == [10, 30]
 
 
 def test_plan_on_128_gpus_finishes_in_well_under_a_minute():

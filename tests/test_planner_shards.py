@@ -189,3 +189,28 @@ def test_a_redraw_on_the_plans_own_seed_repeats_it_and_on_another_moves_it():
     assert noise_line("2P:2D", 1, {"ttft_p50": 0.123, "goodput": float("nan")}).startswith(
         "noise: 2P:2D again on another draw of the workload (--seed 1), the most each figure moved over the rates: "
         "TTFT p50 12%. ")
+
+
+def test_the_pick_on_slower_gpus_is_slower_and_says_whether_it_still_sustains_its_rate():
+    """The machine line: the pick simulated again, on the plan's own draw, on GPUs a share slower in every step.
+    Not slower at all, it is the plan's figures exactly; slower, every request's steps take longer."""
+    from scripts.planner.plan import redraw
+    from scripts.planner.report import machine_line
+
+    cfg = PlanConfig(profile="given", gpus=4, seed=0, disagg_policies="always", rates="8,16", num_requests=80,
+                     input_len="100:300", output_len="10:30", routers=2)
+    plan = run_plan(cfg, [make_profile()])
+    first = plan.results["2P:2D"]
+    assert redraw(plan, "2P:2D", 0, slower=0.0) == first
+    slow = redraw(plan, "2P:2D", 0, slower=0.5)
+    assert [p.rate for p in slow] == [8, 16]
+    for a, b in zip(first, slow):
+        assert b.ttft_p50 > a.ttft_p50 and b.tpot_p50 > a.tpot_p50
+    line = machine_line("2P:2D", 0.5, first, slow, SLO(10.0, 10.0))
+    assert line.startswith("machine: 2P:2D on GPUs 50% slower in every step (machines of one kind differ by a few "
+                           "percent; --slower-gpus), the most each figure moved over the rates: TTFT p50 ")
+    assert line.endswith("; it still sustains 16 req/s")
+    missed = [dataclasses.replace(p, attainment=0.5) if p.rate == 16 else p for p in slow]
+    assert machine_line("2P:2D", 0.5, first, missed, SLO(10.0, 10.0)).endswith("; it sustains 8 req/s instead of 16")
+    missed = [dataclasses.replace(p, attainment=0.5) for p in slow]
+    assert machine_line("2P:2D", 0.5, first, missed, SLO(10.0, 10.0)).endswith("; it sustains no rate tried")

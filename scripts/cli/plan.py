@@ -20,7 +20,9 @@ same flags, requests and arrival times as `pdcluster bench`). Where the top rate
 its share of the clients, and a layout is predicted from its distinct shards, each simulated alone at its share of
 the rate. Beyond {MAX_SPLITS} distinct splits (or shards), a coarse grid and then halving steps around the best
 (--all-splits: every one). The recommendation: the layout sustaining the highest rate (90% of requests within both
-SLOs), then the most within them at the highest rate, then the most headroom.
+SLOs), then the most within them at the highest rate, then the most headroom. The pick is then simulated again on
+another draw of the workload (`noise:`, how far its figures move by chance) and on GPUs --slower-gpus slower
+(`machine:`, how far they move on a slower machine of the kind).
 
 --validate RESULTS.json[,RESULTS.json...]: instead of a plan, each mode of those `pdcluster bench` runs (of one
 machine) simulated on its requests at its send times, predicted / measured (error) side by side (OUT/validation.md
@@ -39,7 +41,7 @@ def run(args: argparse.Namespace) -> None:
     from scripts.planner.plan import redraw, run_plan  # the simulator loads only when a plan runs
     from scripts.planner.plots import draw
     from scripts.planner.config import DEFAULT_REQUESTS
-    from scripts.planner.report import ATTAINMENT, moved, noise_line, recommend, short_spans, table
+    from scripts.planner.report import ATTAINMENT, machine_line, moved, noise_line, recommend, short_spans, table
     from scripts.planner.router_ceiling import plan_checks, summary
     from scripts.planner.sim import ACROSS_GPUS
 
@@ -83,6 +85,10 @@ def run(args: argparse.Namespace) -> None:
     if not cfg.trace:  # a trace is one draw
         again = redraw(plan, best, cfg.seed + 1)
         print(noise_line(best, cfg.seed + 1, moved(plan.results[best], again)))
+    slower = None
+    if cfg.slower_gpus:
+        slower = redraw(plan, best, cfg.seed, cfg.slower_gpus)
+        print(machine_line(best, cfg.slower_gpus, plan.results[best], slower, slo))
     routers = plan_checks(plan)
     print("\n".join(summary(routers)), flush=True)
     if cfg.out:
@@ -95,7 +101,9 @@ def run(args: argparse.Namespace) -> None:
                   "results": {name: [dataclasses.asdict(p) for p in points]
                               for name, points in plan.results.items()},
                   "redraw": None if again is None else {"layout": best, "seed": cfg.seed + 1,
-                                                        "points": [dataclasses.asdict(p) for p in again]}}
+                                                        "points": [dataclasses.asdict(p) for p in again]},
+                  "slower_gpus": None if slower is None else {"layout": best, "share": cfg.slower_gpus,
+                                                              "points": [dataclasses.asdict(p) for p in slower]}}
         (out / "plan.json").write_text(json.dumps(record, indent=2) + "\n")
         plots = draw(shown, slo, f"{prof.model} on {prof.machine}, {cfg.gpus} GPUs (predicted)", out)
         note = ", ".join(str(p) for p in plots) if plots else "no plots (matplotlib is not installed)"

@@ -14,6 +14,9 @@ MAX_SPLITS = 16
 MAX_JOBS = 8  # processes a plan uses by default: each holds its own simulated engines' block managers
 DEFAULT_VOCAB = 151936
 DEFAULT_REQUESTS = 1000
+# How much slower than its profile a machine of the kind may run (measured in docs/planner.md, "One kind, many
+# machines")
+SLOWER_GPUS = 0.04
 VALIDATE_FLAGS = ("validate", "profile", "out", "tolerance")  # the flags --validate reads
 # BenchConfig's flags that say nothing about a simulated cluster's load
 BENCH_ONLY = ("model", "address", "modes", "concurrency", "warmup_requests", "unloaded_requests", "slo_scale",
@@ -53,6 +56,9 @@ class PlanConfig(BenchConfig):
                                       "and layouts come from the results; a path no unloaded request of a mode took "
                                       "gets the other modes' offset on it)")
     tolerance: float = _opt(0.15, "--validate: errors beyond this share of the measurement are marked")
+    slower_gpus: float = _opt(SLOWER_GPUS, "the recommended layout simulated again on GPUs this share slower in "
+                                           "every step (machines of one kind differ by a few percent), and how far "
+                                           "its figures move printed; 0: not")
     routers: int = _opt(0, "routers, each in front of its own shard of the engines with its share of the clients "
                            "(0: as many as the top rate needs, from --router-rps or the measured ceiling; 1: one "
                            "router in front of every engine, simulated whole, however slowly)")
@@ -91,6 +97,8 @@ class PlanConfig(BenchConfig):
         for policy in self.policy_list():
             if policy not in POLICY_VARIANTS:
                 raise ValueError(f"--disagg-policies: expected always, never or auto, got {policy!r}")
+        if not 0 <= self.slower_gpus < 1:
+            raise ValueError(f"--slower-gpus: a share from 0 to below 1, got {self.slower_gpus}")
         if self.jobs < 0:
             raise ValueError(f"--jobs: must be >= 0, got {self.jobs}")
         if self.routers < 0:

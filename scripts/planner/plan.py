@@ -181,12 +181,16 @@ def _plan_tp(plan: Plan, profile: Profile, loads: list[tuple[float, Workload]], 
         shards.layouts.close()
 
 
-def redraw(plan: Plan, name: str, seed: int) -> list[Point]:
-    """Layout `name` of the plan simulated again on another draw of its workload (`seed`: the same flags, other
-    prompts, lengths and arrival times), behind the same routers. How far its figures move is the simulation's own
-    noise at this many requests: differences between layouts smaller than that are the draw's."""
+def redraw(plan: Plan, name: str, seed: int, slower: float = 0.0) -> list[Point]:
+    """Layout `name` of the plan simulated again behind the same routers, on the draw of `seed` (another seed: the
+    same flags, other prompts, lengths and arrival times) and on GPUs `slower` slower in every step. How far its
+    figures move on another draw is the simulation's own noise at this many requests: differences between layouts
+    smaller than that are the draw's. On slower GPUs, how far they move is how much they hang on the machine's pace
+    (`Profile.slower`)."""
     layout = plan.layouts[name]
     profile = next(p for p in plan.profiles if p.tp == layout.tp)
+    if slower:
+        profile = profile.slower(slower)
     counts = shards_of(layout, plan.routers[layout.tp][layout.mode])
     loads = workloads(dataclasses.replace(plan.config, seed=seed))
     shards = Shards(Layouts(jobs(plan.config), profile, loads, plan.config.slo(), BlockPool()),

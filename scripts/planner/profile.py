@@ -148,6 +148,23 @@ class Profile(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             return self.prefill, True
         return self.prefill_eager or self.prefill, False
 
+    def slower(self, share: float) -> Profile:
+        """This profile on GPUs `share` slower in every step (prompt, decode, mixed), the host's work (the eager
+        prompt line's base is its launch floor) and the KV handoffs as they were: machines of one kind differ by a
+        few percent (docs/planner.md, "One kind, many machines")."""
+        factor = 1 + share
+
+        def scaled(cost: _Cost | None, host: tuple[str, ...] = ()) -> _Cost | None:
+            if cost is None:
+                return None
+            return msgspec.structs.replace(cost, **{name: getattr(cost, name) * factor for name in
+                                                    cost.__struct_fields__ if name.endswith("_s") and name not in host})
+
+        return msgspec.structs.replace(self, prefill=scaled(self.prefill),
+                                       prefill_eager=scaled(self.prefill_eager, host=("base_s",)),
+                                       decode=scaled(self.decode), decode_skinny=scaled(self.decode_skinny),
+                                       mixed_step_s=self.mixed_step_s * factor)
+
     def padded(self, tokens: int) -> int:
         """A step's prompt tokens as the engine runs them (step_sizes.padded_tokens). A profile of an engine before
         prompt graphs was fitted to unpadded counts."""

@@ -142,7 +142,21 @@ def moved(first: list[Point], second: list[Point]) -> dict[str, float]:
     return out
 
 
+def _moves(moves: dict[str, float]) -> str:
+    return ", ".join(f"{FIGURES[figure]} {100 * share:.0f}%" for figure, share in moves.items() if math.isfinite(share))
+
+
 def noise_line(name: str, seed: int, moves: dict[str, float]) -> str:
-    parts = ", ".join(f"{FIGURES[figure]} {100 * share:.0f}%" for figure, share in moves.items() if math.isfinite(share))
     return (f"noise: {name} again on another draw of the workload (--seed {seed}), the most each figure moved over "
-            f"the rates: {parts}. Layouts closer than that differ by the draw (more --num-requests narrows it)")
+            f"the rates: {_moves(moves)}. Layouts closer than that differ by the draw (more --num-requests narrows it)")
+
+
+def machine_line(name: str, share: float, first: list[Point], slower: list[Point], slo: SLO) -> str:
+    """How much `name`'s figures hang on the machine's pace: `slower`, its simulation on GPUs `share` slower in every
+    step, against `first`; and the highest rate it still sustains there."""
+    rate, before = score(slower, slo)[0], score(first, slo)[0]
+    sustains = ("it sustains no rate tried" if not rate else f"it still sustains {rate:g} req/s" if rate == before
+                else f"it sustains {rate:g} req/s instead of {before:g}")
+    return (f"machine: {name} on GPUs {100 * share:g}% slower in every step (machines of one kind differ by a few "
+            f"percent; --slower-gpus), the most each figure moved over the rates: {_moves(moved(first, slower))}; "
+            f"{sustains}")
