@@ -171,6 +171,34 @@ def test_a_wrong_profile_shows_large_errors_and_they_are_marked(tmp_path, monkey
     assert f"{marked} of {len(rows) * len(METRICS)} cells beyond" in md
 
 
+def test_a_missed_cell_is_predicted_again_on_gpus_a_share_faster_or_slower_toward_the_measurement(tmp_path,
+                                                                                                   monkeypatch):
+    """`machine_reach`: a profile whose decode steps cost twice the served ones predicts TPOT high; each missed TPOT
+    cell is predicted again on GPUs 10% faster (lower, nearer), and said under the table; cells within the tolerance
+    are not."""
+    from scripts.planner.validate import machine_reach, to_json
+
+    truth = make_profile()
+    results = simulated_bench(tmp_path, monkeypatch, truth)
+    slow = replace(truth, decode=DecodeCost(base_s=2 * truth.decode.base_s, per_seq_s=truth.decode.per_seq_s))
+    rows = validate(results, slow)
+    machine_reach(results, slow, rows, 0.1)
+    missed = [(i, k) for i, r in enumerate(rows) for k in ("ttft_p50", "ttft_p90", "tpot_p50", "tpot_p90")
+              if beyond(r, k, 0.15)]
+    assert ("tpot_p50" in {k for _, k in missed}) and all(rows[i].error(k) > 0 for i, k in missed)
+    for i, row in enumerate(rows):
+        assert set(row.reach) == {k for j, k in missed if j == i}
+        for key, (share, value) in row.reach.items():
+            assert share == -0.1 and getattr(row.measured, key) < value < getattr(row.predicted, key)
+    assert validate(results, slow.slower(-0.1))[0].predicted.tpot_p50 == rows[0].reach["tpot_p50"][1]
+    i, key = next((i, k) for i, k in missed if k == "tpot_p50")
+    head = f"rank: {rows[i].mode} at {rows[i].load}, TPOT p50"
+    line = next(n for n in table(rows).splitlines() if n.startswith(head))
+    assert "; on GPUs 10% faster: " in line
+    assert to_json(rows)[i]["metrics"][key]["machine"]["slower"] == -0.1
+    assert all(m["machine"] is None for r in to_json(rows) for k, m in r["metrics"].items() if not m["beyond"])
+
+
 def test_handoffs_are_costed_over_the_transport_the_run_took(tmp_path, monkeypatch):
     """A cluster whose handoffs went over nccl, slower than the profile's fastest (cuda_ipc): costed over nccl the
     prediction is exact; a profile with no nccl cost costs them over cuda_ipc, under-predicts TTFT (at the lighter

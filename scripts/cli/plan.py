@@ -136,7 +136,7 @@ def router_lines(plan) -> list[str]:
 def run_validate(cfg: PlanConfig) -> None:
     from scripts.planner.profile import load_profile
     from scripts.planner.bench_replay import ValidationError
-    from scripts.planner.validate import markdown, table, to_json, validate
+    from scripts.planner.validate import machine_reach, markdown, table, to_json, validate
 
     profile = load_profile(cfg.profile)
     paths = [Path(p.strip()) for p in cfg.validate.split(",") if p.strip()]
@@ -148,6 +148,8 @@ def run_validate(cfg: PlanConfig) -> None:
             raise UsageError(f"--validate: cannot read {str(path)!r}: {e}") from None
     try:
         rows = validate(results, profile)
+        if cfg.slower_gpus:
+            machine_reach(results, profile, rows, cfg.slower_gpus, cfg.tolerance)
     except ValidationError as e:
         raise UsageError(f"--validate: {e}") from None
     source = ", ".join(map(str, paths))

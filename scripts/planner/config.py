@@ -17,7 +17,7 @@ DEFAULT_REQUESTS = 1000
 # How much slower than its profile a machine of the kind may run (measured in docs/planner.md, "One kind, many
 # machines")
 SLOWER_GPUS = 0.04
-VALIDATE_FLAGS = ("validate", "profile", "out", "tolerance")  # the flags --validate reads
+VALIDATE_FLAGS = ("validate", "profile", "out", "tolerance", "slower_gpus")  # the flags --validate reads
 # BenchConfig's flags that say nothing about a simulated cluster's load
 BENCH_ONLY = ("model", "address", "modes", "concurrency", "warmup_requests", "unloaded_requests", "slo_scale",
               "tpot_ratio_target", "request_timeout", "ready_timeout", "device", "prefill_workers",
@@ -58,7 +58,8 @@ class PlanConfig(BenchConfig):
     tolerance: float = _opt(0.15, "--validate: errors beyond this share of the measurement are marked")
     slower_gpus: float = _opt(SLOWER_GPUS, "the recommended layout simulated again on GPUs this share slower in "
                                            "every step (machines of one kind differ by a few percent), and how far "
-                                           "its figures move printed; 0: not")
+                                           "its figures move printed; with --validate, each missed latency cell "
+                                           "predicted again on GPUs this share slower (or faster); 0: not")
     routers: int = _opt(0, "routers, each in front of its own shard of the engines with its share of the clients "
                            "(0: as many as the top rate needs, from --router-rps or the measured ceiling; 1: one "
                            "router in front of every engine, simulated whole, however slowly)")

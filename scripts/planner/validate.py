@@ -50,6 +50,8 @@ class Row:
     ranks: dict[str, float] = dataclasses.field(default_factory=dict)
     spans: dict[str, tuple[float, float]] = dataclasses.field(default_factory=dict)  # the measured values 10 points
     # of rank either side of the cell's percentile
+    # A missed latency cell's prediction on GPUs a share slower (> 0) or faster (< 0) in every step: (share, value)
+    reach: dict[str, tuple[float, float]] = dataclasses.field(default_factory=dict)
 
     def error(self, key: str) -> float:
         """(predicted - measured) / measured; 0 when both are 0, inf when only the measurement is."""
@@ -202,6 +204,20 @@ def validate(results: dict | list[dict], profile: Profile) -> list[Row]:
 LATENCIES = {"ttft_p50": ("ttft", 50), "ttft_p90": ("ttft", 90), "tpot_p50": ("tpot", 50), "tpot_p90": ("tpot", 90)}
 
 
+def machine_reach(results: dict | list[dict], profile: Profile, rows: list[Row], share: float,
+                  tolerance: float = TOLERANCE) -> None:
+    """For each latency cell of `rows` (`validate`'s of these results) beyond `tolerance`: its prediction on GPUs
+    `share` slower in every step where it came out low, `share` faster where high (`Profile.slower`), as far as a
+    machine of the kind may differ from the profile's (docs/planner.md, "One kind, many machines")."""
+    for sign in (1, -1):
+        cells = [(i, key) for i, r in enumerate(rows) for key in LATENCIES
+                 if beyond(r, key, tolerance) and math.isfinite(r.error(key)) and (r.error(key) < 0) == (sign > 0)]
+        if cells:
+            other = validate(results, profile.slower(sign * share))
+            for i, key in cells:
+                rows[i].reach[key] = (sign * share, getattr(other[i].predicted, key))
+
+
 def rank_cells(row: Row, records: list[RequestRecord]) -> None:
     """Each latency cell's prediction ranked among the measured values the cell's percentile was taken of (the
     served requests' TTFTs, their TPOTs where they have one), and the measured values 10 points either side."""
@@ -299,8 +315,16 @@ def ranks(rows: list[Row], tolerance: float = TOLERANCE) -> list[str]:
                 low, high = r.spans[key]
                 lines.append(f"{r.mode} at {r.load}, {name} {_error(r.error(key))}: the prediction is the measured "
                              f"p{r.ranks[key]:.0f} (p{max(0, q - 10)}-p{min(100, q + 10)}: {_value(key, low)}-"
-                             f"{_value(key, high)} ms)")
+                             f"{_value(key, high)} ms)" + _reach(r, key))
     return lines
+
+
+def _reach(row: Row, key: str) -> str:
+    if (reach := _reach_json(row, key)) is None:
+        return ""
+    share = reach["slower"]
+    return (f"; on GPUs {100 * abs(share):g}% {'slower' if share > 0 else 'faster'}: "
+            f"{_value(key, reach['predicted'])} ms ({_error(reach['error'])})")
 
 
 def table(rows: list[Row], tolerance: float = TOLERANCE) -> str:
@@ -335,10 +359,20 @@ def to_json(rows: list[Row], tolerance: float = TOLERANCE) -> list[dict]:
              "offsets_s": r.offsets, "borrowed": list(r.borrowed), "note": r.note,
              "metrics": {k: {"predicted": _finite(getattr(r.predicted, k)), "measured": _finite(getattr(r.measured, k)),
                              "error": _finite(r.error(k)), "beyond": beyond(r, k, tolerance),
-                             "measured_rank": r.ranks.get(k), "measured_span": r.spans.get(k)} for _, k in METRICS},
+                             "measured_rank": r.ranks.get(k), "measured_span": r.spans.get(k),
+                             "machine": _reach_json(r, k)} for _, k in METRICS},
              "attainment": {"predicted": r.predicted.attainment, "measured": r.measured.attainment},
              "busy_seconds": None if r.busy is None else {"predicted": r.busy[0], "measured": r.busy[1]}}
             for r in rows]
+
+
+def _reach_json(row: Row, key: str) -> dict | None:
+    """A missed cell's prediction on GPUs a share slower (< 0: faster), and its error; None for the others."""
+    if key not in row.reach:
+        return None
+    share, value = row.reach[key]
+    measured = getattr(row.measured, key)
+    return {"slower": share, "predicted": value, "error": (value - measured) / measured}
 
 
 def _finite(x: float) -> float | None:
