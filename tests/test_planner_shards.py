@@ -191,7 +191,7 @@ def test_a_redraw_on_the_plans_own_seed_repeats_it_and_on_another_moves_it():
         "TTFT p50 12%. ")
 
 
-def test_the_pick_on_slower_gpus_is_slower_and_says_whether_it_still_sustains_its_rate():
+def test_the_pick_on_slower_gpus_is_slower_and_says_whether_it_still_sustains_its_rate(monkeypatch):
     """The machine line: the pick simulated again, on the plan's own draw, on GPUs a share slower in every step.
     Not slower at all, it is the plan's figures exactly; slower, every request's steps take longer."""
     from scripts.planner.plan import redraw
@@ -202,6 +202,7 @@ def test_the_pick_on_slower_gpus_is_slower_and_says_whether_it_still_sustains_it
     plan = run_plan(cfg, [make_profile()])
     first = plan.results["2P:2D"]
     assert redraw(plan, "2P:2D", 0, slower=0.0) == first
+    monkeypatch.setattr("scripts.planner.plan.workloads", lambda cfg: pytest.fail("the plan's own draw drawn again"))
     slow = redraw(plan, "2P:2D", 0, slower=0.5)
     assert [p.rate for p in slow] == [8, 16]
     for a, b in zip(first, slow):

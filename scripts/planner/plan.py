@@ -45,6 +45,7 @@ class Plan:
     # engines than routers
     hidden: set[str] = field(default_factory=set)  # simulated but left out of the printed table (not of plan.json)
     layouts: dict[str, Layout] = field(default_factory=dict)  # each result's layout (for `redraw`)
+    loads: list[tuple[float, Workload]] = field(default_factory=list)  # what was simulated (`redraw` on its seed)
 
 
 def workloads(cfg: PlanConfig) -> list[tuple[float, Workload]]:
@@ -148,7 +149,7 @@ def run_plan(cfg: PlanConfig, profiles: list[Profile] | None = None,
         raise ValueError(f"--profile: profiles of different models ({', '.join(p.model for p in profiles)})")
     loads, slo = workloads(cfg), cfg.slo()
     outputs = [n for _, w in loads for n in w.output_lens]
-    plan = Plan(profiles, cfg, output_tokens=sum(outputs) / max(1, len(outputs)))
+    plan = Plan(profiles, cfg, output_tokens=sum(outputs) / max(1, len(outputs)), loads=loads)
     for profile in profiles:
         _plan_tp(plan, profile, loads, slo, progress)
     plan.results = dict(sorted(plan.results.items(), key=lambda item: _order(item[0])))
@@ -192,7 +193,7 @@ def redraw(plan: Plan, name: str, seed: int, slower: float = 0.0) -> list[Point]
     if slower:
         profile = profile.slower(slower)
     counts = shards_of(layout, plan.routers[layout.tp][layout.mode])
-    loads = workloads(dataclasses.replace(plan.config, seed=seed))
+    loads = plan.loads if seed == plan.config.seed else workloads(dataclasses.replace(plan.config, seed=seed))
     shards = Shards(Layouts(jobs(plan.config), profile, loads, plan.config.slo(), BlockPool()),
                     plan.config.gpus // profile.tp, loads)
     try:
