@@ -19,9 +19,10 @@ step after. From that point the worker takes no message for the host's time to s
 Fast-forward: a decode-only batch with nothing waiting repeats identically until a sequence finishes or one
 arrives, so its steps run in bulk (`FastRun`): token counts and blocks advance for all of them at once, the time
 is the sum of their step times, and an arrival (or a reservation wanting blocks) cuts the run at the step then
-in flight. The result is what stepping one by one gives (tests/test_planner.py checks that a fixed batch's step
-times add up, and that a cluster's predictions do not change); only the router's view between a run's steps is
-coarser (the engine's load as at the run's start).
+in flight. Before the router places a request, it is shown each engine as of its step in flight (`catch_up`: the
+blocks of the steps begun taken), as it sees a stepped engine at each step's start. So every request gets the times
+stepping one by one gives (tests/test_planner_bulk.py; tests/test_planner.py checks that a fixed batch's step times
+add up). A decode worker that prefills nothing runs in aggregate instead (scripts/planner/decode_pool.py).
 """
 from __future__ import annotations
 
@@ -34,6 +35,7 @@ from common.engine.launch_clock import LEAD_PREP_FACTOR, LEAD_STEP_SHARE
 from common.engine.scheduler import ScheduledBatch, Scheduler
 from common.engine.sequence import Sequence, SequenceStatus
 from common.sampling_params import SamplingParams
+from scripts.planner.fast_run import FastRun
 from scripts.planner.profile import Profile
 
 TOKEN = 1  # every sampled token: no end of sequence, each request runs to its output length
@@ -63,35 +65,6 @@ class BlockPool:
 
 
 @dataclass
-class FastRun:
-    """k identical decode steps from `start`: step i lasts first + i * growth (contexts grow one token a step)."""
-
-    start: float
-    steps: int
-    first: float
-    growth: float
-
-    def elapsed(self, k: int) -> float:
-        return k * self.first + self.growth * k * (k - 1) / 2
-
-    def steps_begun_by(self, t: float) -> int:
-        """Steps that have begun by time t (the last of them may be in flight)."""
-        dt = t - self.start
-        if dt < 0:
-            return 0
-        if self.growth > 0:
-            a, b = self.growth / 2, self.first - self.growth / 2
-            k = int((-b + math.sqrt(b * b + 4 * a * dt)) / (2 * a))
-        else:
-            k = int(dt / self.first) if self.first > 0 else self.steps
-        while k > 0 and self.elapsed(k) > dt:
-            k -= 1
-        while k < self.steps and self.elapsed(k) <= dt:
-            k += 1
-        return min(k, self.steps)
-
-
-@dataclass
 class Done:
     """A step (or fast run) that ended, its tokens still to collect."""
 
@@ -116,6 +89,7 @@ class SimEngine:
         self.batch: ScheduledBatch | None = None
         self.olds: list[int] = []
         self.fast: FastRun | None = None
+        self.shown_steps = 0  # of the fast run in flight, the steps begun when the router last saw the engine
         self.busy_until: float | None = None  # end of the step (or fast run) in flight
         self.generation = 0  # bumped when a fast run is cut: its old end event is stale
         self.step_time = self.step_end = 0.0
@@ -272,6 +246,7 @@ class SimEngine:
                 first = self.step_seconds(batch)
                 growth = self.profile.decode_cost(len(batch.seqs)).per_seq_context_s * len(batch.seqs)
                 self.batch, self.fast = batch, FastRun(now, k, first, growth)
+                self.shown_steps = 1  # the simulation shows the engine to the router once it has started (`_kick`)
                 self.started, self.launch_end = now, now + self.profile.host_launch_s
                 self.busy_until = now + self.fast.elapsed(k)
                 self._block(self.busy_until, first + growth * (k - 1), decode_only=True)
@@ -331,10 +306,7 @@ class SimEngine:
         run = self.fast
         if run is None:
             return None
-        k = min(max(run.steps_begun_by(now), 1), run.steps)
-        for seq in self.batch.seqs:  # the blocks of the steps begun, taken now: what comes next cannot take them
-            ok = self.block_manager.allocate(seq, seq.num_computed_tokens + k)
-            assert ok, "fast run without the blocks it counted on"
+        k = self._take_begun(now)  # what comes next cannot take the blocks of the steps begun
         if k == run.steps:
             return None
         run.steps = k
@@ -342,6 +314,25 @@ class SimEngine:
         self.busy_until = run.start + run.elapsed(k)
         self._block(self.busy_until, run.first + run.growth * (k - 1), decode_only=True, carry=False)
         return self.busy_until
+
+    def catch_up(self, now: float) -> bool:
+        """Whether the router's view of the engine is older than the step in flight at `now`: a stepped engine is
+        shown as each step starts (its blocks taken, what finished the step before not yet freed). In a fast run
+        the blocks of the steps begun are then taken, to be shown now."""
+        if self.fast is None or min(max(self.fast.steps_begun_by(now), 1), self.fast.steps) <= self.shown_steps:
+            return False
+        self._take_begun(now)
+        return True
+
+    def _take_begun(self, now: float) -> int:
+        """Takes the blocks of the fast run's steps begun by `now` (shown to the router once taken); returns how many
+        have begun."""
+        run = self.fast
+        k = self.shown_steps = min(max(run.steps_begun_by(now), 1), run.steps)
+        for seq in self.batch.seqs:
+            ok = self.block_manager.allocate(seq, seq.num_computed_tokens + k)
+            assert ok, "fast run without the blocks it counted on"
+        return k
 
     def finish(self) -> Done:
         """The step (or fast run) in flight ended. A fast run's tokens are applied now (none of its sequences

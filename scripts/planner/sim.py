@@ -13,7 +13,8 @@ The same policy code the cluster runs, imported:
 - each request's router-side state: router/request.py's `Request`, whose transitions count what each worker holds
   (`assigned`, so `WorkerRegistry.with_room` caps each worker at the router's default `max_worker_requests`;
   `prefill_tokens`);
-- each worker's batching: the engine's `Scheduler` and `BlockManager` (scripts/planner/engine.py).
+- each worker's batching: the engine's `Scheduler` and `BlockManager` (scripts/planner/engine.py; a decode worker
+  that prefills nothing, whose every step only decodes, in aggregate: scripts/planner/decode_pool.py).
 
 Reused: router/dispatch.py's `choose_disagg`, the disaggregated choice itself; `_dispatch_one` below only applies
 it without messages (the router's `Dispatcher` is async and sends them).
@@ -48,6 +49,7 @@ from router.prefix_index import PromptKeys
 from router.registry import WorkerInfo, WorkerRegistry
 from router.request import Request
 from scripts.planner.collector import collector_paused
+from scripts.planner.decode_pool import DecodePool
 from scripts.planner.engine import BlockPool, SimEngine
 from scripts.planner.gpu import Gpu
 from scripts.planner.layout import Layout
@@ -87,13 +89,18 @@ class Simulation:
         for i, ((role, letter), gpu) in enumerate(zip(roles, layout.gpus())):
             name = f"{letter}{i}"
             chunk = layout.local_prefill_chunk if role == "decode" else None
-            self.engines[name] = SimEngine(name, role, profile, chunk, fast_forward, workload.shared_prefixes, spares,
-                                           self.num_blocks)
+            # A decode worker that prefills nothing itself decodes in aggregate (scripts/planner/decode_pool.py)
+            pooled = role == "decode" and layout.policy == "always" and fast_forward and not self.gpus[gpu].shared
+            self.engines[name] = (DecodePool if pooled else SimEngine)(
+                name, role, profile, chunk, fast_forward, workload.shared_prefixes, spares, self.num_blocks)
             self.gpu_of[name] = self.gpus[gpu]
             hello = P.WorkerHello(worker_id=name, role=role, model_fingerprint=profile.model or "sim",
                                   num_blocks=self.num_blocks, layout=layout_rec, max_model_len=1 << 30,
                                   vocab_size=1 << 30)
             self.infos[name] = self.registry.register(hello, name.encode())
+        # Engines that run steps in bulk (not on a shared GPU, whose steps go one by one): the router's view of them
+        # is brought up to their step in flight before it places a request (`catch_up`)
+        self.bulk = [e for name, e in self.engines.items() if fast_forward and not self.gpu_of[name].shared]
         self.events: list[tuple[float, int, str, object, int]] = []
         self.counter = itertools.count()
         self.requests: list[SimRequest] = []
@@ -325,6 +332,9 @@ class Simulation:
         """router/dispatch.py's choice for the oldest queued request; False when no worker can take it."""
         place, ids = self.placement, req.attempt_ids
         req.dispatched = self.now
+        for engine in self.bulk:
+            if engine.catch_up(self.now):
+                self._sync(engine)
         if self.layout.mode == "colocated":
             worker = place.colocated(len(ids), req.keys)
             if worker is None:

@@ -1,0 +1,233 @@
+"""A decode worker's engine simulated in aggregate: the steps of a batch that only decodes, run without walking
+the batch.
+
+On a decode worker whose prompts are all prefilled elsewhere (`--disagg-policy always`), every step is the same
+decision: each running sequence computes one token, a sequence whose KV has landed joins at the next step, and one
+leaves after its last token. So this engine keeps no per-step state in its sequences while they run. The pool
+counts steps; a sequence's tokens are what it had when it joined plus the steps since (`Member`); its blocks are
+taken as the steps that need them begin (a sequence needs a new block every `block_size` steps: `by_residue`
+files the sequences by the step, modulo the block size, at which they cross into one); the next to finish come
+from a heap; the step's cost from the batch size and the sum of the contexts, kept as they change. A run of steps
+(`FastRun`) lasts to the next step in which a sequence computes its last token, or until something lands (one
+step while one waits), as SimEngine's fast runs do, and a sequence's tokens are written into it when it finishes.
+
+What the scheduler would decide otherwise (scripts/planner/engine.py steps it: common/engine/scheduler.py):
+sequences join in the order they landed, while `max_num_seqs` seats, the token budget and the free blocks allow;
+one that lands after the next step was scheduled (`cutoff`) waits for the step after. Where it would do more than
+that (preempt a sequence for want of blocks, run more decodes than its token budget, prefill a prompt), the pool
+hands its sequences to the scheduler as they stand and the engine steps from then on (`pooled` False). The
+router sees the blocks taken by the steps begun (`catch_up`, called before each placement), as it does of a
+stepped engine; tests/test_planner_bulk.py checks that every request's times are those of stepping one by one.
+"""
+from __future__ import annotations
+
+import heapq
+import itertools
+import math
+from dataclasses import dataclass
+
+from common.engine.sequence import PENDING, Sequence, SequenceStatus
+from scripts.planner.engine import TOKEN, SimEngine
+from scripts.planner.fast_run import FastRun
+
+
+@dataclass(eq=False, slots=True)
+class Member:
+    """A sequence in the pool's batch: its computed tokens before step s are `base + s - joined`."""
+
+    seq: Sequence
+    joined: int  # the pool's step in which it first decoded
+    base: int  # its computed tokens then
+    last: int  # the step in which it computes its last token
+
+    def computed(self, step: int) -> int:
+        return self.base + step - self.joined
+
+
+@dataclass
+class PoolDone:
+    """A pool's run that ended: the sequences that computed their last token in its last step."""
+
+    finishers: list[Sequence]
+    first_end: float
+
+
+class DecodePool(SimEngine):
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.pooled = True
+        self.clock = 0  # steps run
+        self.allocated = 0  # steps whose blocks are taken
+        self.members: dict[Member, None] = {}  # in the order they joined, as the scheduler's `running`
+        self.by_residue: list[dict[Member, None]] = [{} for _ in range(self.block_manager.block_size)]
+        self.ends: list[tuple[int, int, Member]] = []  # (last step, order, member): the next to finish first
+        self.order = itertools.count()
+        self.context = 0  # the members' computed tokens before step `clock`
+        self.shown_step = -1  # the latest step the router has seen the engine at (it sees each as it starts)
+        self.unresolved: list[tuple[Sequence, int]] = []  # (sequence, index of its unseen token) once unpooled
+
+    # ---- runs ---------------------------------------------------------------------------------------
+    def start(self, now: float, fast: bool = True) -> float | None:
+        if self.pooled and not self._poolable():
+            self._unpool()
+        if not self.pooled:
+            return super().start(now, fast=False)  # one step at a time, as the scheduler decides
+        self._allocate_to(self.clock + 1)
+        self._admit()
+        if not self.members:
+            self.cutoff = self.blocked_from = self.blocked_until = math.inf
+            return None
+        # Sequences left waiting (landed after the cutoff, or short of a seat or a block until the finished ones are
+        # collected) are considered again at the next step, so the run is one step
+        k = 1 if self.scheduler.waiting else self.ends[0][0] - self.clock + 1
+        while k > 1 and self._crossings(self.clock + 1, self.clock + k) > self.block_manager.num_free_blocks:
+            k //= 2
+        p, d = self.profile, len(self.members)
+        cost = p.decode_cost(d)
+        first = p.host_launch_s + cost.seconds(d, self.context)
+        self.fast = FastRun(now, k, first, cost.per_seq_context_s * d)
+        self.shown_step = self.clock  # the simulation shows the engine to the router once it has started (`_kick`)
+        self.started, self.launch_end = now, now + min(p.host_launch_s, first)
+        self.busy_until = now + self.fast.elapsed(k)
+        self._block(self.busy_until, first + self.fast.growth * (k - 1), decode_only=True)
+        return self.busy_until
+
+    def cut(self, now: float) -> float | None:
+        if not self.pooled:
+            return super().cut(now)
+        run = self.fast
+        if run is None:
+            return None
+        k = min(max(run.steps_begun_by(now), 1), run.steps)
+        self._allocate_to(self.clock + k)
+        self.shown_step = self.clock + k - 1  # and shown once cut (`_kick`)
+        if k == run.steps:
+            return None
+        run.steps = k
+        self.generation += 1
+        self.busy_until = run.start + run.elapsed(k)
+        self._block(self.busy_until, run.first + run.growth * (k - 1), decode_only=True, carry=False)
+        return self.busy_until
+
+    def catch_up(self, now: float) -> bool:
+        """Whether the router's view of the engine is older than the step in flight at `now`: a stepped engine shows
+        it each step as the step starts (its blocks taken, the sequences that finished the step before not yet freed,
+        as the worker collects them after). Then the blocks of the steps begun are taken, to be shown now."""
+        if not self.pooled or self.fast is None:
+            return False
+        latest = self.clock + min(max(self.fast.steps_begun_by(now), 1), self.fast.steps) - 1
+        if latest <= self.shown_step:
+            return False
+        self._allocate_to(latest + 1)
+        self.shown_step = latest
+        return True
+
+    def finish(self):
+        if not self.pooled:
+            return super().finish()
+        run, k = self.fast, self.fast.steps
+        self.fast = self.batch = self.busy_until = None
+        self._allocate_to(self.clock + k)
+        self.busy_seconds += run.elapsed(k)
+        self.steps += k
+        self.clock += k
+        self.context += len(self.members) * k
+        finishers = []
+        while self.ends and self.ends[0][0] < self.clock:
+            m = heapq.heappop(self.ends)[2]
+            del self.members[m]
+            del self.by_residue[(m.joined - m.base) % len(self.by_residue)][m]
+            self.context -= m.computed(self.clock)
+            self._write(m)
+            finishers.append(m.seq)
+        # its first step's tokens came back once its second step was launched (a graph replay)
+        return PoolDone(finishers, run.start + run.first + (self.profile.host_launch_s if k > 1 else 0.0))
+
+    def collect(self, done) -> tuple[list[Sequence], float]:
+        if not isinstance(done, PoolDone):
+            return super().collect(done)
+        for seq, pos in self.unresolved:  # handed to the scheduler with the run's last token unseen
+            if seq.status is SequenceStatus.RUNNING:  # (not preempted meanwhile: then it was dropped)
+                seq.token_ids[pos] = TOKEN
+        self.unresolved = []
+        for seq in done.finishers:  # resolved now, after the next step was scheduled, as the scheduler does
+            seq.token_ids[-1] = TOKEN
+            self.scheduler.finish(seq, "length")
+        return done.finishers, done.first_end
+
+    # ---- the pool's own ---------------------------------------------------------------------------------
+    def _poolable(self) -> bool:
+        """Whether the next step is the pool's decision: only decodes (nothing waiting to prefill), within the token
+        budget, and a free block for every member that needs one (else the scheduler preempts)."""
+        return (all(s.num_uncomputed() == 1 for s in self.scheduler.waiting)
+                and len(self.members) <= self.scheduler.max_num_batched_tokens
+                and self._crossings(self.clock, self.clock + 1) <= self.block_manager.num_free_blocks)
+
+    def _admit(self) -> None:
+        """The scheduler's admission of landed sequences (each holds its prompt's blocks and has its first token):
+        in order, while seats and the token budget last, passing one that waits for a block; those that landed after
+        the cutoff wait for the next step, unless nothing else would run."""
+        waiting = self.scheduler.waiting
+        on_time = len(waiting)
+        while on_time and waiting[on_time - 1].arrival_time > self.cutoff:
+            on_time -= 1
+        if not self._admit_from(on_time) and not self.members:
+            self._admit_from(len(waiting))
+
+    def _admit_from(self, limit: int) -> bool:
+        sched, waiting, admitted = self.scheduler, self.scheduler.waiting, False
+        budget = sched.max_num_batched_tokens - len(self.members)
+        i = 0
+        while i < limit and budget > 0 and len(sched.running) < sched.max_num_seqs:
+            seq = waiting[i]
+            if not self.block_manager.allocate(seq, seq.num_tokens):
+                i += 1
+                continue
+            del waiting[i]
+            limit -= 1
+            seq.status = SequenceStatus.RUNNING
+            sched.running.append(seq)
+            m = Member(seq, self.clock, seq.num_computed_tokens,
+                       self.clock + seq.sampling.max_tokens - seq.num_completion_tokens - 1)
+            self.members[m] = None
+            self.by_residue[(m.joined - m.base) % len(self.by_residue)][m] = None
+            heapq.heappush(self.ends, (m.last, next(self.order), m))
+            self.context += m.base
+            budget -= 1
+            admitted = True
+        return admitted
+
+    def _crossings(self, start: int, end: int) -> int:
+        """New blocks the members need in steps start..end-1 (one each every block_size steps)."""
+        bs, n = len(self.by_residue), end - start
+        total = (n // bs) * len(self.members)
+        return total + sum(len(self.by_residue[s % bs]) for s in range(start + n // bs * bs, end))
+
+    def _allocate_to(self, end: int) -> None:
+        """Takes the blocks of steps up to `end` (exclusive)."""
+        bs, allocate = len(self.by_residue), self.block_manager.allocate
+        for s in range(self.allocated, end):
+            for m in self.by_residue[s % bs]:
+                ok = allocate(m.seq, m.computed(s) + 1)
+                assert ok, "a pooled step without the blocks it counted on"
+        self.allocated = max(self.allocated, end)
+
+    def _write(self, m: Member) -> None:
+        """The member's tokens up to step `clock` into its sequence, the newest still unseen (PENDING) as the
+        scheduler leaves it until the step is collected, and its full blocks into the prefix cache."""
+        seq, steps = m.seq, self.clock - m.joined
+        if steps:
+            seq.num_computed_tokens = m.base + steps
+            seq.token_ids.extend([TOKEN] * (steps - 1) + [PENDING])
+            self.block_manager.commit(seq, m.base)  # the blocks full before the newest token
+
+    def _unpool(self) -> None:
+        """The scheduler steps from now on: every member's tokens written into its sequence, the newest unseen until
+        the run that computed it is collected (the scheduler then schedules the next step)."""
+        for m in self.members:
+            self._write(m)
+            self.unresolved.append((m.seq, m.seq.num_computed_tokens))
+        self.members.clear()
+        self.ends.clear()
+        self.by_residue = [{} for _ in self.by_residue]
+        self.pooled = False

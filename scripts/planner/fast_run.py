@@ -1,0 +1,34 @@
+"""Identical decode steps simulated in bulk: their times in closed form (scripts/planner/engine.py, decode_pool.py)."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+
+@dataclass
+class FastRun:
+    """k identical decode steps from `start`: step i lasts first + i * growth (contexts grow one token a step)."""
+
+    start: float
+    steps: int
+    first: float
+    growth: float
+
+    def elapsed(self, k: int) -> float:
+        return k * self.first + self.growth * k * (k - 1) / 2
+
+    def steps_begun_by(self, t: float) -> int:
+        """Steps that have begun by time t (the last of them may be in flight)."""
+        dt = t - self.start
+        if dt < 0:
+            return 0
+        if self.growth > 0:
+            a, b = self.growth / 2, self.first - self.growth / 2
+            k = int((-b + math.sqrt(b * b + 4 * a * dt)) / (2 * a))
+        else:
+            k = int(dt / self.first) if self.first > 0 else self.steps
+        while k > 0 and self.elapsed(k) > dt:
+            k -= 1
+        while k < self.steps and self.elapsed(k) <= dt:
+            k += 1
+        return min(k, self.steps)

@@ -1,0 +1,121 @@
+"""Steps simulated in bulk give every request the times that stepping the engine's own scheduler one step at a time
+gives, behind a router that places by what it sees of each engine: a decode worker in aggregate
+(scripts/planner/decode_pool.py), and fast runs of identical steps (scripts/planner/engine.py) on colocated replicas
+and on decode workers that may prefill (`auto`)."""
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import pytest
+
+from scripts.planner.decode_pool import DecodePool
+from scripts.planner.layout import Layout
+from scripts.planner.profile import load_profile
+from scripts.planner.sim import Simulation
+from scripts.planner.workload import Workload
+from tests.test_planner import make_profile, workload
+
+PROFILES = Path(__file__).resolve().parent.parent / "scripts/planner/profiles"
+
+
+def mixed(n: int, rate: float, seed: int, shared: bool = False) -> Workload:
+    """Prompts of 20-600 tokens and answers of 1-300, some sharing a prefix."""
+    rng = random.Random(seed)
+    base = workload(n, rate, 1, 1, seed)
+    prefix = [rng.randrange(50_000) for _ in range(64)]
+    prompts = [(prefix if shared and rng.random() < 0.5 else []) + [rng.randrange(50_000)
+                                                                    for _ in range(rng.randint(20, 600))]
+               for _ in range(n)]
+    return Workload(base.arrivals, prompts, [rng.randint(1, 300) for _ in range(n)], shared_prefixes=shared)
+
+
+def run(profile, layout: Layout, load: Workload, fast_forward: bool) -> Simulation:
+    sim = Simulation(profile, layout, load, fast_forward=fast_forward)
+    sim.run()
+    return sim
+
+
+def assert_same_times(a: Simulation, b: Simulation) -> None:
+    for x, y in zip(a.requests, b.requests, strict=True):
+        assert (x.rid, x.refused) == (y.rid, y.refused)
+        if not x.refused:
+            assert (x.first, x.done) == pytest.approx((y.first, y.done), rel=1e-9, abs=1e-12), x.rid
+
+
+@pytest.mark.parametrize("layout", [Layout(prefill=1, decode=1), Layout(prefill=2, decode=2),
+                                    Layout(prefill=1, decode=3), Layout(prefill=3, decode=1)])
+@pytest.mark.parametrize("seed", [1, 2])
+def test_pooled_decode_workers_give_the_times_of_stepping(layout, seed):
+    profile = make_profile()
+    load = mixed(300, 60.0, seed, shared=seed == 2)
+    pooled, stepped = run(profile, layout, load, True), run(profile, layout, load, False)
+    assert all(isinstance(e, DecodePool) for e in pooled.engines.values() if e.role == "decode")
+    assert not any(isinstance(e, DecodePool) for e in stepped.engines.values())
+    assert_same_times(pooled, stepped)
+
+
+def test_a_pool_short_of_seats_gives_the_times_of_stepping():
+    """Eight seats: landed sequences wait for one to be freed, and take it the step after."""
+    profile = make_profile(max_num_seqs=8)
+    load = mixed(200, 40.0, 3)
+    assert_same_times(run(profile, Layout(prefill=2, decode=1), load, True),
+                      run(profile, Layout(prefill=2, decode=1), load, False))
+
+
+def test_a_pool_short_of_blocks_hands_its_batch_to_the_scheduler_and_gives_the_times_of_stepping():
+    """Too few blocks for the decodes' growth: the scheduler preempts, so the pool steps from then on."""
+    profile = make_profile(num_kv_blocks=160)
+    load = mixed(150, 40.0, 4)
+    pooled = run(profile, Layout(prefill=1, decode=2), load, True)
+    assert any(isinstance(e, DecodePool) and not e.pooled for e in pooled.engines.values())
+    assert sum(e.scheduler.num_preemptions for e in pooled.engines.values()) > 0
+    assert_same_times(pooled, run(profile, Layout(prefill=1, decode=2), load, False))
+
+
+@pytest.mark.parametrize("layout", [Layout(colocated=3), Layout(prefill=2, decode=2, policy="auto")])
+def test_fast_runs_on_several_engines_give_the_times_of_stepping(layout):
+    """Each engine in a fast run is shown to the router as of its step in flight, as a stepped one is (Qwen3-8B's
+    profile: its decode steps run in bulk between arrivals)."""
+    profile = load_profile(PROFILES / "h200-qwen3-8b.json")
+    load = mixed(300, 30.0, 6, shared=True)
+    bulk, stepped = run(profile, layout, load, True), run(profile, layout, load, False)
+    assert sum(e.steps for e in bulk.engines.values()) == sum(e.steps for e in stepped.engines.values())
+    assert_same_times(bulk, stepped)
+
+
+def test_only_decode_workers_that_prefill_nothing_are_pooled():
+    """`auto` may prefill on a decode worker, colocated replicas prefill, and engines sharing a GPU step one by one."""
+    profile, load = make_profile(), mixed(20, 20.0, 5)
+    for layout in (Layout(prefill=1, decode=1, policy="auto"), Layout(colocated=2),
+                   Layout(prefill=1, decode=1, gpus_per_engine=0.5)):
+        assert not any(isinstance(e, DecodePool) for e in run(profile, layout, load, True).engines.values())
+
+
+def test_a_pooled_batch_steps_as_its_contexts_grow():
+    """Four sequences landed together decode as one batch: each step costs the profile's decode step of the batch at
+    its total context, and each finishes at the end of the step that computes its last token."""
+    profile = make_profile()
+    outputs = {"0": 3, "1": 5, "2": 5, "3": 9}
+    pool = DecodePool("d0", "decode", profile)
+    seqs = {rid: pool.reserve(rid, list(range(100 + int(rid))), out) for rid, out in outputs.items()}
+    for seq in seqs.values():
+        pool.land(seq, 0.0)
+    computed = {rid: 100 + int(rid) for rid in outputs}
+    left = {rid: out - 1 for rid, out in outputs.items()}  # steps after the first token (the prefill worker's)
+    t, expected = 0.0, {}
+    while left:
+        t += profile.host_launch_s + profile.decode_cost(len(left)).seconds(len(left), sum(computed[r] for r in left))
+        for rid in list(left):
+            computed[rid] += 1
+            left[rid] -= 1
+            if not left[rid]:
+                expected[rid] = t
+                del left[rid]
+    now, finished = 0.0, {}
+    while (end := pool.start(now)) is not None:
+        now = end
+        finished.update((seq.request_id, now) for seq in pool.collect(pool.finish())[0])
+    assert finished == pytest.approx(expected, rel=1e-12)
+    assert {rid: seq.num_completion_tokens for rid, seq in seqs.items()} == outputs
+    assert pool.free_blocks == pool.block_manager.num_blocks
