@@ -45,12 +45,11 @@ class WorkerPrefixes:
         return n
 
     def add(self, prompt: PromptKeys) -> None:
+        """The prompt's keys become the most recently sent, in the prompt's order."""
         keys = self.keys
-        for key in prompt.keys:
-            if key in keys:
-                keys.move_to_end(key)
-            else:
-                keys[key] = None  # a new key goes last
+        for key in keys.keys() & prompt.keys:  # held already: taken out, to go last with the new ones
+            del keys[key]
+        keys.update(dict.fromkeys(prompt.keys))
         for _ in range(len(keys) - self.capacity):
             keys.popitem(last=False)
 

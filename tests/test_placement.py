@@ -58,6 +58,18 @@ def test_the_index_forgets_least_recently_sent_first_within_the_workers_block_co
     assert index.cached_tokens("w", a) == 0
 
 
+def test_a_sent_prompts_keys_become_the_most_recent_in_its_order():
+    """Keys held already move last with the prompt's new ones, in the prompt's order: the least recently sent go
+    first."""
+    index = PrefixIndex()
+    a, b = PromptKeys.of(list(range(33)), 4), PromptKeys.of(list(range(100, 133)), 4)
+    c = PromptKeys.of(list(range(16)) + list(range(200, 217)), 4)  # a's first four blocks, then its own
+    for prompt in (a, b, c):
+        index.sent("w", 100, prompt)
+    assert c.keys[:4] == a.keys[:4]
+    assert list(index.workers["w"].keys) == a.keys[4:] + b.keys + c.keys
+
+
 def test_the_cost_is_uncached_tokens_plus_the_work_waiting():
     reg = registry(("p0", "prefill"), ("p1", "prefill"))
     p0, p1 = reg.workers["p0"], reg.workers["p1"]

@@ -113,11 +113,13 @@ class DecodePool(SimEngine):
         """Whether the router's view of the engine is older than the step in flight at `now`: a stepped engine shows
         it each step as the step starts (its blocks taken, the sequences that finished the step before not yet freed,
         as the worker collects them after). Then the blocks of the steps begun are taken, to be shown now."""
-        if not self.pooled or self.fast is None:
+        run = self.fast
+        if not self.pooled or run is None:
             return False
-        latest = self.clock + min(max(self.fast.steps_begun_by(now), 1), self.fast.steps) - 1
-        if latest <= self.shown_step:
-            return False
+        shown = self.shown_step - self.clock + 1  # of this run's steps
+        if shown >= run.steps or now - run.start < run.elapsed(shown):
+            return False  # no step has begun since
+        latest = self.clock + min(max(run.steps_begun_by(now), 1), run.steps) - 1
         self._allocate_to(latest + 1)
         self.shown_step = latest
         return True

@@ -319,8 +319,9 @@ class SimEngine:
         """Whether the router's view of the engine is older than the step in flight at `now`: a stepped engine is
         shown as each step starts (its blocks taken, what finished the step before not yet freed). In a fast run
         the blocks of the steps begun are then taken, to be shown now."""
-        if self.fast is None or min(max(self.fast.steps_begun_by(now), 1), self.fast.steps) <= self.shown_steps:
-            return False
+        run = self.fast
+        if run is None or self.shown_steps >= run.steps or now - run.start < run.elapsed(self.shown_steps):
+            return False  # no step has begun since
         self._take_begun(now)
         return True
 
