@@ -16,7 +16,7 @@ sequences join in the order they landed, while `max_num_seqs` seats, the token b
 one that lands after the next step was scheduled (`cutoff`) waits for the step after. Where it would do more than
 that (preempt a sequence for want of blocks, run more decodes than its token budget, prefill a prompt), the pool
 hands its sequences to the scheduler as they stand and the engine steps from then on (`pooled` False). The
-router sees the blocks taken by the steps begun (`catch_up`, called before each placement), as it does of a
+router sees the blocks taken by the steps begun (SimEngine's `catch_up`, before each placement), as it does of a
 stepped engine; tests/test_planner_bulk.py checks that every request's times are those of stepping one by one.
 """
 from __future__ import annotations
@@ -63,7 +63,6 @@ class DecodePool(SimEngine):
         self.ends: list[tuple[int, int, Member]] = []  # (last step, order, member): the next to finish first
         self.order = itertools.count()
         self.context = 0  # the members' computed tokens before step `clock`
-        self.shown_step = -1  # the latest step the router has seen the engine at (it sees each as it starts)
         self.unresolved: list[tuple[Sequence, int]] = []  # (sequence, index of its unseen token) once unpooled
 
     # ---- runs ---------------------------------------------------------------------------------------
@@ -86,43 +85,14 @@ class DecodePool(SimEngine):
         cost = p.decode_cost(d)
         first = p.host_launch_s + cost.seconds(d, self.context)
         self.fast = FastRun(now, k, first, cost.per_seq_context_s * d)
-        self.shown_step = self.clock  # the simulation shows the engine to the router once it has started (`_kick`)
+        self.shown_steps = 1  # the simulation shows the engine to the router once it has started (`_kick`)
         self.started, self.launch_end = now, now + min(p.host_launch_s, first)
         self.busy_until = now + self.fast.elapsed(k)
         self._block(self.busy_until, first + self.fast.growth * (k - 1), decode_only=True)
         return self.busy_until
 
-    def cut(self, now: float) -> float | None:
-        if not self.pooled:
-            return super().cut(now)
-        run = self.fast
-        if run is None:
-            return None
-        k = min(max(run.steps_begun_by(now), 1), run.steps)
-        self._allocate_to(self.clock + k)
-        self.shown_step = self.clock + k - 1  # and shown once cut (`_kick`)
-        if k == run.steps:
-            return None
-        run.steps = k
-        self.generation += 1
-        self.busy_until = run.start + run.elapsed(k)
-        self._block(self.busy_until, run.first + run.growth * (k - 1), decode_only=True, carry=False)
-        return self.busy_until
-
-    def catch_up(self, now: float) -> bool:
-        """Whether the router's view of the engine is older than the step in flight at `now`: a stepped engine shows
-        it each step as the step starts (its blocks taken, the sequences that finished the step before not yet freed,
-        as the worker collects them after). Then the blocks of the steps begun are taken, to be shown now."""
-        run = self.fast
-        if not self.pooled or run is None:
-            return False
-        shown = self.shown_step - self.clock + 1  # of this run's steps
-        if shown >= run.steps or now - run.start < run.elapsed(shown):
-            return False  # no step has begun since
-        latest = self.clock + min(max(run.steps_begun_by(now), 1), run.steps) - 1
-        self._allocate_to(latest + 1)
-        self.shown_step = latest
-        return True
+    def _take_blocks(self, steps: int) -> None:
+        self._allocate_to(self.clock + steps)
 
     def finish(self):
         if not self.pooled:

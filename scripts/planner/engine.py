@@ -330,10 +330,14 @@ class SimEngine:
         have begun."""
         run = self.fast
         k = self.shown_steps = min(max(run.steps_begun_by(now), 1), run.steps)
-        for seq in self.batch.seqs:
-            ok = self.block_manager.allocate(seq, seq.num_computed_tokens + k)
-            assert ok, "fast run without the blocks it counted on"
+        self._take_blocks(k)
         return k
+
+    def _take_blocks(self, steps: int) -> None:
+        """The blocks of the fast run's first `steps` steps."""
+        for seq in self.batch.seqs:
+            ok = self.block_manager.allocate(seq, seq.num_computed_tokens + steps)
+            assert ok, "fast run without the blocks it counted on"
 
     def finish(self) -> Done:
         """The step (or fast run) in flight ended. A fast run's tokens are applied now (none of its sequences
