@@ -37,6 +37,29 @@ def test_allocation_is_all_or_nothing():
     assert big.block_table == [] and bm.num_free_blocks == 4
 
 
+def test_appended_blocks_are_those_allocating_each_in_turn_gives_all_or_nothing():
+    """A step's decodes that cross into a new block get theirs in one call: the same blocks, in the same order."""
+    def decoding(bm: BlockManager) -> list[Sequence]:
+        seqs = [seq(list(range(8 + i)), str(i)) for i in range(3)]
+        for s in seqs:
+            assert bm.allocate(s, s.num_tokens)
+        bm.free_blocks(seqs[1])  # freed blocks come back after the never used ones, as they would for each
+        for s in seqs[::2]:
+            computed(bm, s)
+        return seqs[::2]
+
+    one, bulk = BlockManager(8, 4), BlockManager(8, 4)
+    each, together = decoding(one), decoding(bulk)
+    for s in each:
+        assert one.allocate(s, len(s.block_table) * 4 + 1)
+    assert bulk.append_blocks(together)
+    assert [s.block_table for s in together] == [s.block_table for s in each]
+    assert bulk.num_free_blocks == one.num_free_blocks
+    tables = [list(s.block_table) for s in together]
+    assert not bulk.append_blocks(together * 3)  # 6 blocks asked, fewer free: none taken
+    assert [s.block_table for s in together] == tables and bulk.num_free_blocks == one.num_free_blocks
+
+
 def test_shared_prefix_is_reused_with_reference_counts():
     bm = BlockManager(16, 4)
     prefix = list(range(100, 108))  # two full blocks

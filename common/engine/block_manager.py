@@ -72,18 +72,27 @@ class BlockManager:
             table.extend(self._take_free_blocks(fresh))
         return True
 
+    def append_blocks(self, seqs: list[Sequence]) -> bool:
+        """One more block at the end of each sequence's table (decodes crossing into a new block), all or nothing:
+        the blocks allocating one for each in turn would give."""
+        if len(seqs) > self.num_free_blocks:
+            return False
+        for seq, b in zip(seqs, self._take_free_blocks(len(seqs))):
+            seq.block_table.append(b)
+        return True
+
     def free_blocks(self, seq: Sequence) -> None:
         # Tail blocks go back first, so they are evicted before the (more shareable) head of the prompt.
-        ref_counts, free = self.ref_counts, self.free
-        fence = self.epoch > self.collected  # a launched step not yet collected may still write them
+        ref_counts, released = self.ref_counts, []
         for b in reversed(seq.block_table):
             left = ref_counts[b] = ref_counts[b] - 1
-            if left == 0:
-                free[b] = None
-                if fence:
-                    self.fenced[b] = self.epoch
+            if not left:
+                released.append(b)
             elif left < 0:
                 raise AssertionError(f"block {b} freed twice")
+        self.free.update(dict.fromkeys(released))
+        if self.epoch > self.collected:  # a launched step not yet collected may still write them
+            self.fenced.update(dict.fromkeys(released, self.epoch))
         seq.block_table = []
 
     def release(self, launch: int) -> None:

@@ -177,10 +177,10 @@ class DecodePool(SimEngine):
 
     def _allocate_to(self, end: int) -> None:
         """Takes the blocks of steps up to `end` (exclusive)."""
-        bs, allocate = len(self.by_residue), self.block_manager.allocate
+        bs, append = len(self.by_residue), self.block_manager.append_blocks
         for s in range(self.allocated, end):
-            for m in self.by_residue[s % bs]:
-                ok = allocate(m.seq, m.computed(s) + 1)
+            if crossing := self.by_residue[s % bs]:
+                ok = append([m.seq for m in crossing])
                 assert ok, "a pooled step without the blocks it counted on"
         self.allocated = max(self.allocated, end)
 
