@@ -56,7 +56,7 @@ class Scheduler:
 
     def queued_tokens(self) -> int:
         """Prompt tokens still to compute: waiting prompts', and running prompts' chunks not yet prefilled."""
-        return (sum(s.num_uncomputed() for s in self.waiting)
+        return (sum(len(s.token_ids) - s.num_computed_tokens for s in self.waiting)
                 + sum(n for s in self.running if (n := len(s.token_ids) - s.num_computed_tokens) > 1))
 
     def has_unfinished(self) -> bool:
