@@ -64,13 +64,27 @@ def test_a_pool_short_of_seats_gives_the_times_of_stepping():
 
 
 def test_a_pool_short_of_blocks_hands_its_batch_to_the_scheduler_and_gives_the_times_of_stepping():
-    """Too few blocks for the decodes' growth: the scheduler preempts, so the pool steps from then on."""
+    """Too few blocks for the decodes' growth: the scheduler preempts, so the pool steps until it may take its batch
+    back."""
     profile = make_profile(num_kv_blocks=160)
     load = mixed(150, 40.0, 4)
     pooled = run(profile, Layout(prefill=1, decode=2), load, True)
-    assert any(isinstance(e, DecodePool) and not e.pooled for e in pooled.engines.values())
+    assert sum(e.handovers for e in pooled.engines.values() if isinstance(e, DecodePool)) > 0
     assert sum(e.scheduler.num_preemptions for e in pooled.engines.values()) > 0
     assert_same_times(pooled, run(profile, Layout(prefill=1, decode=2), load, False))
+
+
+def test_a_pool_that_prefills_a_prompt_itself_hands_over_and_takes_its_batch_back():
+    """`auto` sends some prompts to the decode worker to prefill itself: the scheduler steps while it does (prompt
+    chunks beside the decodes), and the pool takes the batch back once only decodes are left (Qwen3-8B's profile,
+    whose prompts `auto` sends there)."""
+    profile = load_profile(PROFILES / "h200-qwen3-8b.json")
+    load = mixed(300, 30.0, 7)
+    pooled = run(profile, Layout(prefill=1, decode=2, policy="auto"), load, True)
+    pools = [e for e in pooled.engines.values() if isinstance(e, DecodePool)]
+    assert sum(e.handovers for e in pools) > 0 and sum(e.clock for e in pools) > 0
+    assert sum(e.prefill_tokens_run for e in pools) > 0
+    assert_same_times(pooled, run(profile, Layout(prefill=1, decode=2, policy="auto"), load, False))
 
 
 @pytest.mark.parametrize("layout", [Layout(colocated=3), Layout(prefill=2, decode=2, policy="auto")])
@@ -84,10 +98,13 @@ def test_fast_runs_on_several_engines_give_the_times_of_stepping(layout):
     assert_same_times(bulk, stepped)
 
 
-def test_only_decode_workers_that_prefill_nothing_are_pooled():
-    """`auto` may prefill on a decode worker, colocated replicas prefill, and engines sharing a GPU step one by one."""
+def test_only_decode_workers_of_always_and_auto_are_pooled():
+    """Colocated replicas prefill every prompt, a decode worker under `never` too, and engines sharing a GPU step one
+    by one."""
     profile, load = make_profile(), mixed(20, 20.0, 5)
-    for layout in (Layout(prefill=1, decode=1, policy="auto"), Layout(colocated=2),
+    for layout in (Layout(prefill=1, decode=1), Layout(prefill=1, decode=1, policy="auto")):
+        assert isinstance(run(profile, layout, load, True).engines["d1"], DecodePool)
+    for layout in (Layout(prefill=1, decode=1, policy="never"), Layout(colocated=2),
                    Layout(prefill=1, decode=1, gpus_per_engine=0.5)):
         assert not any(isinstance(e, DecodePool) for e in run(profile, layout, load, True).engines.values())
 

@@ -1,9 +1,9 @@
 """A decode worker's engine simulated in aggregate: the steps of a batch that only decodes, run without walking
 the batch.
 
-On a decode worker whose prompts are all prefilled elsewhere (`--disagg-policy always`), every step is the same
-decision: each running sequence computes one token, a sequence whose KV has landed joins at the next step, and one
-leaves after its last token. So this engine keeps no per-step state in its sequences while they run. The pool
+On a decode worker while its prompts are prefilled elsewhere (`--disagg-policy always`, and `auto` between the
+prompts it prefills itself), every step is the same decision: each running sequence computes one token, a sequence
+whose KV has landed joins at the next step, and one leaves after its last token. So this engine keeps no per-step state in its sequences while they run. The pool
 counts steps; a sequence's tokens are what it had when it joined plus the steps since (`Member`); its blocks are
 taken as the steps that need them begin (a sequence needs a new block every `block_size` steps: `by_residue`
 files the sequences by the step, modulo the block size, at which they cross into one); the next to finish come
@@ -15,8 +15,9 @@ What the scheduler would decide otherwise (scripts/planner/engine.py steps it: c
 sequences join in the order they landed, while `max_num_seqs` seats, the token budget and the free blocks allow;
 one that lands after the next step was scheduled (`cutoff`) waits for the step after. Where it would do more than
 that (preempt a sequence for want of blocks, run more decodes than its token budget, prefill a prompt), the pool
-hands its sequences to the scheduler as they stand and the engine steps from then on (`pooled` False). The
-router sees the blocks taken by the steps begun (SimEngine's `catch_up`, before each placement), as it does of a
+hands its sequences to the scheduler as they stand (`pooled` False) and the engine steps until only decodes are left,
+then takes them back (`_repool`). While a request waits at the router the pool steps one at a time, as the router
+tries again at each stepped engine's step (sim.py `_dispatch`). The router sees the blocks taken by the steps begun (SimEngine's `catch_up`, before each placement), as it does of a
 stepped engine; tests/test_planner_bulk.py checks that every request's times are those of stepping one by one.
 """
 from __future__ import annotations
@@ -64,11 +65,14 @@ class DecodePool(SimEngine):
         self.order = itertools.count()
         self.context = 0  # the members' computed tokens before step `clock`
         self.unresolved: list[tuple[Sequence, int]] = []  # (sequence, index of its unseen token) once unpooled
+        self.handovers = 0  # times the pool handed its batch to the scheduler
 
     # ---- runs ---------------------------------------------------------------------------------------
     def start(self, now: float, fast: bool = True) -> float | None:
         if self.pooled and not self._poolable():
             self._unpool()
+        elif not self.pooled and self._repoolable():
+            self._repool()
         if not self.pooled:
             return super().start(now, fast=False)  # one step at a time, as the scheduler decides
         self._allocate_to(self.clock + 1)
@@ -77,8 +81,9 @@ class DecodePool(SimEngine):
             self.cutoff = self.blocked_from = self.blocked_until = math.inf
             return None
         # Sequences left waiting (landed after the cutoff, or short of a seat or a block until the finished ones are
-        # collected) are considered again at the next step, so the run is one step
-        k = 1 if self.scheduler.waiting else self.ends[0][0] - self.clock + 1
+        # collected) are considered again at the next step, and a request waiting at the router (`fast` False) is
+        # tried again as each step starts: then the run is one step
+        k = self.ends[0][0] - self.clock + 1 if fast and not self.scheduler.waiting else 1
         while k > 1 and self._crossings(self.clock + 1, self.clock + k) > self.block_manager.num_free_blocks:
             k //= 2
         p, d = self.profile, len(self.members)
@@ -135,6 +140,31 @@ class DecodePool(SimEngine):
                 and len(self.members) <= self.scheduler.max_num_batched_tokens
                 and self._crossings(self.clock, self.clock + 1) <= self.block_manager.num_free_blocks)
 
+    def _repoolable(self) -> bool:
+        """Whether the scheduler's batch is the pool's again: nothing waiting to prefill, every running sequence
+        decoding (none mid-prompt), within the token budget, and a block for each that needs one next step."""
+        sched, bs = self.scheduler, self.block_manager.block_size
+        if not all(s.num_uncomputed() == 1 for s in sched.waiting):
+            return False
+        decoding = [s for s in sched.running if not self._finishing(s)]
+        return (all(len(s.token_ids) - s.num_computed_tokens == 1 for s in decoding)
+                and len(decoding) <= sched.max_num_batched_tokens
+                and sum(s.num_computed_tokens + 1 > len(s.block_table) * bs for s in decoding)
+                <= self.block_manager.num_free_blocks)
+
+    def _repool(self) -> None:
+        """The running sequences become members again as they stand: each has its last step's token still unseen
+        (the scheduler resolves it when it collects that step), and those whose unseen token is their last finish
+        then, outside the pool."""
+        for seq in self.scheduler.running:
+            if not self._finishing(seq):
+                self._join(seq)
+        self.allocated = self.clock
+        self.pooled = True
+
+    def _finishing(self, seq: Sequence) -> bool:
+        return seq.token_ids[-1] == PENDING and self.scheduler._pending_is_last(seq)
+
     def _admit(self) -> None:
         """The scheduler's admission of landed sequences (each holds its prompt's blocks and has its first token):
         in order, while seats and the token budget last, passing one that waits for a block; those that landed after
@@ -159,15 +189,19 @@ class DecodePool(SimEngine):
             limit -= 1
             seq.status = SequenceStatus.RUNNING
             sched.running.append(seq)
-            m = Member(seq, self.clock, seq.num_computed_tokens,
-                       self.clock + seq.sampling.max_tokens - seq.num_completion_tokens - 1)
-            self.members[m] = None
-            self.by_residue[(m.joined - m.base) % len(self.by_residue)][m] = None
-            heapq.heappush(self.ends, (m.last, next(self.order), m))
-            self.context += m.base
+            self._join(seq)
             budget -= 1
             admitted = True
         return admitted
+
+    def _join(self, seq: Sequence) -> None:
+        """`seq` decodes from step `clock` on (its tokens so far count as one: it has its first, or an unseen one)."""
+        m = Member(seq, self.clock, seq.num_computed_tokens,
+                   self.clock + seq.sampling.max_tokens - seq.num_completion_tokens - 1)
+        self.members[m] = None
+        self.by_residue[(m.joined - m.base) % len(self.by_residue)][m] = None
+        heapq.heappush(self.ends, (m.last, next(self.order), m))
+        self.context += m.base
 
     def _crossings(self, start: int, end: int) -> int:
         """New blocks the members need in steps start..end-1 (one each every block_size steps)."""
@@ -202,4 +236,6 @@ class DecodePool(SimEngine):
         self.members.clear()
         self.ends.clear()
         self.by_residue = [{} for _ in self.by_residue]
+        self.context = 0
         self.pooled = False
+        self.handovers += 1

@@ -118,18 +118,21 @@ class SimEngine:
     def free_blocks(self) -> int:
         return self.block_manager.num_free_blocks
 
-    def load(self) -> P.WorkerLoad:
-        """The heartbeat's load record, as common/engine/llm_engine.py's `LLMEngine.load` makes it (keep in step;
-        that module loads torch)."""
-        sched = self.scheduler
+    def load(self, now: float) -> P.WorkerLoad:
+        """The heartbeat's load record at `now`, as common/engine/llm_engine.py's `LLMEngine.load` makes it (keep in
+        step; that module loads torch): a fast run's steps ended by then counted, as stepping counts them."""
+        sched, steps, busy = self.scheduler, self.steps, self.busy_seconds
+        if (run := self.fast) is not None:
+            ended = min(max(run.steps_begun_by(now), 1), run.steps) - 1
+            steps, busy = steps + ended, busy + run.elapsed(ended)
         return P.WorkerLoad(
             queued_requests=len(sched.waiting),
             queued_tokens=sched.queued_tokens(),
             running_requests=len(sched.running),
             kv_blocks_total=self.block_manager.num_blocks,
             kv_blocks_free=self.block_manager.num_free_blocks,
-            busy_steps=self.steps,
-            busy_seconds=self.busy_seconds,
+            busy_steps=steps,
+            busy_seconds=busy,
             prefill_tokens_run=self.prefill_tokens_run,
             prompt_steps=self.prompt_steps,
             prompt_seconds=self.prompt_seconds,

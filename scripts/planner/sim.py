@@ -14,7 +14,7 @@ The same policy code the cluster runs, imported:
   (`assigned`, so `WorkerRegistry.with_room` caps each worker at the router's default `max_worker_requests`;
   `prefill_tokens`);
 - each worker's batching: the engine's `Scheduler` and `BlockManager` (scripts/planner/engine.py; a decode worker
-  that prefills nothing, whose every step only decodes, in aggregate: scripts/planner/decode_pool.py).
+  in aggregate while its every step only decodes: scripts/planner/decode_pool.py).
 
 Reused: router/dispatch.py's `choose_disagg`, the disaggregated choice itself; `_dispatch_one` below only applies
 it without messages (the router's `Dispatcher` is async and sends them).
@@ -89,8 +89,9 @@ class Simulation:
         for i, ((role, letter), gpu) in enumerate(zip(roles, layout.gpus())):
             name = f"{letter}{i}"
             chunk = layout.local_prefill_chunk if role == "decode" else None
-            # A decode worker that prefills nothing itself decodes in aggregate (scripts/planner/decode_pool.py)
-            pooled = role == "decode" and layout.policy == "always" and fast_forward and not self.gpus[gpu].shared
+            # A decode worker decodes in aggregate while it prefills nothing itself (scripts/planner/decode_pool.py)
+            pooled = (role == "decode" and layout.policy in ("always", "auto") and fast_forward
+                      and not self.gpus[gpu].shared)
             self.engines[name] = (DecodePool if pooled else SimEngine)(
                 name, role, profile, chunk, fast_forward, workload.shared_prefixes, spares, self.num_blocks)
             self.gpu_of[name] = self.gpus[gpu]
@@ -205,7 +206,7 @@ class Simulation:
         if not engine.scheduler.has_unfinished():
             return
         gpu = self.gpu_of[engine.name]
-        end = engine.start(self.now, fast=not gpu.shared)
+        end = engine.start(self.now, fast=not gpu.shared and not self.queue)
         if end is None:
             return
         if gpu.shared:
@@ -307,7 +308,7 @@ class Simulation:
 
     def _heartbeat(self) -> None:
         for name, engine in self.engines.items():
-            load = engine.load()
+            load = engine.load(self.now)
             old = self._last_loads.get(name)
             if old is not None:
                 self.disagg.observe_load(engine.role, old, load)
@@ -320,11 +321,15 @@ class Simulation:
             info = self.infos[engine.name]
             info.blocks_promised = info.load.kv_blocks_free - engine.free_blocks
             return
-        self.registry.heartbeat(self.infos[engine.name], P.Heartbeat(worker_id=engine.name, load=engine.load()))
+        self.registry.heartbeat(self.infos[engine.name], P.Heartbeat(worker_id=engine.name, load=engine.load(self.now)))
 
     def _dispatch(self) -> None:
         while self.queue:
             if not self._dispatch_one(self.queue.peek()):
+                # The router tries again as anything changes, a stepped engine's every step among them: runs of steps
+                # end with the step in flight, and step one at a time while a request waits (`_start`)
+                for engine in self.bulk:
+                    self._cut(engine)
                 return
             self.queue.pop()
 
