@@ -3,22 +3,24 @@ the batch.
 
 On a decode worker while its prompts are prefilled elsewhere (`--disagg-policy always`, and `auto` between the
 prompts it prefills itself), every step is the same decision: each running sequence computes one token, a sequence
-whose KV has landed joins at the next step, and one leaves after its last token. So this engine keeps no per-step state in its sequences while they run. The pool
-counts steps; a sequence's tokens are what it had when it joined plus the steps since (`Member`); its blocks are
-taken as the steps that need them begin (a sequence needs a new block every `block_size` steps: `by_residue`
-files the sequences by the step, modulo the block size, at which they cross into one); the next to finish come
-from a heap; the step's cost from the batch size and the sum of the contexts, kept as they change. A run of steps
-(`FastRun`) lasts to the next step in which a sequence computes its last token, or until something lands (one
-step while one waits), as SimEngine's fast runs do, and a sequence's tokens are written into it when it finishes.
+whose KV has landed joins at the next step, and one leaves after its last token. So this engine keeps no per-step
+state in its sequences while they run. The pool counts steps; a sequence's tokens are what it had when it joined
+plus the steps since (`Member`); its blocks are taken as the steps that need them begin (a sequence needs a new
+block every `block_size` steps: `by_residue` files the sequences by the step, modulo the block size, at which they
+cross into one); the next to finish come from a heap; the step's cost from the batch size and the sum of the
+contexts, kept as they change. A run of steps (`FastRun`) lasts to the next step in which a sequence computes its
+last token, or until something lands (one step while one waits), as SimEngine's fast runs do, and a sequence's
+tokens are written into it when it finishes.
 
 What the scheduler would decide otherwise (scripts/planner/engine.py steps it: common/engine/scheduler.py):
 sequences join in the order they landed, while `max_num_seqs` seats, the token budget and the free blocks allow;
 one that lands after the next step was scheduled (`cutoff`) waits for the step after. Where it would do more than
 that (preempt a sequence for want of blocks, run more decodes than its token budget, prefill a prompt), the pool
-hands its sequences to the scheduler as they stand (`pooled` False) and the engine steps until only decodes are left,
-then takes them back (`_repool`). While a request waits at the router the pool steps one at a time, as the router
-tries again at each stepped engine's step (sim.py `_dispatch`). The router sees the blocks taken by the steps begun (SimEngine's `catch_up`, before each placement), as it does of a
-stepped engine; tests/test_planner_bulk.py checks that every request's times are those of stepping one by one.
+hands its sequences to the scheduler as they stand (`pooled` False) and the engine steps until only decodes are
+left, then takes them back (`_repool`). While a request waits at the router the pool steps one at a time, as the
+router tries again at each stepped engine's step (sim.py `_dispatch`). The router sees the blocks taken by the
+steps begun (SimEngine's `catch_up`, before each placement), as it does of a stepped engine;
+tests/test_planner_bulk.py checks that every request's times are those of stepping one by one.
 """
 from __future__ import annotations
 
