@@ -99,8 +99,7 @@ class Simulation:
                                   num_blocks=self.num_blocks, layout=layout_rec, max_model_len=1 << 30,
                                   vocab_size=1 << 30)
             self.infos[name] = self.registry.register(hello, name.encode())
-        # Engines that run steps in bulk (not on a shared GPU, whose steps go one by one): the router's view of them
-        # is brought up to their step in flight before it places a request (`catch_up`)
+        # Engines that may run steps in bulk (a shared GPU's go one by one), shown as of their step in flight (`catch_up`)
         self.bulk = [e for name, e in self.engines.items() if fast_forward and not self.gpu_of[name].shared]
         self.events: list[tuple[float, int, str, object, int]] = []
         self.counter = itertools.count()
@@ -326,8 +325,7 @@ class Simulation:
     def _dispatch(self) -> None:
         while self.queue:
             if not self._dispatch_one(self.queue.peek()):
-                # The router tries again as anything changes, a stepped engine's every step among them: runs of steps
-                # end with the step in flight, and step one at a time while a request waits (`_start`)
+                # The router tries again at every step of stepped engines: runs end, one step at a time (`_start`)
                 for engine in self.bulk:
                     self._cut(engine)
                 return
