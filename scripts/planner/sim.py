@@ -99,7 +99,7 @@ class Simulation:
                                   num_blocks=self.num_blocks, layout=layout_rec, max_model_len=1 << 30,
                                   vocab_size=1 << 30)
             self.infos[name] = self.registry.register(hello, name.encode())
-        # Engines that may run steps in bulk (a shared GPU's go one by one), shown as of their step in flight (`catch_up`)
+        # Engines that may run steps in bulk (not on a shared GPU), shown as of their step in flight (`catch_up`)
         self.bulk = [e for name, e in self.engines.items() if fast_forward and not self.gpu_of[name].shared]
         self.events: list[tuple[float, int, str, object, int]] = []
         self.counter = itertools.count()
