@@ -138,7 +138,7 @@ class DecodePool(SimEngine):
     def _poolable(self) -> bool:
         """Whether the next step is the pool's decision: only decodes (nothing waiting to prefill), within the token
         budget, and a free block for every member that needs one (else the scheduler preempts)."""
-        return (all(s.num_uncomputed() == 1 for s in self.scheduler.waiting)
+        return (self._nothing_to_prefill()
                 and len(self.members) <= self.scheduler.max_num_batched_tokens
                 and self._crossings(self.clock, self.clock + 1) <= self.block_manager.num_free_blocks)
 
@@ -146,7 +146,7 @@ class DecodePool(SimEngine):
         """Whether the scheduler's batch is the pool's again: nothing waiting to prefill, every running sequence
         decoding (none mid-prompt), within the token budget, and a block for each that needs one next step."""
         sched, bs = self.scheduler, self.block_manager.block_size
-        if not all(s.num_uncomputed() == 1 for s in sched.waiting):
+        if not self._nothing_to_prefill():
             return False
         decoding = [s for s in sched.running if not self._finishing(s)]
         return (all(len(s.token_ids) - s.num_computed_tokens == 1 for s in decoding)
@@ -163,6 +163,10 @@ class DecodePool(SimEngine):
                 self._join(seq)
         self.allocated = self.clock
         self.pooled = True
+
+    def _nothing_to_prefill(self) -> bool:
+        """Every sequence waiting has landed with its prompt's KV (none to prefill here, none preempted)."""
+        return all(s.num_uncomputed() == 1 for s in self.scheduler.waiting)
 
     def _finishing(self, seq: Sequence) -> bool:
         return seq.token_ids[-1] == PENDING and self.scheduler._pending_is_last(seq)

@@ -123,7 +123,7 @@ class SimEngine:
         step; that module loads torch): a fast run's steps ended by then counted, as stepping counts them."""
         sched, steps, busy = self.scheduler, self.steps, self.busy_seconds
         if (run := self.fast) is not None:
-            ended = min(max(run.steps_begun_by(now), 1), run.steps) - 1
+            ended = run.in_flight(now) - 1
             steps, busy = steps + ended, busy + run.elapsed(ended)
         return P.WorkerLoad(
             queued_requests=len(sched.waiting),
@@ -222,7 +222,7 @@ class SimEngine:
         if self.fast is None:
             return [self.carried, (self.blocked_from, self.blocked_until)]
         run = self.fast
-        k = min(max(run.steps_begun_by(now), 1), run.steps)
+        k = run.in_flight(now)
         windows = [self._window(run.start + run.elapsed(i), run.first + run.growth * (i - 1), decode_only=True)[1:]
                    for i in (k - 1, k) if i >= 1]
         return [self.carried] + windows if k == 1 else windows
@@ -332,7 +332,7 @@ class SimEngine:
         """Takes the blocks of the fast run's steps begun by `now` (shown to the router once taken); returns how many
         have begun."""
         run = self.fast
-        k = self.shown_steps = min(max(run.steps_begun_by(now), 1), run.steps)
+        k = self.shown_steps = run.in_flight(now)
         self._take_blocks(k)
         return k
 

@@ -32,3 +32,7 @@ class FastRun:
         while k < self.steps and self.elapsed(k) <= dt:
             k += 1
         return min(k, self.steps)
+
+    def in_flight(self, t: float) -> int:
+        """The step in flight at time t, counted from 1 (the first from the run's start on)."""
+        return max(self.steps_begun_by(t), 1)
