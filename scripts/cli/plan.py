@@ -62,6 +62,8 @@ def run(args: argparse.Namespace) -> None:
     slo = cfg.slo()
     print(f"{cfg.gpus} GPUs; SLO: TTFT <= {slo.ttft:g} s, TPOT <= {slo.tpot:g} s; a layout sustains a rate when "
           f"{100 * ATTAINMENT:g}% of its requests meet both")
+    if plan.capacity:
+        print(rates_line(plan))
     if plan.skipped_splits:
         print(f"(more than {MAX_SPLITS} splits: a coarse grid, then refined around the best; "
               f"--all-splits simulates every one)")
@@ -81,6 +83,10 @@ def run(args: argparse.Namespace) -> None:
             print(f"note: {line}")
     best, why = recommend(plan.results, slo)
     print(f"recommendation: {best}: {why}")
+    top = max(p.rate for p in plan.results[best])
+    if plan.capacity and any(p.rate == top and p.sustained for p in plan.results[best]):
+        print(f"note: {best} sustains the highest rate simulated ({top:g} req/s), so its ceiling is above it: "
+              f"--rates higher to find it")
     again = None
     if not cfg.trace:  # a trace is one draw
         again = redraw(plan, best, cfg.seed + 1)
@@ -96,7 +102,9 @@ def run(args: argparse.Namespace) -> None:
         out.mkdir(parents=True, exist_ok=True)
         record = {"profiles": cfg.profile_list(), "machines": [p.machine for p in plan.profiles],
                   "model": prof.model, "tp": [p.tp for p in plan.profiles], "gpus": cfg.gpus,
-                  "slo": dataclasses.asdict(slo), "recommendation": {"layout": best, "why": why},
+                  "slo": dataclasses.asdict(slo), "rates": [rate for rate, _ in plan.loads],
+                  "capacity": dataclasses.asdict(plan.capacity) if plan.capacity else None,
+                  "recommendation": {"layout": best, "why": why},
                   "router": [dict(dataclasses.asdict(c), exceeded=c.exceeded) for c in routers],
                   "results": {name: [dataclasses.asdict(p) for p in points]
                               for name, points in plan.results.items()},
@@ -108,6 +116,15 @@ def run(args: argparse.Namespace) -> None:
         plots = draw(shown, slo, f"{prof.model} on {prof.machine}, {cfg.gpus} GPUs (predicted)", out)
         note = ", ".join(str(p) for p in plots) if plots else "no plots (matplotlib is not installed)"
         print(f"wrote {out / 'plan.json'}; {note}", file=sys.stderr)
+
+
+def rates_line(plan) -> str:
+    """Where the rates of a plan given none came from."""
+    cap, cfg = plan.capacity, plan.config
+    return (f"rates: {', '.join(f'{rate:g}' for rate, _ in plan.loads)} req/s (no --rates: half to 1.25 times the "
+            f"most {cfg.gpus} GPUs could serve, about {cap.rate:.4g} req/s with every GPU busy: a request takes "
+            f"{1e3 * cap.prefill_s:.3g} ms of full prompt steps and {1e3 * cap.decode_s:.3g} ms of decode steps of "
+            f"{cap.seats})")
 
 
 def router_lines(plan) -> list[str]:
@@ -125,11 +142,12 @@ def router_lines(plan) -> list[str]:
             elif k > 1:
                 sizes = "-".join(map(str, sorted(set(shard_sizes(n, k)))))
                 lines.append(f"routers: {tp}{mode} layouts behind {k} routers, each in front of {sizes} "
-                             f"engine{'s' if sizes != '1' else ''} with its share of the clients: each layout predicted "
-                             f"from its shards, each simulated alone (--routers 1: one router, simulated whole)")
+                             f"engine{'s' if sizes != '1' else ''} with its share of the clients: each layout "
+                             f"predicted from its shards, each simulated alone (--routers 1: one router, simulated "
+                             f"whole)")
         if 0 < plan.unsharded.get(prof.tp, 0) < n - 1:
-            lines.append(f"routers: {plan.unsharded[prof.tp]} splits with fewer prefill or decode engines than routers left "
-                         f"out (each router needs one of each)")
+            lines.append(f"routers: {plan.unsharded[prof.tp]} splits with fewer prefill or decode engines than "
+                         f"routers left out (each router needs one of each)")
     return lines
 
 

@@ -7,7 +7,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from scripts.bench_metrics import SLO  # noqa: F401  (the bench's: one judge for both)
-from scripts.bench_config import DEFAULT_RATES, PLACEMENT_VARIANTS, POLICY_VARIANTS, WORKLOADS, BenchConfig, _opt
+from scripts.bench_config import PLACEMENT_VARIANTS, POLICY_VARIANTS, WORKLOADS, BenchConfig, _opt
 from scripts.bench_workloads import ARRIVALS
 
 MAX_SPLITS = 16
@@ -32,7 +32,8 @@ class PlanConfig(BenchConfig):
     out: str | None = _opt(None, "folder for plan.json and the plots (default: print only)")
     # The bench's fields whose help or default differ here (same names, same parsing)
     rates: str | None = _opt(None, "comma list of arrival rates to simulate, requests/s, for the whole cluster "
-                                   f"(default: {DEFAULT_RATES}; a trace without it: as recorded)")
+                                   "(default: four, from half to 1.25 times what the GPUs could serve at most, "
+                                   "reckoned from the profile; a trace without it: as recorded)")
     num_requests: int | None = _opt(None, f"requests per rate (default: {DEFAULT_REQUESTS}; a trace's: all its "
                                           "lines)")
     slo_ttft: float | None = _opt(None, "SLO on time to first token, seconds (default: 1.0)")

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 
 from scripts.bench_workloads import read_trace, trace_rate
 from scripts.benchmark import LoadPoint, arrivals, point_requests
+from scripts.planner.capacity import Capacity, capacity, default_rates
 from scripts.planner.collector import collector_paused
 from scripts.planner.config import DEFAULT_REQUESTS, DEFAULT_VOCAB, MAX_JOBS, MAX_SPLITS, SLO, PlanConfig
 from scripts.planner.router_ceiling import check
@@ -45,6 +46,7 @@ class Plan:
     # engines than routers
     hidden: set[str] = field(default_factory=set)  # simulated but left out of the printed table (not of plan.json)
     layouts: dict[str, Layout] = field(default_factory=dict)  # each result's layout (for `redraw`)
+    capacity: Capacity | None = None  # what the rates were taken from, where --rates was not given
     loads: list[tuple[float, Workload]] = field(default_factory=list)  # what was simulated (`redraw` on its seed)
 
 
@@ -147,14 +149,27 @@ def run_plan(cfg: PlanConfig, profiles: list[Profile] | None = None,
     profiles = profiles or [load_profile(path) for path in cfg.profile_list()]
     if len({p.model for p in profiles}) > 1:
         raise ValueError(f"--profile: profiles of different models ({', '.join(p.model for p in profiles)})")
+    cap = None
+    if not cfg.rates and not cfg.trace:
+        cap = rates_for(cfg, profiles)
+        cfg = dataclasses.replace(cfg, rates=",".join(f"{r:g}" for r in default_rates(cap)))
     loads, slo = workloads(cfg), cfg.slo()
     outputs = [n for _, w in loads for n in w.output_lens]
-    plan = Plan(profiles, cfg, output_tokens=sum(outputs) / max(1, len(outputs)), loads=loads)
+    plan = Plan(profiles, cfg, output_tokens=sum(outputs) / max(1, len(outputs)), loads=loads, capacity=cap)
     for profile in profiles:
         _plan_tp(plan, profile, loads, slo, progress)
     plan.results = dict(sorted(plan.results.items(), key=lambda item: _order(item[0])))
     plan.spares = BlockPool()  # their memory goes
     return plan
+
+
+def rates_for(cfg: PlanConfig, profiles: list[Profile]) -> Capacity:
+    """The most the GPUs could serve of the workload's first load point's requests, over the profiles (TP sizes):
+    what the rates of a plan given none are fractions of."""
+    requests = point_requests(cfg, 0, cfg.num_requests or DEFAULT_REQUESTS, cfg.vocab_size or DEFAULT_VOCAB, None)
+    prompts, outputs = [len(r.prompt_ids) for r in requests], [r.output_len for r in requests]
+    return max((capacity(p, prompts, outputs, max(1, cfg.gpus // p.tp), cfg.slo().tpot) for p in profiles),
+               key=lambda c: c.rate)
 
 
 def _plan_tp(plan: Plan, profile: Profile, loads: list[tuple[float, Workload]], slo: SLO,
