@@ -21,13 +21,14 @@ class Placement:
     caches. Decode goes to the worker with the most free KV blocks among those with room for the request (where it
     may prefill the prompt itself, --disagg-policy never or auto: the least cost first)."""
 
-    def __init__(self, registry: WorkerRegistry, kv_transport: str = "auto", policy: str = "prefix"):
+    def __init__(self, registry: WorkerRegistry, kv_transport: str = "auto", policy: str = "prefix",
+                 prefixes: PrefixIndex | None = None):
         if policy not in POLICIES:
             raise ValueError(f"placement: must be one of {', '.join(POLICIES)}, got {policy!r}")
         self.registry = registry
         self.kv_transport = kv_transport
         self.policy = policy
-        self.prefixes = PrefixIndex()
+        self.prefixes = prefixes or PrefixIndex()
         self._logged: set[tuple[str, str]] = set()  # pairs whose transport was logged
 
     def blocks_needed(self, prompt_ids: list[int]) -> int:
@@ -86,7 +87,7 @@ class Placement:
             held = caches.get(w.hello.worker_id)
             if held is None:
                 return waiting + num_tokens, 0
-            return waiting + num_tokens - held.cached_blocks(prompt) * block_size, len(held.keys)
+            return waiting + num_tokens - held.cached_blocks(prompt) * block_size, len(held)
         return score
 
     def placed(self, worker: WorkerInfo, prompt: PromptKeys) -> None:

@@ -44,6 +44,9 @@ class WorkerPrefixes:
             n += 1
         return n
 
+    def __len__(self) -> int:
+        return len(self.keys)
+
     def add(self, prompt: PromptKeys) -> None:
         """The prompt's keys become the most recently sent, in the prompt's order."""
         keys = self.keys
@@ -55,9 +58,11 @@ class WorkerPrefixes:
 
 
 class PrefixIndex:
-    """Per worker id, the prefixes it is reckoned to hold."""
+    """Per worker id, the prefixes it is reckoned to hold (in a `kind`: WorkerPrefixes, or one that answers as it
+    would)."""
 
-    def __init__(self) -> None:
+    def __init__(self, kind: type[WorkerPrefixes] = WorkerPrefixes) -> None:
+        self.kind = kind
         self.workers: dict[str, WorkerPrefixes] = {}
 
     def cached_tokens(self, worker_id: str, prompt: PromptKeys) -> int:
@@ -67,13 +72,14 @@ class PrefixIndex:
     def held(self, worker_id: str) -> int:
         """Blocks the worker is reckoned to hold: ties go to the emptier cache, so new prefixes spread."""
         held = self.workers.get(worker_id)
-        return 0 if held is None else len(held.keys)
+        return 0 if held is None else len(held)
 
     def sent(self, worker_id: str, capacity: int, prompt: PromptKeys) -> None:
         """`prompt` was sent to the worker: its blocks will be in that worker's cache."""
         held = self.workers.get(worker_id)
-        if held is None or held.capacity != capacity:
-            held = self.workers[worker_id] = WorkerPrefixes(capacity, held.keys if held else OrderedDict())
+        if held is None:
+            held = self.workers[worker_id] = self.kind(capacity)
+        held.capacity = capacity  # a worker back with another pool: its keys beyond it go with this add
         held.add(prompt)
 
     def forget(self, worker_id: str) -> None:

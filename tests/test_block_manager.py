@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import random
+
 import pytest
 
 from common.engine import block_manager as bm_module
@@ -134,6 +136,35 @@ def test_prefix_caching_off():
     b = seq(list(range(9)), "b")
     bm.allocate(b, 9)
     assert b.num_computed_tokens == 0 and not set(a.block_table) & set(b.block_table)
+
+
+def test_without_the_cache_blocks_come_and_go_in_the_order_the_cache_would_give_prompts_that_share_nothing():
+    """Without prefix caching the free list is a deque (blocks only leave from its front): through allocations,
+    appends, frees under steps in flight and reservations, it hands out the blocks the cached manager does when no
+    two prompts share a block."""
+    rng = random.Random(7)
+    managers = [BlockManager(64, 4, enable_prefix_caching=True), BlockManager(64, 4, enable_prefix_caching=False)]
+    live: list[list[Sequence]] = [[], []]
+    for step in range(400):
+        op, n, remote, pick = rng.random(), rng.randrange(1, 30), rng.random() < 0.3, rng.random()
+        tokens = [step * 100 + i for i in range(n)]  # no two prompts share a block
+        for bm, seqs in zip(managers, live):
+            bm.epoch = step // 3
+            if op < 0.45:
+                s = seq(tokens, str(step))
+                if bm.allocate(s, n, use_cache=not remote, remote=remote):
+                    computed(bm, s)
+                    seqs.append(s)
+            elif op < 0.6 and seqs:
+                bm.append_blocks(seqs[:2])
+            elif seqs:
+                bm.free_blocks(seqs.pop(int(pick * len(seqs))))
+            if op > 0.9:
+                bm.release(step // 3 - 1)
+        cached, plain = managers
+        assert [s.block_table for s in live[0]] == [s.block_table for s in live[1]]
+        assert cached.num_free_blocks == plain.num_free_blocks and list(cached.free) == list(plain.free)
+        assert cached.fenced == plain.fenced
 
 
 def test_double_free_is_caught():

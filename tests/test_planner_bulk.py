@@ -9,10 +9,12 @@ from pathlib import Path
 
 import pytest
 
+from router.prefix_index import PrefixIndex
 from scripts.planner.decode_pool import DecodePool
 from scripts.planner.layout import Layout
 from scripts.planner.profile import load_profile
 from scripts.planner.sim import Simulation
+from scripts.planner.unshared_prefixes import UnsharedPrefixes
 from scripts.planner.workload import Workload
 from tests.test_planner import make_profile, workload
 
@@ -136,3 +138,26 @@ def test_a_pooled_batch_steps_as_its_contexts_grow():
     assert finished == pytest.approx(expected, rel=1e-12)
     assert {rid: seq.num_completion_tokens for rid, seq in seqs.items()} == outputs
     assert pool.free_blocks == pool.block_manager.num_blocks
+
+
+@pytest.mark.parametrize("layout", [Layout(prefill=2, decode=2), Layout(prefill=2, decode=2, policy="auto"),
+                                    Layout(colocated=3)])
+def test_the_router_counting_keys_of_prompts_that_share_none_places_them_as_its_own_index_does(layout):
+    """Prompts sharing no block: the simulated router counts each worker's keys (UnsharedPrefixes) where its own
+    prefix index keeps them. Its caches fill past their capacity here, so ties break on full and filling ones."""
+    profile = make_profile(num_kv_blocks=300)
+    load = mixed(300, 80.0, 3)
+    counted = Simulation(profile, layout, load)
+    kept = Simulation(profile, layout, load)
+    kept.placement.prefixes = PrefixIndex()
+    assert isinstance(next(iter(run_sim(counted).placement.prefixes.workers.values())), UnsharedPrefixes)
+    run_sim(kept)
+    held = {w: len(p) for w, p in kept.placement.prefixes.workers.items()}
+    assert held == {w: len(p) for w, p in counted.placement.prefixes.workers.items()}
+    assert 300 in held.values()  # a cache at its capacity
+    assert_same_times(counted, kept)
+
+
+def run_sim(sim: Simulation) -> Simulation:
+    sim.run()
+    return sim

@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from collections import OrderedDict
+from collections import OrderedDict, deque
 
 from common.engine.sequence import Sequence
 from common.prefix_hash import chain_hash, reusable_blocks
@@ -27,9 +27,11 @@ class BlockManager:
         self.block_hash: list[int | None] = [None] * num_blocks
         self.block_tokens: list[tuple[int, ...] | None] = [None] * num_blocks
         self.hash_to_block: dict[int, int] = {}
-        # The free blocks, least recently freed first: those never used yet (`unused_from` on), then `free`
+        # The free blocks, least recently freed first: those never used yet (`unused_from` on), then `free`. A
+        # prefix cache hit takes a block out of its middle (an ordered dict); without the cache, blocks leave only
+        # from its front (a deque: cheaper to fill and to take from, a long prompt's hundreds at a time).
         self.unused_from = 0
-        self.free: OrderedDict[int, None] = OrderedDict()
+        self.free: OrderedDict[int, None] | deque[int] = self._no_free()
         self.epoch = 0  # the newest launched step (LLMEngine sets it): what a block freed now waits for ...
         self.collected = 0  # ... unless the engine has collected it already (`release`)
         self.fenced: dict[int, int] = {}  # free block -> the launch that may still write it, oldest first
@@ -90,7 +92,10 @@ class BlockManager:
                 released.append(b)
             elif left < 0:
                 raise AssertionError(f"block {b} freed twice")
-        self.free.update(dict.fromkeys(released))
+        if self.enable_prefix_caching:
+            self.free.update(dict.fromkeys(released))
+        else:
+            self.free.extend(released)
         if self.epoch > self.collected:  # a launched step not yet collected may still write them
             self.fenced.update(dict.fromkeys(released, self.epoch))
         seq.block_table = []
@@ -123,11 +128,14 @@ class BlockManager:
         every block is then as good as never used, and is taken as such (in one slice, not one by one)."""
         assert not any(self.ref_counts), "clear_cache with blocks in use"
         if not self.fenced:
-            self.unused_from, self.free = 0, OrderedDict()
+            self.unused_from, self.free = 0, self._no_free()
         self.block_hash = [None] * self.num_blocks
         self.block_tokens = [None] * self.num_blocks
         self.hash_to_block.clear()
         self.cache_query_tokens = self.cache_hit_tokens = 0
+
+    def _no_free(self) -> OrderedDict[int, None] | deque[int]:
+        return OrderedDict() if self.enable_prefix_caching else deque()
 
     def _match_prefix(self, seq: Sequence) -> list[int]:
         if not self.enable_prefix_caching or seq.num_computed_tokens:
@@ -152,6 +160,15 @@ class BlockManager:
         taken = list(range(start, start + first_use))
         self.ref_counts[start:start + first_use] = [1] * first_use
         self.unused_from += first_use
+        if not self.enable_prefix_caching:  # no block holds a hash
+            popleft, ref_counts, fenced = self.free.popleft, self.ref_counts, self.fenced
+            reused = [popleft() for _ in range(n - first_use)]
+            for b in reused:
+                ref_counts[b] = 1
+            if fenced:
+                for b in reused:
+                    fenced.pop(b, None)
+            return taken + reused
         for _ in range(n - first_use):
             b, _ = self.free.popitem(last=False)
             self.fenced.pop(b, None)

@@ -54,6 +54,7 @@ from scripts.planner.engine import BlockPool, SimEngine
 from scripts.planner.gpu import Gpu
 from scripts.planner.layout import Layout
 from scripts.planner.profile import Profile
+from scripts.planner.unshared_prefixes import prefix_index
 from scripts.planner.workload import SimRequest, Workload
 
 HEARTBEAT_S = 0.5  # how often workers' engine totals reach the disaggregation policy (`auto`)
@@ -69,7 +70,7 @@ class Simulation:
         self.profile, self.layout, self.workload = profile, layout, workload
         config = RouterConfig(model="simulated", mode=layout.mode)
         self.registry = WorkerRegistry(config.max_worker_requests)
-        self.placement = Placement(self.registry, policy=layout.placement)
+        self.placement = Placement(self.registry, policy=layout.placement, prefixes=prefix_index(workload))
         # The policy reads the simulated clock through a weak reference: a cycle back to the simulation would keep it
         # (every request's sequences) for the cyclic collector to scan and free, not freed as it is let go
         ref = weakref.ref(self)
