@@ -56,8 +56,13 @@ class Scheduler:
 
     def queued_tokens(self) -> int:
         """Prompt tokens still to compute: waiting prompts', and running prompts' chunks not yet prefilled."""
-        return (sum(len(s.token_ids) - s.num_computed_tokens for s in self.waiting)
-                + sum(n for s in self.running if (n := len(s.token_ids) - s.num_computed_tokens) > 1))
+        return self.waiting_tokens() + self.running_prompt_tokens()
+
+    def waiting_tokens(self) -> int:
+        return sum(len(s.token_ids) - s.num_computed_tokens for s in self.waiting)
+
+    def running_prompt_tokens(self) -> int:
+        return sum(n for s in self.running if (n := len(s.token_ids) - s.num_computed_tokens) > 1)
 
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running)

@@ -134,6 +134,10 @@ class DecodePool(SimEngine):
             self.scheduler.finish(seq, "length")
         return done.finishers, done.first_end
 
+    def _queued_tokens(self) -> int:
+        """Members only decode: none has a prompt chunk left, so the scheduler's walk of them would add nothing."""
+        return self.scheduler.waiting_tokens() if self.pooled else self.scheduler.queued_tokens()
+
     # ---- the pool's own ---------------------------------------------------------------------------------
     def _poolable(self) -> bool:
         """Whether the next step is the pool's decision: only decodes (nothing waiting to prefill), within the token

@@ -127,7 +127,7 @@ class SimEngine:
             steps, busy = steps + ended, busy + run.elapsed(ended)
         return P.WorkerLoad(
             queued_requests=len(sched.waiting),
-            queued_tokens=sched.queued_tokens(),
+            queued_tokens=self._queued_tokens(),
             running_requests=len(sched.running),
             kv_blocks_total=self.block_manager.num_blocks,
             kv_blocks_free=self.block_manager.num_free_blocks,
@@ -137,6 +137,9 @@ class SimEngine:
             prompt_steps=self.prompt_steps,
             prompt_seconds=self.prompt_seconds,
             prompt_batches=self.prompt_steps)
+
+    def _queued_tokens(self) -> int:
+        return self.scheduler.queued_tokens()
 
     # ---- requests in --------------------------------------------------------------------------------
     def add_prompt(self, rid: str, prompt: list[int], output_len: int, prefill_only: bool,
