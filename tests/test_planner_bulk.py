@@ -46,13 +46,15 @@ def assert_same_times(a: Simulation, b: Simulation) -> None:
 
 
 @pytest.mark.parametrize("layout", [Layout(prefill=1, decode=1), Layout(prefill=2, decode=2),
-                                    Layout(prefill=1, decode=3), Layout(prefill=3, decode=1)])
+                                    Layout(prefill=1, decode=3), Layout(prefill=3, decode=1), Layout(colocated=2),
+                                    Layout(prefill=1, decode=2, policy="never")])
 @pytest.mark.parametrize("seed", [1, 2])
 def test_pooled_decode_workers_give_the_times_of_stepping(layout, seed):
     profile = make_profile()
     load = mixed(300, 60.0, seed, shared=seed == 2)
     pooled, stepped = run(profile, layout, load, True), run(profile, layout, load, False)
-    assert all(isinstance(e, DecodePool) for e in pooled.engines.values() if e.role == "decode")
+    pools = [e for e in pooled.engines.values() if e.role != "prefill"]
+    assert all(isinstance(e, DecodePool) for e in pools) and sum(e.clock for e in pools) > 0  # steps in the pool
     assert not any(isinstance(e, DecodePool) for e in stepped.engines.values())
     assert_same_times(pooled, stepped)
 
@@ -65,15 +67,16 @@ def test_a_pool_short_of_seats_gives_the_times_of_stepping():
                       run(profile, Layout(prefill=2, decode=1), load, False))
 
 
-def test_a_pool_short_of_blocks_hands_its_batch_to_the_scheduler_and_gives_the_times_of_stepping():
+@pytest.mark.parametrize("layout", [Layout(prefill=1, decode=2), Layout(colocated=2)])
+def test_a_pool_short_of_blocks_hands_its_batch_to_the_scheduler_and_gives_the_times_of_stepping(layout):
     """Too few blocks for the decodes' growth: the scheduler preempts, so the pool steps until it may take its batch
     back."""
     profile = make_profile(num_kv_blocks=160)
     load = mixed(150, 40.0, 4)
-    pooled = run(profile, Layout(prefill=1, decode=2), load, True)
+    pooled = run(profile, layout, load, True)
     assert sum(e.handovers for e in pooled.engines.values() if isinstance(e, DecodePool)) > 0
     assert sum(e.scheduler.num_preemptions for e in pooled.engines.values()) > 0
-    assert_same_times(pooled, run(profile, Layout(prefill=1, decode=2), load, False))
+    assert_same_times(pooled, run(profile, layout, load, False))
 
 
 def test_a_pool_that_prefills_a_prompt_itself_hands_over_and_takes_its_batch_back():
@@ -89,7 +92,8 @@ def test_a_pool_that_prefills_a_prompt_itself_hands_over_and_takes_its_batch_bac
     assert_same_times(pooled, run(profile, Layout(prefill=1, decode=2, policy="auto"), load, False))
 
 
-@pytest.mark.parametrize("layout", [Layout(colocated=3), Layout(prefill=2, decode=2, policy="auto")])
+@pytest.mark.parametrize("layout", [Layout(colocated=3), Layout(prefill=2, decode=2, policy="auto"),
+                                    Layout(prefill=1, decode=2, policy="never")])
 def test_fast_runs_on_several_engines_give_the_times_of_stepping(layout):
     """Each engine in a fast run is shown to the router as of its step in flight, as a stepped one is (Qwen3-8B's
     profile: its decode steps run in bulk between arrivals)."""
@@ -100,15 +104,17 @@ def test_fast_runs_on_several_engines_give_the_times_of_stepping(layout):
     assert_same_times(bulk, stepped)
 
 
-def test_only_decode_workers_of_always_and_auto_are_pooled():
-    """Colocated replicas prefill every prompt, a decode worker under `never` too, and engines sharing a GPU step one
-    by one."""
+def test_decode_workers_and_colocated_replicas_are_pooled_but_not_on_a_shared_gpu():
+    """Every engine that decodes is pooled between the prompts it prefills itself (`auto`, `never`, colocated);
+    prefill workers never decode, and engines sharing a GPU step one by one."""
     profile, load = make_profile(), mixed(20, 20.0, 5)
-    for layout in (Layout(prefill=1, decode=1), Layout(prefill=1, decode=1, policy="auto")):
-        assert isinstance(run(profile, layout, load, True).engines["d1"], DecodePool)
-    for layout in (Layout(prefill=1, decode=1, policy="never"), Layout(colocated=2),
-                   Layout(prefill=1, decode=1, gpus_per_engine=0.5)):
-        assert not any(isinstance(e, DecodePool) for e in run(profile, layout, load, True).engines.values())
+    for layout in (Layout(prefill=1, decode=1), Layout(prefill=1, decode=1, policy="auto"),
+                   Layout(prefill=1, decode=1, policy="never")):
+        engines = run(profile, layout, load, True).engines
+        assert isinstance(engines["d1"], DecodePool) and not isinstance(engines["p0"], DecodePool)
+    assert all(isinstance(e, DecodePool) for e in run(profile, Layout(colocated=2), load, True).engines.values())
+    shared = run(profile, Layout(prefill=1, decode=1, gpus_per_engine=0.5), load, True)
+    assert not any(isinstance(e, DecodePool) for e in shared.engines.values())
 
 
 def test_a_pooled_batch_steps_as_its_contexts_grow():

@@ -90,9 +90,8 @@ class Simulation:
         for i, ((role, letter), gpu) in enumerate(zip(roles, layout.gpus())):
             name = f"{letter}{i}"
             chunk = layout.local_prefill_chunk if role == "decode" else None
-            # A decode worker decodes in aggregate while it prefills nothing itself (scripts/planner/decode_pool.py)
-            pooled = (role == "decode" and layout.policy in ("always", "auto") and fast_forward
-                      and not self.gpus[gpu].shared)
+            # Decode batches in aggregate while nothing is prefilled there (scripts/planner/decode_pool.py)
+            pooled = role != "prefill" and fast_forward and not self.gpus[gpu].shared
             self.engines[name] = (DecodePool if pooled else SimEngine)(
                 name, role, profile, chunk, fast_forward, workload.shared_prefixes, spares, self.num_blocks)
             self.gpu_of[name] = self.gpus[gpu]
