@@ -54,6 +54,8 @@ def test_the_index_forgets_least_recently_sent_first_within_the_workers_block_co
     assert index.cached_tokens("w", b) == 32 and index.cached_tokens("w", a) == 0  # a's head went first
     index.sent("w", 12, a)
     assert index.cached_tokens("w", a) == 32
+    index.sent("w", 4, b)  # the worker is back with a smaller pool: the least recently sent go
+    assert index.held("w") == len(index.workers["w"]) == 4 and list(index.workers["w"].keys) == b.keys[4:]
     index.forget("w")
     assert index.cached_tokens("w", a) == 0
 
