@@ -6,7 +6,10 @@ set -u
 export TUNED=${TUNED:-/tmp/tunableop_results.csv}
 nvidia-smi --query-gpu=name,serial --format=csv,noheader
 timeout 200 python docs/gpu_runs/stop40_tunableop_probe.py
-step() { timeout 150 python -m scripts.bench_engine decode --modes graphs --batches 64 2>&1 | grep -E "^graphs|copy bandwidth|Error|error" | tail -4; }
+step() {
+  timeout 150 python -m scripts.bench_engine decode --modes graphs --batches 64 2>&1 \
+    | grep -E "^graphs|copy bandwidth|Error|error" | tail -4
+}
 for round in 1 2; do
   echo "== round $round: cuBLAS's choice"; step
   echo "== round $round: tuned (read from $TUNED)"
