@@ -10,9 +10,12 @@ from pathlib import Path
 import pytest
 
 from router.prefix_index import PrefixIndex
+from scripts.planner.config import PlanConfig
 from scripts.planner.decode_pool import DecodePool
 from scripts.planner.layout import Layout
+from scripts.planner.plan import workloads
 from scripts.planner.profile import load_profile
+from scripts.planner.shards import router_share
 from scripts.planner.sim import Simulation
 from scripts.planner.unshared_prefixes import UnsharedPrefixes
 from scripts.planner.workload import Workload
@@ -167,3 +170,18 @@ def test_the_router_counting_keys_of_prompts_that_share_none_places_them_as_its_
 def run_sim(sim: Simulation) -> Simulation:
     sim.run()
     return sim
+
+
+def test_a_decode_worker_takes_back_sequences_recomputed_after_a_preemption_with_the_blocks_they_hold():
+    """7P:1D's shard of a 128-GPU long-short plan at 3,700 req/s: its one decode worker preempts, recomputes, and
+    takes its batch back with sequences whose tables already hold the block of their next token. The pool counted
+    a block for each of those by the step modulo the block size, and ran out of blocks (found at stop 40)."""
+    cfg = PlanConfig(profile="p.json", gpus=128, rates="1500,2200,3000,3700", workload="long-short",
+                     num_requests=4000)
+    rate, load = workloads(cfg)[3]
+    shard = router_share(load, rate, 0.0625)
+    profile, layout = load_profile(PROFILES / "h200-qwen3-8b.json"), Layout(prefill=7, decode=1, transport="nccl")
+    pooled = run(profile, layout, shard, True)
+    pools = [e for e in pooled.engines.values() if isinstance(e, DecodePool)]
+    assert sum(e.handovers for e in pools) > 0 and sum(e.scheduler.num_preemptions for e in pools) > 0
+    assert_same_times(pooled, run(profile, layout, shard, False))

@@ -148,12 +148,15 @@ class DecodePool(SimEngine):
 
     def _repoolable(self) -> bool:
         """Whether the scheduler's batch is the pool's again: nothing waiting to prefill, every running sequence
-        decoding (none mid-prompt), within the token budget, and a block for each that needs one next step."""
+        decoding (none mid-prompt) with no block beyond the one its next token is in (one recomputed after a
+        preemption may hold more: the pool would count a crossing where its table has the block already), within
+        the token budget, and a block for each that needs one next step."""
         sched, bs = self.scheduler, self.block_manager.block_size
         if not self._nothing_to_prefill():
             return False
         decoding = [s for s in sched.running if not self._finishing(s)]
-        return (all(len(s.token_ids) - s.num_computed_tokens == 1 for s in decoding)
+        return (all(len(s.token_ids) - s.num_computed_tokens == 1
+                    and len(s.block_table) <= s.num_computed_tokens // bs + 1 for s in decoding)
                 and len(decoding) <= sched.max_num_batched_tokens
                 and sum(s.num_computed_tokens + 1 > len(s.block_table) * bs for s in decoding)
                 <= self.block_manager.num_free_blocks)
@@ -165,7 +168,13 @@ class DecodePool(SimEngine):
         for seq in self.scheduler.running:
             if not self._finishing(seq):
                 self._join(seq)
-        self.allocated = self.clock
+        # This step's blocks as the scheduler takes them: for those whose table ends at the token they compute now.
+        # The residues would also give one to a sequence at a block's start whose table already holds that block (one
+        # admitted, not yet stepped, whose reservation held its first token's place)
+        bs = self.block_manager.block_size
+        ok = self.block_manager.append_blocks([m.seq for m in self.members if m.base >= len(m.seq.block_table) * bs])
+        assert ok, "a repooled step without the blocks it counted on"
+        self.allocated = self.clock + 1
         self.pooled = True
 
     def _nothing_to_prefill(self) -> bool:
