@@ -155,8 +155,8 @@ class DecodePool(SimEngine):
         if not self._nothing_to_prefill():
             return False
         decoding = [s for s in sched.running if not self._finishing(s)]
-        return (all(len(s.token_ids) - s.num_computed_tokens == 1
-                    and len(s.block_table) <= s.num_computed_tokens // bs + 1 for s in decoding)
+        return (all(s.num_uncomputed() == 1 and len(s.block_table) <= s.num_computed_tokens // bs + 1
+                    for s in decoding)
                 and len(decoding) <= sched.max_num_batched_tokens
                 and sum(s.num_computed_tokens + 1 > len(s.block_table) * bs for s in decoding)
                 <= self.block_manager.num_free_blocks)
