@@ -167,8 +167,9 @@ def test_without_the_cache_blocks_come_and_go_in_the_order_the_cache_would_give_
         assert cached.fenced == plain.fenced
 
 
-def test_double_free_is_caught():
-    bm = BlockManager(4, 4)
+@pytest.mark.parametrize("caching", [True, False])
+def test_double_free_is_caught(caching):
+    bm = BlockManager(4, 4, enable_prefix_caching=caching)
     a = seq([1, 2], "a")
     bm.allocate(a, 2)
     table = list(a.block_table)

@@ -85,16 +85,22 @@ class BlockManager:
 
     def free_blocks(self, seq: Sequence) -> None:
         # Tail blocks go back first, so they are evicted before the (more shareable) head of the prompt.
-        ref_counts, released = self.ref_counts, []
-        for b in reversed(seq.block_table):
-            left = ref_counts[b] = ref_counts[b] - 1
-            if not left:
-                released.append(b)
-            elif left < 0:
-                raise AssertionError(f"block {b} freed twice")
+        ref_counts = self.ref_counts
         if self.enable_prefix_caching:
+            released = []
+            for b in reversed(seq.block_table):
+                left = ref_counts[b] = ref_counts[b] - 1
+                if not left:
+                    released.append(b)
+                elif left < 0:
+                    raise AssertionError(f"block {b} freed twice")
             self.free.update(dict.fromkeys(released))
-        else:
+        else:  # nothing is shared: every block held has one reference
+            released = seq.block_table[::-1]
+            for b in released:
+                if not ref_counts[b]:
+                    raise AssertionError(f"block {b} freed twice")
+                ref_counts[b] = 0
             self.free.extend(released)
         if self.epoch > self.collected:  # a launched step not yet collected may still write them
             self.fenced.update(dict.fromkeys(released, self.epoch))

@@ -39,7 +39,6 @@ from dataclasses import dataclass
 
 from common import protocol as P
 from common.protocol.kv import KVLayout
-from common.sampling_params import SamplingParams
 from router.admission import Admission, Refused
 from router.config import RouterConfig
 from router.disagg_policy import DisaggPolicy
@@ -50,7 +49,7 @@ from router.registry import WorkerInfo, WorkerRegistry
 from router.request import Request
 from scripts.planner.collector import collector_paused
 from scripts.planner.decode_pool import DecodePool
-from scripts.planner.engine import BlockPool, SimEngine
+from scripts.planner.engine import BlockPool, SimEngine, sampling
 from scripts.planner.gpu import Gpu
 from scripts.planner.layout import Layout
 from scripts.planner.profile import Profile
@@ -162,7 +161,7 @@ class Simulation:
                 req = SimRequest(str(i), w.prompts[i], w.output_lens[i], self.now + w.arrivals[i],
                                  keys=w.keys[self.profile.block_size][i])
                 req.router = Request(rid=req.rid, client=b"", client_rid=req.rid, prompt_ids=req.attempt_ids,
-                                     sampling=SamplingParams(max_tokens=req.output_len, ignore_eos=True),
+                                     sampling=sampling(req.output_len),
                                      stream=False, detok=None)
                 self.requests.append(req)
                 self.by_rid[req.rid] = req
