@@ -166,6 +166,8 @@ class BlockManager:
         taken = list(range(start, start + first_use))
         self.ref_counts[start:start + first_use] = [1] * first_use
         self.unused_from += first_use
+        if first_use == n:
+            return taken
         if not self.enable_prefix_caching:  # no block holds a hash
             popleft, ref_counts, fenced = self.free.popleft, self.ref_counts, self.fenced
             reused = [popleft() for _ in range(n - first_use)]
