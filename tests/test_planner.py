@@ -727,6 +727,28 @@ def test_plan_prints_every_split_and_a_recommendation(tmp_path):
     assert f"machine: {best} on GPUs 4% slower in every step" in proc.stdout
     assert record["slower_gpus"]["layout"] == best and record["slower_gpus"]["share"] == 0.04
     assert [p["rate"] for p in record["slower_gpus"]["points"]] == [10, 30]
+    from scripts.bench_plots import missing
+    from scripts.planner.plots import PLOTS
+    for name in PLOTS:  # drawn where matplotlib is installed (the bench extra), else said
+        plot = tmp_path / name
+        assert (plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n") if not missing() else not plot.exists()
+
+
+def test_the_plots_shade_splits_by_prefill_share_and_mark_the_recommendation():
+    """However many splits, each reads by its colour (its share of prefill engines, on one colour map), the policy by
+    the line style, colocated in black; the recommended layout's line is the thickest."""
+    from scripts.planner.plots import styles
+
+    layouts = {str(lay): lay for lay in (Layout(prefill=1, decode=3), Layout(prefill=2, decode=2),
+                                         Layout(prefill=3, decode=1), Layout(prefill=3, decode=1, policy="auto"),
+                                         Layout(colocated=4))}
+    looks = styles(layouts, "3P:1D (auto)")
+    assert [looks[n].shade for n in ("1P:3D", "2P:2D", "3P:1D")] == [0.25, 0.5, 0.75]
+    assert looks["3P:1D (auto)"].shade == looks["3P:1D"].shade
+    assert looks["3P:1D"].linestyle != looks["3P:1D (auto)"].linestyle
+    assert looks["colocated x4"].shade is None
+    widest = max(looks, key=lambda n: looks[n].linewidth)
+    assert widest == "3P:1D (auto)" and sorted(look.linewidth for look in looks.values())[-2] < looks[widest].linewidth
 
 
 def test_plan_on_128_gpus_searches_a_coarse_grid_of_splits():

@@ -113,7 +113,8 @@ def run(args: argparse.Namespace) -> None:
                   "slower_gpus": None if slower is None else {"layout": best, "share": cfg.slower_gpus,
                                                               "points": [dataclasses.asdict(p) for p in slower]}}
         (out / "plan.json").write_text(json.dumps(record, indent=2) + "\n")
-        plots = draw(shown, slo, f"{prof.model} on {prof.machine}, {cfg.gpus} GPUs (predicted)", out)
+        plots = draw(shown, plan.layouts, best, slo, f"{prof.model} on {prof.machine}, {cfg.gpus} GPUs (predicted)",
+                     out)
         note = ", ".join(str(p) for p in plots) if plots else "no plots (matplotlib is not installed)"
         print(f"wrote {out / 'plan.json'}; {note}", file=sys.stderr)
 
