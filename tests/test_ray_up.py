@@ -398,4 +398,7 @@ def test_where_hosts_cannot_be_made_the_reason_is_given(monkeypatch):
     assert netns_hosts.missing() == "needs root (network namespaces, bridges, mounts)"
     monkeypatch.setattr(os, "geteuid", lambda: 0)
     monkeypatch.setattr(shutil, "which", lambda tool: None if tool == "tmux" else f"/usr/bin/{tool}")
+    monkeypatch.setattr(os, "access", lambda path, mode: True)  # sshd there, whatever this host has
     assert netns_hosts.missing().startswith("missing tmux (Debian: apt-get install")
+    monkeypatch.setattr(os, "access", lambda path, mode: path != netns_hosts.SSHD)
+    assert netns_hosts.missing().startswith("missing tmux, sshd (Debian: apt-get install")
