@@ -12,6 +12,7 @@ from tests.triton_interp import INTERPRETED, device, interpreter_suite  # noqa: 
 
 fused = pytest.importorskip("common.engine.layers.fused")
 gemv = pytest.importorskip("common.engine.layers.gemv")
+splitk = pytest.importorskip("common.engine.layers.splitk")
 
 from common.engine.layers.activation import SiluAndMul  # noqa: E402
 from common.engine.layers.linear import ColumnParallelLinear, RowParallelLinear  # noqa: E402
@@ -137,6 +138,32 @@ def test_gemv_matches_linear(device: str, dtype: torch.dtype, shape: tuple[int, 
     close(gemv.gemv(x.to(device), wd, bd), torch.nn.functional.linear(x, w, b))
     # with silu: SiLU-and-mul of [gate | up] as it loads x, rounded as the separate kernel rounds
     close(gemv.gemv(gate_up.to(device), wd, silu=True), torch.nn.functional.linear(SiluAndMul()(gate_up), w))
+
+
+@pytest.mark.parametrize("dtype", [torch.float16] if INTERPRETED else list(splitk.HALF), ids=str)
+@pytest.mark.parametrize("rows", [1, 3, 37, splitk.MAX_ROWS])
+def test_split_k_matches_linear(device: str, dtype: torch.dtype, rows: int) -> None:
+    """Every row of a decode batch (the row tile masked past it), the K chunks' float32 parts summed once."""
+    torch.manual_seed(rows)
+    n, k = 128, 3 * splitk.BLOCK_K
+    w, x = (torch.randn(n, k) / k ** 0.5).to(dtype), torch.randn(rows, k).to(dtype)
+    assert splitk.fits(x, w)
+    close(splitk.linear(x.to(device), w.to(device)), torch.nn.functional.linear(x.float(), w.float()).to(dtype))
+
+
+def test_split_k_serves_a_decode_batch_through_a_weight_of_few_outputs() -> None:
+    def half(*shape: int) -> torch.Tensor:
+        return torch.empty(*shape, dtype=torch.bfloat16)
+
+    w, k = half(1024, 2048), 2048
+    assert splitk.fits(half(splitk.MAX_ROWS, k), w) and splitk.fits(half(3, k), w)
+    assert not splitk.fits(half(splitk.MAX_ROWS + 1, k), w)  # a prompt step: cuBLAS
+    assert not splitk.fits(half(0, k), w)
+    assert not splitk.fits(half(8, 4096), half(4096, 4096))  # outputs enough for cuBLAS's tiles
+    assert not splitk.fits(half(8, 1024), half(576, 1024))  # not a power of two (SmolLM2)
+    assert not splitk.fits(half(8, 1000), half(1024, 1000))  # K not in whole chunks
+    assert not splitk.fits(half(8, 2 * k)[:, ::2], w)  # strided rows
+    assert not splitk.fits(torch.empty(8, k, dtype=torch.float32), w.float())  # 4-byte tiles: cuBLAS
 
 
 def test_gemv_serves_only_a_few_rows_of_a_weight_it_can_hold() -> None:

@@ -16,7 +16,7 @@ except ImportError:  # an older Triton: the GPU host runs these kernels anyway
     pytest.skip("this Triton cannot compile ahead of time", allow_module_level=True)
 
 from common.engine.attention import triton_ops  # noqa: E402
-from common.engine.layers import fused, gemv  # noqa: E402
+from common.engine.layers import fused, gemv, splitk  # noqa: E402
 from kvtransfer import block_copy  # noqa: E402
 
 HOPPER = GPUTarget("cuda", 90, 32)
@@ -25,7 +25,7 @@ TYPES = {"slot_ptr": "*i64", "pos_ptr": "*i64", "seeds_ptr": "*i64", "best_idx_p
          "block_tables_ptr": "*i32", "seq_lens_ptr": "*i32", "plan_ptr": "*i32", "query_start_loc_ptr": "*i32",
          "cos_sin_ptr": "*fp32", "temps_ptr": "*fp32", "best_ptr": "*fp32", "part_o_ptr": "*fp32",
          "part_lse_ptr": "*fp32", "eps": "fp32", "qk_scale": "fp32", "src_ptr": "*i64", "dst_addr": "i64",
-         "src_ids_ptr": "*i64", "dst_ids_ptr": "*i64"}
+         "src_ids_ptr": "*i64", "dst_ids_ptr": "*i64", "part_ptr": "*fp32"}
 ROPE = dict(NUM_Q_HEADS=16, NUM_KV_HEADS=8, BLOCK_Q=16, BLOCK_KV=8, HEAD_DIM=128, PAGE=16)
 CASES = {  # name: (kernel, constexprs)
     "rms_norm": (fused._rms_norm_kernel, dict(N=1024, BLOCK=1024, HAS_RESIDUAL=True, PDL=True)),
@@ -39,6 +39,8 @@ CASES = {  # name: (kernel, constexprs)
                                          PDL=True)),
     "gemv-down-silu": (gemv._gemv_kernel, dict(N=1024, K=3072, BLOCK_N=2, BLOCK_K=4096, SILU=True, HAS_BIAS=False,
                                                PDL=False)),
+    "splitk-o": (splitk._partial_kernel, dict(N=1024, K=2048, ROWS=64, BLOCK_N=64, BLOCK_K=512, PDL=True)),
+    "splitk-sum": (splitk._sum_kernel, dict(N=1024, ROWS=64, SPLITS=6, PDL=True)),
     "silu_and_mul": (fused._silu_and_mul_kernel, dict(N=3072, BLOCK=1024)),
     "gumbel_argmax": (fused._gumbel_argmax_kernel, dict(V=151936, SPLIT=6144, BLOCK=2048)),
     "store_kvcache": (triton_ops._store_kvcache_kernel, dict(NUM_HEADS=8, HEAD_DIM=128, BLOCK_H=8, PAGE=16)),

@@ -1,5 +1,5 @@
-"""The Triton kernels of the layers' CUDA paths (fused.py, gemv.py), imported the first time a CUDA tensor asks
-for them: an engine on CPU never imports triton, even where it is installed."""
+"""The Triton kernels of the layers' CUDA paths (fused.py, gemv.py, splitk.py), imported the first time a CUDA tensor
+asks for them: an engine on CPU never imports triton, even where it is installed."""
 from __future__ import annotations
 
 import importlib
@@ -30,3 +30,11 @@ def skinny_gemm(x: torch.Tensor, weight: torch.Tensor) -> ModuleType | None:
     if not x.is_cuda or (gemv := _triton_module("gemv")) is None:
         return None
     return gemv if gemv.fits(x, weight) else None
+
+
+def split_k_gemm(x: torch.Tensor, weight: torch.Tensor) -> ModuleType | None:
+    """common.engine.layers.splitk where it serves `F.linear(x, weight)` (a decode batch of x on CUDA, a weight of
+    few outputs), else None."""
+    if not x.is_cuda or (splitk := _triton_module("splitk")) is None:
+        return None
+    return splitk if splitk.fits(x, weight) else None
