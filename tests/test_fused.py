@@ -159,7 +159,7 @@ def test_split_k_serves_a_decode_batch_through_a_weight_of_few_outputs() -> None
     assert splitk.fits(half(splitk.MAX_ROWS, k), w) and splitk.fits(half(3, k), w)
     assert not splitk.fits(half(splitk.MAX_ROWS + 1, k), w)  # a prompt step: cuBLAS
     assert not splitk.fits(half(0, k), w)
-    assert not splitk.fits(half(8, 4096), half(4096, 4096))  # outputs enough for cuBLAS's tiles
+    assert not splitk.fits(half(8, 4096), half(4096, 4096))  # wider than measured (Qwen3-8B): cuBLAS
     assert not splitk.fits(half(8, 1024), half(576, 1024))  # not a power of two (SmolLM2)
     assert not splitk.fits(half(8, 1000), half(1024, 1000))  # K not in whole chunks
     assert not splitk.fits(half(8, 2 * k)[:, ::2], w)  # strided rows
