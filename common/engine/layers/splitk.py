@@ -58,9 +58,10 @@ HALF = (torch.bfloat16, torch.float16)  # a tile pair of 4-byte floats would not
 def fits(x: torch.Tensor, weight: torch.Tensor) -> bool:
     """Whether this serves F.linear(x, weight): a decode batch's rows of 2-byte floats, a weight of few outputs (a
     power of two, the sum kernel's tile) whose inputs split into whole chunks."""
+    if x.dim() != 2 or not 0 < x.shape[0] <= MAX_ROWS:  # first: every prompt step of many tokens stops here
+        return False
     n, k = weight.shape
-    return (x.dtype in HALF and weight.dtype == x.dtype
-            and x.dim() == 2 and 0 < x.shape[0] <= MAX_ROWS and x.shape[1] == k and x.stride(-1) == 1
+    return (x.dtype in HALF and weight.dtype == x.dtype and x.shape[1] == k and x.stride(-1) == 1
             and weight.stride(-1) == 1 and weight.stride(0) == k and BLOCK_N <= n <= MAX_OUTPUTS
             and n & (n - 1) == 0 and k % BLOCK_K == 0)
 
