@@ -151,6 +151,34 @@ def test_split_k_matches_linear(device: str, dtype: torch.dtype, rows: int) -> N
     close(splitk.linear(x.to(device), w.to(device)), torch.nn.functional.linear(x.float(), w.float()).to(dtype))
 
 
+@pytest.mark.parametrize("with_residual", [False, True])
+def test_rms_norm_sums_a_projections_partial_sums(device: str, with_residual: bool) -> None:
+    """o and down hand the add+RMSNorm their K chunks' parts: it must norm what the summed projection would give,
+    to the bit, on the GPU and through the torch path (PartialSums.total) alike."""
+    torch.manual_seed(1)
+    rows, n, k = 5, 128, 3 * splitk.BLOCK_K
+    w, x = (torch.randn(n, k) / k ** 0.5).half().to(device), torch.randn(rows, k).half().to(device)
+    norm = RMSNorm(n, 1e-6).half().to(device)
+    norm.weight.data = torch.randn(n).half().to(device)
+    residual = torch.randn(rows, n).half().to(device) if with_residual else None
+    parts = splitk.linear(x, w, summed=False)
+    summed = splitk.linear(x, w)
+    assert parts.shape == summed.shape and torch.equal(parts.total(), summed)
+
+    def normed(inp):
+        if residual is None:
+            return fused.rms_norm(inp, norm.weight, 1e-6)
+        return fused.rms_norm(inp, norm.weight, 1e-6, residual.clone())
+    got, want = normed(parts), normed(summed)
+    for g, w_ in zip(got, want) if with_residual else [(got, want)]:
+        assert torch.equal(g, w_)
+    on_cpu = RMSNorm(n, 1e-6).half()
+    on_cpu.weight.data = norm.weight.cpu()
+    cpu_parts = type(parts)(parts.parts.cpu(), parts.rows, parts.dtype)
+    cpu_got = on_cpu(cpu_parts, residual.cpu().clone()) if with_residual else on_cpu(cpu_parts)
+    close(cpu_got[0] if with_residual else cpu_got, (want[0] if with_residual else want))
+
+
 def test_split_k_serves_a_decode_batch_through_a_weight_of_few_outputs() -> None:
     def half(*shape: int) -> torch.Tensor:
         return torch.empty(*shape, dtype=torch.bfloat16)

@@ -27,9 +27,11 @@ TYPES = {"slot_ptr": "*i64", "pos_ptr": "*i64", "seeds_ptr": "*i64", "best_idx_p
          "part_lse_ptr": "*fp32", "eps": "fp32", "qk_scale": "fp32", "src_ptr": "*i64", "dst_addr": "i64",
          "src_ids_ptr": "*i64", "dst_ids_ptr": "*i64", "part_ptr": "*fp32"}
 ROPE = dict(NUM_Q_HEADS=16, NUM_KV_HEADS=8, BLOCK_Q=16, BLOCK_KV=8, HEAD_DIM=128, PAGE=16)
-CASES = {  # name: (kernel, constexprs)
-    "rms_norm": (fused._rms_norm_kernel, dict(N=1024, BLOCK=1024, HAS_RESIDUAL=True, PDL=True)),
-    "rms_norm-576": (fused._rms_norm_kernel, dict(N=576, BLOCK=1024, HAS_RESIDUAL=False, PDL=False)),
+CASES = {  # name: (kernel, constexprs[, argument types unlike TYPES])
+    "rms_norm": (fused._rms_norm_kernel, dict(N=1024, BLOCK=1024, HAS_RESIDUAL=True, PARTS=0, PDL=True)),
+    "rms_norm-576": (fused._rms_norm_kernel, dict(N=576, BLOCK=1024, HAS_RESIDUAL=False, PARTS=0, PDL=False)),
+    "rms_norm-parts": (fused._rms_norm_kernel, dict(N=1024, BLOCK=1024, HAS_RESIDUAL=True, PARTS=6, PDL=True),
+                       {"x_ptr": "*fp32"}),
     "qk_norm_rope_store": (fused._qk_norm_rope_kernel, dict(ROPE, HAS_NORM=True, STORE=True, PDL=True)),
     "qk_norm_rope": (fused._qk_norm_rope_kernel, dict(ROPE, HAS_NORM=True, STORE=False, PDL=False)),
     "rope_store-smollm2": (fused._qk_norm_rope_kernel, dict(NUM_Q_HEADS=9, NUM_KV_HEADS=3, BLOCK_Q=16, BLOCK_KV=4,
@@ -41,7 +43,7 @@ CASES = {  # name: (kernel, constexprs)
                                                PDL=False)),
     "splitk-o": (splitk._partial_kernel, dict(N=1024, K=2048, ROWS=64, BLOCK_N=64, BLOCK_K=512, PDL=True)),
     "splitk-sum": (splitk._sum_kernel, dict(N=1024, ROWS=64, SPLITS=6, PDL=True)),
-    "silu_and_mul": (fused._silu_and_mul_kernel, dict(N=3072, BLOCK=1024)),
+    "silu_and_mul": (fused._silu_and_mul_kernel, dict(N=3072, BLOCK=1024, PDL=True)),
     "gumbel_argmax": (fused._gumbel_argmax_kernel, dict(V=151936, SPLIT=6144, BLOCK=2048)),
     "store_kvcache": (triton_ops._store_kvcache_kernel, dict(NUM_HEADS=8, HEAD_DIM=128, BLOCK_H=8, PAGE=16)),
     "decode-split": (triton_ops._decode_kernel, dict(GROUP=2, BLOCK_G=16, HEAD_DIM=128, PAGE=16, BLOCK_N=64,
@@ -57,9 +59,10 @@ CASES = {  # name: (kernel, constexprs)
 
 @pytest.mark.parametrize("name", list(CASES))
 def test_kernel_compiles_for_hopper(name: str) -> None:
-    kernel, constexprs = CASES[name]
+    kernel, constexprs, *own_types = CASES[name]
     assert set(constexprs) == {kernel.arg_names[i] for i in kernel.constexprs}, "give every constexpr"
-    signature = {a: "constexpr" if a in constexprs else TYPES.get(a, "*bf16" if a.endswith("_ptr") else "i32")
+    types = {**TYPES, **(own_types[0] if own_types else {})}
+    signature = {a: "constexpr" if a in constexprs else types.get(a, "*bf16" if a.endswith("_ptr") else "i32")
                  for a in kernel.arg_names}
     compiled = triton.compile(ASTSource(fn=kernel, signature=signature, constexprs=constexprs), target=HOPPER)
     assert compiled.asm["cubin"], f"{name}: no machine code"

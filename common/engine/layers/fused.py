@@ -10,12 +10,16 @@ import torch
 import triton
 import triton.language as tl
 
+from common.engine.layers.partial_sums import PartialSums
 from common.engine.pdl import launch_kwargs
 
 
 @triton.jit
-def _rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, stride_x, stride_r, stride_o, eps,
-                     N: tl.constexpr, BLOCK: tl.constexpr, HAS_RESIDUAL: tl.constexpr, PDL: tl.constexpr):
+def _rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, stride_x, stride_r, stride_o, stride_part, eps,
+                     N: tl.constexpr, BLOCK: tl.constexpr, HAS_RESIDUAL: tl.constexpr, PARTS: tl.constexpr,
+                     PDL: tl.constexpr):
+    """Program r: row r. With PARTS > 0, x is that many float32 parts (PartialSums, `stride_part` apart) whose sum,
+    rounded once to the model dtype, is the row."""
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     mask = cols < N
@@ -23,7 +27,13 @@ def _rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, stride_x, stride_r, stride_
     if PDL:
         tl.extra.cuda.gdc_launch_dependents()
         tl.extra.cuda.gdc_wait()
-    x = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0)
+    if PARTS > 0:
+        acc = tl.zeros([BLOCK], dtype=tl.float32)
+        for s in range(PARTS):
+            acc += tl.load(x_ptr + s * stride_part + row * stride_x + cols, mask=mask, other=0.0)
+        x = acc.to(out_ptr.dtype.element_ty)
+    else:
+        x = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0)
     if HAS_RESIDUAL:  # the pre-norm block's residual add, rounded to the model dtype as torch does
         x = (x.to(tl.float32) + tl.load(res_ptr + row * stride_r + cols, mask=mask, other=0.0).to(tl.float32))
         x = x.to(res_ptr.dtype.element_ty)
@@ -34,19 +44,25 @@ def _rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, stride_x, stride_r, stride_
     tl.store(out_ptr + row * stride_o + cols, (w * y).to(out_ptr.dtype.element_ty), mask=mask)
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
+def rms_norm(x: torch.Tensor | PartialSums, weight: torch.Tensor, eps: float,
              residual: torch.Tensor | None = None) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-    """RMSNorm of [T, N] rows; with `residual`, first `residual += x` in place and norm the sum."""
-    n = x.shape[-1]
-    x2 = x.view(-1, n)
+    """RMSNorm of [T, N] rows; with `residual`, first `residual += x` in place and norm the sum. `x` may be a
+    projection's PartialSums ([T, N] once summed)."""
+    if isinstance(x, PartialSums):
+        x2, parts, stride_part = x.parts[0], x.parts.shape[0], x.parts.stride(0)
+        rows, n, dtype, shape = x.rows, x.parts.shape[-1], x.dtype, x.shape
+    else:
+        n = x.shape[-1]
+        x2, parts, stride_part, dtype, shape = x.view(-1, n), 0, 0, x.dtype, x.shape
+        rows = x2.shape[0]
     assert x2.stride(-1) == 1
-    out = torch.empty(x2.shape, dtype=x.dtype, device=x.device)
+    out = torch.empty(rows, n, dtype=dtype, device=x2.device)
     res2 = residual.view(-1, n) if residual is not None else x2
-    if x2.shape[0]:
-        _rms_norm_kernel[(x2.shape[0],)](x2, res2, weight, out, x2.stride(0), res2.stride(0), out.stride(0), eps,
-                                         N=n, BLOCK=triton.next_power_of_2(n), HAS_RESIDUAL=residual is not None,
-                                         **launch_kwargs(x.device))
-    out = out.view(x.shape)
+    if rows:
+        _rms_norm_kernel[(rows,)](x2, res2, weight, out, x2.stride(0), res2.stride(0), out.stride(0), stride_part,
+                                  eps, N=n, BLOCK=triton.next_power_of_2(n), HAS_RESIDUAL=residual is not None,
+                                  PARTS=parts, **launch_kwargs(x2.device))
+    out = out.view(shape)
     return out if residual is None else (out, residual)
 
 
@@ -178,7 +194,12 @@ def qk_norm_rope_(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cos
 
 
 @triton.jit
-def _silu_and_mul_kernel(x_ptr, out_ptr, stride_x, stride_o, N: tl.constexpr, BLOCK: tl.constexpr):
+def _silu_and_mul_kernel(x_ptr, out_ptr, stride_x, stride_o, N: tl.constexpr, BLOCK: tl.constexpr,
+                         PDL: tl.constexpr):
+    """With PDL the next kernel (the down projection's) may load its weights while this one runs."""
+    if PDL:
+        tl.extra.cuda.gdc_launch_dependents()
+        tl.extra.cuda.gdc_wait()
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = cols < N
@@ -196,7 +217,7 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     block = min(1024, triton.next_power_of_2(n))
     if x2.shape[0]:
         _silu_and_mul_kernel[(x2.shape[0], triton.cdiv(n, block))](x2, out, x2.stride(0), out.stride(0), N=n,
-                                                                    BLOCK=block)
+                                                                    BLOCK=block, **launch_kwargs(x.device))
     return out.view(*x.shape[:-1], n)
 
 

@@ -8,6 +8,7 @@ from torch import nn
 from common.engine.distributed import all_reduce, tp_rank, tp_size
 from common.engine.layers.activation import silu_and_mul as silu_and_mul_
 from common.engine.layers.fusion import skinny_gemm, split_k_gemm
+from common.engine.layers.partial_sums import PartialSums
 
 
 def _param(*shape: int) -> nn.Parameter:
@@ -96,16 +97,19 @@ class RowParallelLinear(nn.Module):
         size = param.shape[1]
         param.data.copy_(loaded.narrow(1, self.tp_rank * size, size))
 
-    def forward(self, x: torch.Tensor, silu_and_mul: bool = False) -> torch.Tensor:
-        """With `silu_and_mul`, x is [gate | up] and the layer computes down(silu(gate) * up): for a few rows
-        one kernel (gemv.py), else the activation's kernel first. A decode batch through a weight of few outputs
-        splits K (splitk.py)."""
+    def forward(self, x: torch.Tensor, silu_and_mul: bool = False,
+                to_norm: bool = False) -> torch.Tensor | PartialSums:
+        """With `silu_and_mul`, x is [gate | up] and the layer computes down(silu(gate) * up): for a few rows one
+        kernel (gemv.py), else the activation's kernel first. A decode batch through a weight of few outputs
+        splits K (splitk.py); with `to_norm` (the caller is an RMSNorm, which can sum the parts itself) on one rank
+        its parts come back as PartialSums."""
         bias = self.bias if self.tp_rank == 0 else None
         if (gemv := skinny_gemm(x, self.weight)) is not None:
             return all_reduce(gemv.gemv(x, self.weight, bias, silu=silu_and_mul))
         if silu_and_mul:
             x = silu_and_mul_(x)
         if bias is None and (splitk := split_k_gemm(x, self.weight)) is not None:
+            if to_norm and self.tp_size == 1:
+                return splitk.linear(x, self.weight, summed=False)
             return all_reduce(splitk.linear(x, self.weight))
         return all_reduce(F.linear(x, self.weight, bias))
-

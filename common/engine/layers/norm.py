@@ -4,6 +4,7 @@ import torch
 from torch import nn
 
 from common.engine.layers.fusion import fused_kernels
+from common.engine.layers.partial_sums import PartialSums
 
 
 class RMSNorm(nn.Module):
@@ -17,9 +18,13 @@ class RMSNorm(nn.Module):
         xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * xf.to(x.dtype)
 
-    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
+    def forward(self, x: torch.Tensor | PartialSums, residual: torch.Tensor | None = None):
         """With `residual`, adds it first and returns (normed, new residual): the pre-norm block's fused step.
-        On CUDA one kernel, which updates `residual` in place."""
+        On CUDA one kernel, which updates `residual` in place and sums `x` if it is a projection's parts."""
+        if isinstance(x, PartialSums):
+            if (fused := fused_kernels()) is not None and x.parts.is_cuda:
+                return fused.rms_norm(x, self.weight, self.eps, residual)
+            x = x.total()
         if x.is_cuda and x.stride(-1) == 1 and (fused := fused_kernels()) is not None:
             return fused.rms_norm(x, self.weight, self.eps, residual)
         if residual is None:

@@ -5,7 +5,9 @@ With few outputs there are few output tiles, so cuBLAS splits K across its progr
 kernel of its own. This does the same in two Triton kernels launched with programmatic dependent launch
 (common/engine/pdl.py): a program per (BLOCK_N outputs, BLOCK_K of K) loads its weight tile before it waits for x,
 so the weights stream in while the kernel before still runs, and writes its float32 partial sum; a second kernel
-adds the parts into the output. Measured in Qwen3-0.6B's batch-64 step against cuBLAS: docs/benchmarks.md, stop 41.
+adds the parts into the output, unless the caller takes them as they are (`PartialSums`: the add+RMSNorm after o
+and down sums them as it loads its input). Measured in Qwen3-0.6B's batch-64 step: docs/benchmarks.md, stops 41
+and 42.
 """
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ import torch
 import triton
 import triton.language as tl
 
+from common.engine.layers.partial_sums import PartialSums
 from common.engine.pdl import launch_kwargs
 
 MAX_ROWS = 64  # one row tile: the dot's rows beyond a batch's are masked (one variant for every decode batch)
@@ -66,14 +69,17 @@ def fits(x: torch.Tensor, weight: torch.Tensor) -> bool:
             and n & (n - 1) == 0 and k % BLOCK_K == 0)
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """F.linear(x, weight) for x [M <= MAX_ROWS, K] (`fits`)."""
-    (m, k), n = x.shape, weight.shape[0]
+def linear(x: torch.Tensor, weight: torch.Tensor, summed: bool = True) -> torch.Tensor | PartialSums:
+    """F.linear(x, weight) for x [M <= MAX_ROWS, K] (`fits`); without `summed`, the K chunks' parts for the next
+    kernel to add."""
+    m, (n, k) = x.shape[0], weight.shape
     splits = k // BLOCK_K
-    part = torch.empty(splits * MAX_ROWS, n, dtype=torch.float32, device=x.device)
-    out = torch.empty(m, n, dtype=x.dtype, device=x.device)
+    part = torch.empty(splits, MAX_ROWS, n, dtype=torch.float32, device=x.device)
     pdl = launch_kwargs(x.device)
     _partial_kernel[(n // BLOCK_N, splits)](x, weight, part, m, x.stride(0), N=n, K=k, ROWS=MAX_ROWS,
                                             BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K, **pdl)
+    if not summed:
+        return PartialSums(part, m, x.dtype)
+    out = torch.empty(m, n, dtype=x.dtype, device=x.device)
     _sum_kernel[(m,)](part, out, out.stride(0), N=n, ROWS=MAX_ROWS, SPLITS=splits, **pdl)
     return out

@@ -9,6 +9,7 @@ from common.engine.layers.attention import Attention
 from common.engine.layers.embedding import ParallelLMHead, VocabParallelEmbedding
 from common.engine.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
 from common.engine.layers.norm import RMSNorm
+from common.engine.layers.partial_sums import PartialSums
 from common.engine.layers.rotary import RotaryEmbedding
 
 
@@ -24,13 +25,14 @@ class SelfAttention(nn.Module):
         self.q_norm = RMSNorm(c.head_dim, c.rms_norm_eps) if c.qk_norm else None
         self.k_norm = RMSNorm(c.head_dim, c.rms_norm_eps) if c.qk_norm else None
 
-    def forward(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor | PartialSums:
         q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
         q, k, v = self.qkv_proj(x).split([q_size, kv_size, kv_size], dim=-1)
         q = q.view(-1, self.num_heads, self.head_dim)
         k = k.view(-1, self.num_kv_heads, self.head_dim)
         v = v.view(-1, self.num_kv_heads, self.head_dim)
-        return self.o_proj(self.attn(positions, q, k, v, self.rotary_emb, self.q_norm, self.k_norm).flatten(1))
+        attn = self.attn(positions, q, k, v, self.rotary_emb, self.q_norm, self.k_norm).flatten(1)
+        return self.o_proj(attn, to_norm=True)
 
 
 class MLP(nn.Module):
@@ -39,9 +41,9 @@ class MLP(nn.Module):
         self.gate_up_proj = MergedColumnParallelLinear(c.hidden_size, [c.intermediate_size] * 2)
         self.down_proj = RowParallelLinear(c.intermediate_size, c.hidden_size)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor) -> torch.Tensor | PartialSums:
         # down(silu(gate) * up): the down projection applies the activation (for a few rows, as it loads x)
-        return self.down_proj(self.gate_up_proj(x), silu_and_mul=True)
+        return self.down_proj(self.gate_up_proj(x), silu_and_mul=True, to_norm=True)
 
 
 class DecoderLayer(nn.Module):
