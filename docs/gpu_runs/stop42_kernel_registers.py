@@ -2,9 +2,11 @@
 as ptxas reports them for Hopper (sm_90a), on a machine without a GPU. Run it under the Triton of the GPU host (3.6.0
 at stop 42: `pip install triton==3.6.0` into a path put ahead of the venv's), since another Triton's compiler
 allocates differently. The attention kernels are compiled with the warps and stages the engine launches them with
-(`DecodeLaunch`, `_prefill_config` for bf16), the others with Triton's defaults.
+(`DecodeLaunch`, `_prefill_config` for bf16), the others with Triton's defaults. With `--decode-sweep`, the decode
+kernel (Qwen3-0.6B's heads, pages of 16, unsplit and split) over the launch settings `scripts/bench_attention.py
+--sweep` tries: keys a tile, warps, stages.
 
-Run: python docs/gpu_runs/stop42_kernel_registers.py
+Run: python docs/gpu_runs/stop42_kernel_registers.py [--decode-sweep]
 """
 from __future__ import annotations
 
@@ -26,20 +28,20 @@ from tests.test_kernels_compile import CASES, HOPPER, TYPES  # noqa: E402
 PTXAS = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
 
 
-def usage(name: str) -> str:
-    kernel, constexprs, *own_types = CASES[name]
+def usage(name: str, options: dict | None = None, constexprs: dict | None = None) -> str:
+    kernel, case_constexprs, *own_types = CASES[name]
+    constexprs = constexprs or case_constexprs
     types = {**TYPES, **(own_types[0] if own_types else {})}
     signature = {a: "constexpr" if a in constexprs else types.get(a, "*bf16" if a.endswith("_ptr") else "i32")
                  for a in kernel.arg_names}
-    options = {}
-    if name.startswith("decode-"):
+    if options is None and name.startswith("decode-"):
         launch = DecodeLaunch(constexprs["BLOCK_N"])
         options = dict(num_warps=launch.num_warps, num_stages=launch.num_stages)
-    if name == "prefill":
+    if options is None and name == "prefill":
         *_, warps, stages = _prefill_config(constexprs["HEAD_DIM"], torch.bfloat16, torch.device("cuda"))
         options = dict(num_warps=warps, num_stages=stages)
     compiled = triton.compile(ASTSource(fn=kernel, signature=signature, constexprs=constexprs), target=HOPPER,
-                              options=options)
+                              options=options or {})
     with tempfile.NamedTemporaryFile("w", suffix=".ptx") as ptx:
         ptx.write(compiled.asm["ptx"])
         ptx.flush()
@@ -55,6 +57,15 @@ def usage(name: str) -> str:
 
 def main() -> None:
     print(f"triton {triton.__version__}")
+    if "--decode-sweep" in sys.argv:
+        for name in ("decode-direct", "decode-split"):
+            for block_n in (32, 64, 128):
+                for warps in (2, 4, 8):
+                    for stages in (1, 2, 3):
+                        constexprs = dict(CASES[name][1], GROUP=2, PAGE=16, BLOCK_N=block_n)
+                        print(f"{name:14s} keys {block_n:3d} warps {warps} stages {stages}: "
+                              f"{usage(name, dict(num_warps=warps, num_stages=stages), constexprs)}", flush=True)
+        return
     for name in CASES:
         print(f"{name:28s} {usage(name)}", flush=True)
 
