@@ -1,8 +1,9 @@
 """Stop 42 (issue 20): split-K's partial kernel (Qwen3-0.6B's o and down, as the engine launches it: 64 x 512
 tiles) at 4 warps, where ptxas reports 255 registers and spills (stop42_kernel_registers.py), against 8, timed alone:
 a CUDA graph of 200 launches replayed 5 times (the mean a launch, CUDA events), bf16, at 8, 32 and 64 rows;
-alternated, two rounds. Alone, not in the
-step (no kernel before it to overlap its weight loads with), so a lead for the step's A/B, not its figure.
+alternated, two rounds (`scripts/bench_gpu.graph_us`; the figures in docs/benchmarks.md, stop 42, were taken at
+398b91b with the same graph, replays and warm replay timed by hand). Alone, not in the step (no kernel before it to
+overlap its weight loads with), so a lead for the step's A/B, not its figure.
 
 Run: python docs/gpu_runs/stop42_splitk_warps.py
 """
@@ -15,30 +16,19 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from common.engine.layers import splitk  # noqa: E402
+from scripts.bench_gpu import graph_us  # noqa: E402
 
 
 def partial_us(x: torch.Tensor, w: torch.Tensor, warps: int, launches: int = 200, replays: int = 5) -> float:
     (m, k), n = x.shape, w.shape[0]
     part = torch.empty(k // splitk.BLOCK_K, splitk.MAX_ROWS, n, dtype=torch.float32, device=x.device)
 
-    def launch() -> None:
-        splitk._partial_kernel[(n // splitk.BLOCK_N, k // splitk.BLOCK_K)](
-            x, w, part, m, x.stride(0), N=n, K=k, ROWS=splitk.MAX_ROWS, BLOCK_N=splitk.BLOCK_N,
-            BLOCK_K=splitk.BLOCK_K, PDL=False, num_warps=warps)
-    launch()  # compiled before the capture
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
+    def launches_() -> None:
         for _ in range(launches):
-            launch()
-    graph.replay()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(replays):
-        graph.replay()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) / (launches * replays) * 1e3
+            splitk._partial_kernel[(n // splitk.BLOCK_N, k // splitk.BLOCK_K)](
+                x, w, part, m, x.stride(0), N=n, K=k, ROWS=splitk.MAX_ROWS, BLOCK_N=splitk.BLOCK_N,
+                BLOCK_K=splitk.BLOCK_K, PDL=False, num_warps=warps)
+    return graph_us(launches_, reps=replays, warmup=1) / launches
 
 
 def main() -> None:
