@@ -21,6 +21,7 @@ from common.engine.pdl import launch_kwargs
 MAX_ROWS = 64  # one row tile: the dot's rows beyond a batch's are masked (one variant for every decode batch)
 MAX_OUTPUTS = 1024  # the widest measured (Qwen3-0.6B's): wider projections keep cuBLAS until measured
 BLOCK_N, BLOCK_K = 64, 512  # the tiling measured best with its sum kernel (stop 41's probe)
+PARTIAL_WARPS = 8  # at 4, ptxas spills the tile pair out of 255 registers a thread
 
 
 @triton.jit(do_not_specialize=["M"])
@@ -77,7 +78,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, summed: bool = True) -> torch.
     part = torch.empty(splits, MAX_ROWS, n, dtype=torch.float32, device=x.device)
     pdl = launch_kwargs(x.device)
     _partial_kernel[(n // BLOCK_N, splits)](x, weight, part, m, x.stride(0), N=n, K=k, ROWS=MAX_ROWS,
-                                            BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K, **pdl)
+                                            BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K, num_warps=PARTIAL_WARPS, **pdl)
     if not summed:
         return PartialSums(part, m, x.dtype)
     out = torch.empty(m, n, dtype=x.dtype, device=x.device)
