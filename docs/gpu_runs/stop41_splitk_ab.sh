@@ -4,14 +4,6 @@
 # .ab_old), alternated new / old / new / old in one call; then the GPU tests of the layers and the engine. From the
 # repository root on the GPU host, PYTHONPATH holding the packed dependencies (docs/gpu_runs/README.md).
 set -uo pipefail
-OLD=${OLD:-.ab/old}
-DEPS=$PYTHONPATH
-nvidia-smi --query-gpu=name,serial --format=csv,noheader
-for tree in new old new old; do
-  dir=$PWD; [ "$tree" = old ] && dir=$PWD/$OLD
-  echo "== $tree"
-  (cd "$dir" && PYTHONPATH=$DEPS:$dir python -m scripts.bench_engine decode --modes graphs --batches 1,8,32,64 2>&1 \
-    | grep -E "^graphs |bandwidth")
-done
+. docs/gpu_runs/decode_ab.sh
 PYTHONPATH=$DEPS:$PWD python -m pytest -p no:cacheprovider -m gpu -q tests/test_fused.py tests/test_gpu_engine.py \
   tests/test_gpu_warmup.py tests/test_upload.py 2>&1 | tail -4
