@@ -318,3 +318,34 @@ def test_decode_cuda_graph() -> None:
         torch.cuda.synchronize()
         check(out, reference(q, [1] * 4, paged.keys[rows], paged.values[rows], scale),
               torch_ops.paged_decode_attention(*args))
+
+
+@pytest.mark.parametrize("heads", [(16, 8, 128), (32, 8, 128)], ids=["qwen3-0.6b", "qwen3-8b"])
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_decode_kernel_holds_the_programs_a_wave_is_planned_for(heads: tuple[int, int, int]) -> None:
+    """decode_plan sizes a wave at PROGRAMS_PER_SM programs an SM. A decode kernel whose registers or shared memory
+    let an SM hold fewer turns an unsplit batch planned as one wave into two (docs/benchmarks.md, stop 43)."""
+    from common.engine.attention.decode_plan import PROGRAMS_PER_SM
+
+    hq, hkv, d = heads
+    device = torch.device("cuda")
+    cache = triton_ops._decode_kernel.device_caches[torch.cuda.current_device()][0]
+    before = set(cache)
+    for split in (False, True):
+        lens = [300, 40, 700, 5]
+        kv = make_paged_kv(lens, hkv, d, 16, torch.bfloat16, "cuda")
+        q = torch.randn(len(lens), hq, d, device=device, dtype=torch.bfloat16)
+        plan = plan_decode(lens, hkv, device, target=1 if not split else 1000)
+        assert plan.split == split
+        triton_ops.paged_decode_attention(q, kv.k_cache, kv.v_cache, kv.block_tables, kv.seq_lens, d ** -0.5,
+                                          plan=plan)
+    compiled = [cache[key] for key in set(cache) - before]
+    assert compiled, "no decode kernel variant compiled here"
+    props = torch.cuda.get_device_properties(device)
+    registers_per_sm = getattr(props, "regs_per_multiprocessor", 65536)
+    for kernel in compiled:
+        threads = kernel.metadata.num_warps * 32
+        assert PROGRAMS_PER_SM * kernel.n_regs * threads <= registers_per_sm, (
+            f"{kernel.n_regs} registers a thread: fewer than {PROGRAMS_PER_SM} programs an SM")
+        assert PROGRAMS_PER_SM * kernel.metadata.shared <= props.shared_memory_per_multiprocessor
