@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The decode step against the roofline, this tree ("new") and an older one (OLD, default .ab/old:
 # docs/gpu_runs/README.md) alternated: `python -m scripts.bench_engine decode --modes graphs` at BATCHES (default
-# 1,8,32,64), ORDER (default "new old new old") in one call. Sourced by the stops' A/B scripts; from the repository root on the GPU host,
+# 1,8,32,64), ORDER (default "new old new old") in one call. Sourced by the stops' A/B scripts; from the
+# repository root on the GPU host,
 # PYTHONPATH holding the packed dependencies.
 OLD=${OLD:-.ab/old}
 DEPS=$PYTHONPATH
