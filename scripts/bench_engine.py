@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import random
 import tempfile
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import torch
@@ -116,6 +117,31 @@ DECODE_TOKENS = 100  # per sequence: enough for warm-up and timed steps while ot
 # ---- decode step vs roofline ---------------------------------------------------------------------
 def weight_bytes(llm: LLM) -> int:
     return sum(p.numel() * p.element_size() for p in llm.engine.runner.model.parameters())
+
+
+def roofline_ms(llm: LLM, batch: int, context: int, bandwidth: float) -> float:
+    """The decode step's floor: the weights and `batch` sequences' KV of about `context` tokens (plus the steps
+    `decode_step_ms` runs first) read once at `bandwidth` GB/s (a copy's read + write)."""
+    layout = llm.engine.runner.layout
+    kv_per_token = layout.block_bytes // layout.block_size
+    return (weight_bytes(llm) + batch * (context + 20) * kv_per_token) / (bandwidth * 1e9) * 1e3
+
+
+def step_per_mode(path: Path, modes: list[str], set_mode: Callable[[str], None], batch: int = 64,
+                  context: int = 1024, rounds: int = 2) -> Iterator[tuple[str, float, float]]:
+    """(mode, step ms, roofline ms) of a fresh engine per mode, the modes alternated `rounds` times: the GPU probes'
+    A/B of one engine with its kernels swapped by `set_mode` (left at "engine" after)."""
+    bw = hbm_bandwidth()
+    try:
+        for mode in modes * rounds:
+            set_mode(mode)
+            llm = make_llm(path, max_num_seqs=256, max_model_len=context + 300)
+            try:
+                yield mode, decode_step_ms(llm, batch, context), roofline_ms(llm, batch, context, bw)
+            finally:
+                llm.close()
+    finally:
+        set_mode("engine")
 
 
 def start_decodes(llm: LLM, batch: int, context: int, max_tokens: int) -> list[str]:
@@ -267,12 +293,9 @@ def bench_decode(root: Path, config: str, context: int, modes: list[str] = list(
     for name, kw in (DECODE_MODES[m] for m in modes):
         llm = make_llm(path, max_num_seqs=256, max_model_len=context + DECODE_TOKENS + 16, **kw)
         try:
-            layout = llm.engine.runner.layout
-            kv_per_token = layout.block_bytes // layout.block_size
-            wb = weight_bytes(llm)
             for batch in batches:
                 ms = decode_step_ms(llm, batch, context)
-                roof = (wb + batch * (context + 20) * kv_per_token) / (bw * 1e9) * 1e3
+                roof = roofline_ms(llm, batch, context, bw)
                 log(f"{name:<20}{batch:>6}{ms:>10.3f}{roof:>13.3f}{ms / roof:>12.2f}{batch / ms * 1e3:>10.0f}")
                 assert llm.engine.num_free_blocks == llm.engine.block_manager.num_blocks
             if name != "eager":

@@ -33,8 +33,7 @@ import triton
 import triton.language as tl
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from scripts.bench_engine import decode_step_ms, make_llm, model_dir, weight_bytes  # noqa: E402
-from scripts.bench_gpu import hbm_bandwidth  # noqa: E402
+from scripts.bench_engine import model_dir, step_per_mode  # noqa: E402
 from common.engine.attention import triton_ops  # noqa: E402
 from common.engine.layers import fused, linear, splitk  # noqa: E402
 from common.engine.pdl import launch_kwargs  # noqa: E402
@@ -139,23 +138,12 @@ def main() -> None:
     check_splitk_all()
     with tempfile.TemporaryDirectory() as d:
         path = model_dir("qwen3-0.6b", Path(d))
-        bw = hbm_bandwidth()
         modes = (["no_reduce", "no_rope", "no_silu", "no_norms"] if "--left-out" in sys.argv
                  else ["splitk_all"] if "--splitk-all" in sys.argv
                  else ["summed", "silu_nopdl", "stop41"])
-        for mode in ["engine", *modes] * 2:
-            set_mode(mode)
-            llm = make_llm(path, max_num_seqs=256, max_model_len=1024 + 300)
-            try:
-                layout = llm.engine.runner.layout
-                kv = layout.block_bytes // layout.block_size
-                roof = (weight_bytes(llm) + 64 * (1024 + 20) * kv) / (bw * 1e9) * 1e3
-                ms = decode_step_ms(llm, 64, 1024)
-                print(f"decode {mode:10s} batch 64: {ms:.3f} ms, {ms / roof:.2f}x the roofline ({roof:.3f} ms)",
-                      flush=True)
-            finally:
-                llm.close()
-    set_mode("engine")
+        for mode, ms, roof in step_per_mode(path, ["engine", *modes], set_mode):
+            print(f"decode {mode:10s} batch 64: {ms:.3f} ms, {ms / roof:.2f}x the roofline ({roof:.3f} ms)",
+                  flush=True)
 
 
 if __name__ == "__main__":
