@@ -17,7 +17,7 @@ from tests.triton_interp import INTERPRETED, device, interpreter_suite  # noqa: 
 from common.engine.attention import torch_ops
 
 triton_ops = pytest.importorskip("common.engine.attention.triton_ops")
-from common.engine.attention.decode_plan import plan_decode, plan_units, split_units  # noqa: E402
+from common.engine.attention.decode_plan import PROGRAMS_PER_SM, plan_decode, plan_units, split_units  # noqa: E402
 
 DTYPES = [torch.float16, torch.float32] + ([] if INTERPRETED else [torch.bfloat16])
 TOL = {torch.float32: 1e-4, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
@@ -326,8 +326,6 @@ def test_decode_cuda_graph() -> None:
 def test_decode_kernel_holds_the_programs_a_wave_is_planned_for(heads: tuple[int, int, int]) -> None:
     """decode_plan sizes a wave at PROGRAMS_PER_SM programs an SM. A decode kernel whose registers or shared memory
     let an SM hold fewer turns an unsplit batch planned as one wave into two (docs/benchmarks.md, stop 43)."""
-    from common.engine.attention.decode_plan import PROGRAMS_PER_SM
-
     hq, hkv, d = heads
     device = torch.device("cuda")
     cache = triton_ops._decode_kernel.device_caches[torch.cuda.current_device()][0]

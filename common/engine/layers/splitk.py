@@ -21,7 +21,7 @@ from common.engine.pdl import launch_kwargs
 MAX_ROWS = 64  # one row tile: the dot's rows beyond a batch's are masked (one variant for every decode batch)
 MAX_OUTPUTS = 1024  # the widest measured (Qwen3-0.6B's): wider projections keep cuBLAS until measured
 BLOCK_N, BLOCK_K = 64, 512  # the tiling measured best with its sum kernel (stop 41's probe)
-PARTIAL_WARPS = 8  # at 4, ptxas spills the tile pair out of 255 registers a thread
+PARTIAL_WARPS = 8  # the decode step was faster than at Triton's default 4 (docs/benchmarks.md, stop 43)
 
 
 @triton.jit(do_not_specialize=["M"])
