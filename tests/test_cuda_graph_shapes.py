@@ -16,6 +16,7 @@ from common.engine.attention.triton_backend import SPLIT, WHOLE, TritonBackend
 from common.engine.block_manager import BlockManager
 from common.engine.cuda_graph import GraphRunner, block_table_width, graph_batch_sizes
 from common.engine.llm import LLM
+from common.engine.sampler_graph import SamplerGraphs
 from common.engine.sequence import Sequence
 from common.sampling_params import SamplingParams
 
@@ -154,3 +155,62 @@ def test_graph_replays_give_the_eager_tokens(tiny_qwen3_dir, monkeypatch, overla
     assert len({b for b, _, _ in replays}) >= 3 and any(n1 < n0 for (_, _, n0), (_, _, n1) in zip(replays, replays[1:]))
     if scenario is long_among_short:
         assert {v for _, v, _ in replays} == {SPLIT, WHOLE}
+
+
+def with_sampler_graphs(llm: LLM, monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, int]]:
+    """`with_graphs`, and the LM head and sampler captured as stand-ins after it, with an argmax for the fused
+    sampler (on CPU every one-pass batch is greedy); returns the list the sampler's replays are recorded in:
+    (bucket, batch)."""
+    with_graphs(llm, monkeypatch)
+    runner = llm.engine.runner
+
+    class Stand:
+        def __init__(self, bs: int) -> None:
+            self.bs = bs
+
+        def replay(self) -> None:
+            samplers._forward(self.bs)
+    monkeypatch.setattr(SamplerGraphs, "capture", lambda self, pool: self.graphs.update(
+        {bs: Stand(bs) for bs in self.sizes}))
+    samplers = SamplerGraphs(runner.model.compute_logits,
+                             lambda logits, temps, seeds, out: out.copy_(logits.float().argmax(-1)),
+                             runner.graphs.hidden, runner.graphs.sizes)
+    samplers.capture(None)
+    replays = []
+    replay = samplers.replay
+
+    def recorded(bucket, batch):
+        replays.append((bucket, batch.temperatures.shape[0]))
+        return replay(bucket, batch)
+    samplers.replay = recorded
+    runner.sampler_graphs = samplers
+    return replays
+
+
+@pytest.mark.parametrize("overlap", [True, False], ids=["overlap", "no-overlap"])
+def test_sampler_graphs_give_the_eager_tokens_and_leave_top_p_to_the_eager_sampler(tiny_qwen3_dir, monkeypatch,
+                                                                                  overlap):
+    """Decode steps sample from the static token buffer their sampler graph wrote (the next step's pending input
+    read from it); a step with a top-p row samples eagerly, and the tokens match a run without graphs."""
+    settings, arrivals = long_among_short()
+    top_p = SamplingParams(max_tokens=10, temperature=0.8, top_p=0.9, seed=7, ignore_eos=True)
+    arrivals = arrivals + [(9, [2, 7, 1, 8, 2, 8], top_p)]  # joins once the others have decoded a while
+
+    def run(graphs: bool):
+        llm = LLM(str(tiny_qwen3_dir), device="cpu", max_num_seqs=8, overlap_scheduling=overlap,
+                  enable_prefix_caching=False, **settings)
+        try:
+            replays = with_sampler_graphs(llm, monkeypatch) if graphs else None
+            eager_samples = []
+            if graphs:
+                runner = llm.engine.runner
+                execute = runner.execute
+                runner.execute = lambda inputs: eager_samples.append(inputs.attn.num_decodes) or execute(inputs)
+            return generate(llm, arrivals), replays, eager_samples
+        finally:
+            llm.close()
+    eager, _, _ = run(False)
+    graphed, replays, eager_samples = run(True)
+    assert graphed == eager
+    assert len(replays) >= 5 and {b for b, n in replays if n < b}, "no sampler replay had padding rows"
+    assert any(n >= 2 for n in eager_samples), "no decode step with the top-p row sampled eagerly"

@@ -255,5 +255,8 @@ def test_gumbel_argmax_follows_the_distribution_and_its_seeds(device: str) -> No
     freq = torch.bincount(out, minlength=3).float() / rows
     assert torch.allclose(freq, probs, atol=0.05), freq
     assert torch.equal(fused.gumbel_argmax(logits, temps, seeds).cpu(), out)  # same seeds, same tokens
+    static = torch.full((rows + 3,), -1, dtype=torch.int64, device=device)  # a graph's buffer, longer than the batch
+    assert fused.gumbel_argmax(logits, temps, seeds, out=static[:rows]).data_ptr() == static.data_ptr()
+    assert torch.equal(static[:rows].cpu(), out) and static[rows:].tolist() == [-1] * 3
     hot = fused.gumbel_argmax(logits, temps * 1e6, seeds).cpu()  # a huge temperature flattens it
     assert (torch.bincount(hot, minlength=3).float() / rows).min() > 0.25

@@ -24,8 +24,8 @@ class InFlight:
 
     @classmethod
     def start(cls, tokens: torch.Tensor, started: torch.cuda.Event | None = None) -> InFlight:
-        if not tokens.is_cuda:
-            return cls(tokens, None, None)
+        if not tokens.is_cuda:  # a copy, as on CUDA: `tokens` may be a buffer the next step overwrites
+            return cls(tokens.clone(), None, None)
         host = torch.empty(tokens.shape, dtype=tokens.dtype, pin_memory=True)
         host.copy_(tokens, non_blocking=True)
         event = torch.cuda.Event(enable_timing=started is not None)

@@ -14,10 +14,12 @@ from common.engine.cuda_graph import GraphRunner, block_table_width
 from common.engine.device import torch_dtype
 from common.engine.in_flight import InFlight
 from common.engine.kv_pool import KVPool
+from common.engine.layers.fusion import fused_kernels
 from common.engine.layers.sampler import SamplingBatch, sample, seeded_generators
 from common.engine.loader import init_dummy_weights, load_weights
 from common.engine.models.llama import CausalLM
 from common.engine.prefill_graph import MAX_SEQS, PrefillGraphRunner, prefill_graph_sizes
+from common.engine.sampler_graph import SamplerGraphs
 from common.engine.scheduler import ScheduledBatch
 from common.engine.sequence import Sequence
 from common.engine.step_inputs import (HEADER_SIZE, STOP, PackedStep, StepHeader, StepInputs, pack_step,
@@ -67,6 +69,7 @@ class ModelRunner:
         for layer in attn_layers:
             layer.backend = self.backend
         self.graphs: GraphRunner | None = None  # decode steps'
+        self.sampler_graphs: SamplerGraphs | None = None  # decode steps' LM head and one-pass sampler
         self.prefill_graphs: PrefillGraphRunner | None = None  # prompt steps'
         self.pads_steps = self.device.type == "cuda"  # steps with prefills run at a padded token count (_pad)
         self._launches = 0
@@ -88,12 +91,21 @@ class ModelRunner:
             self.graphs = GraphRunner(self.model, self.backend, max_bs, max_len, cfg.block_size,
                                       cfg.model_config.hidden_size, self.dtype, self.device)
             self.graphs.capture()
+            self._capture_sampler_graphs()
         sizes = prefill_graph_sizes(cfg.max_num_batched_tokens, cfg.prefill_graph_max_tokens)
         if sizes and self.backend.supports_prefill_graphs(self.dtype):
             self.prefill_graphs = PrefillGraphRunner(
                 self.model, sizes, min(MAX_SEQS, cfg.max_num_seqs), block_table_width(max_len, cfg.block_size),
                 max_len, cfg.model_config.hidden_size, self.dtype, self.device)
             self.prefill_graphs.capture()
+
+    def _capture_sampler_graphs(self) -> None:
+        """One rank only: with tensor parallelism the LM head gathers the vocabulary across ranks, and the other
+        ranks, which sample nothing, would have to replay the same graphs in step."""
+        if self.world == 1 and (fused := fused_kernels()) is not None:
+            self.sampler_graphs = SamplerGraphs(self.model.compute_logits, fused.gumbel_argmax, self.graphs.hidden,
+                                                self.graphs.sizes)
+            self.sampler_graphs.capture(self.graphs.pool)
 
     @property
     def num_blocks(self) -> int:
@@ -176,8 +188,7 @@ class ModelRunner:
         sampling = sampling.uploaded(rest)
         self._send_to_ranks(step.header, payload)
         started = InFlight.mark() if self.device.type == "cuda" else None
-        logits = self.execute(unpack_step(step.header, payload))
-        tokens = sample(logits, sampling)
+        tokens = self._sample(unpack_step(step.header, payload), sampling)
         self._launches += 1
         self._last_tokens = tokens
         for row, seq in enumerate(batch.seqs):
@@ -228,6 +239,18 @@ class ModelRunner:
         hidden = self.graphs.replay(decodes, bucket)
         return self.model.compute_logits(torch.cat([hidden, self._prompts(prompts)]))
 
+    def _sample(self, inputs: StepInputs, sampling: SamplingBatch) -> torch.Tensor:
+        """The step's tokens. A decode-only step that replays a graph and samples in one pass replays the LM head and
+        the sampler in a graph too; any other step samples `execute`'s logits eagerly."""
+        attn = inputs.attn
+        if self.sampler_graphs is None or not attn.decode_only or not sampling.one_pass:
+            return sample(self.execute(inputs), sampling)
+        bucket = self._graph_bucket(attn.num_decodes)
+        if bucket is None:
+            return sample(self.execute(inputs), sampling)
+        self.graphs.replay(inputs, bucket)
+        return self.sampler_graphs.replay(bucket, sampling)
+
     def _prompts(self, inputs: StepInputs) -> torch.Tensor:
         """The hidden states of a prompt step's last new tokens: its CUDA graph replayed where one holds it."""
         t = self.prefill_graphs.bucket(inputs) if self.prefill_graphs is not None else None
@@ -261,14 +284,14 @@ class ModelRunner:
     def _leave_group(self) -> None:
         """Destroy the tensor-parallel group, after the CUDA graphs that captured its all-reduces: destroying
         it under live graphs hung every rank (2xH200)."""
-        self.graphs = self.prefill_graphs = None
+        self.graphs = self.sampler_graphs = self.prefill_graphs = None
         gc.collect()
         dist.destroy_process_group()
 
     def close(self) -> None:
         """Stop TP workers and give this runner's GPU memory back (weights, KV pool, graphs and their buffers)."""
         self.stop_workers()
-        self.graphs = self.prefill_graphs = self.model = self.kv_pool = self.backend = None
+        self.graphs = self.sampler_graphs = self.prefill_graphs = self.model = self.kv_pool = self.backend = None
         gc.collect()
         if self.device.type == "cuda":
             torch.cuda.empty_cache()

@@ -258,10 +258,12 @@ def _gumbel_argmax_kernel(logits_ptr, temps_ptr, seeds_ptr, best_ptr, best_idx_p
     tl.store(best_idx_ptr + row * tl.num_programs(1) + split, first.to(tl.int64))
 
 
-def gumbel_argmax(logits: torch.Tensor, temperatures: torch.Tensor, seeds: torch.Tensor) -> torch.Tensor:
+def gumbel_argmax(logits: torch.Tensor, temperatures: torch.Tensor, seeds: torch.Tensor,
+                  out: torch.Tensor | None = None) -> torch.Tensor:
     """One token per row in one pass over the logits: argmax where temperature is 0, else a sample of
     softmax(logits / T) drawn with Philox from the row's seed (replaces softmax + noise + argmax). The
-    vocabulary is split across programs so that a small batch still fills the GPU."""
+    vocabulary is split across programs so that a small batch still fills the GPU. `out`: an int64 tensor of a
+    token a row to write them into (a CUDA graph's static output) rather than a new one."""
     assert logits.stride(-1) == 1
     rows, vocab = logits.shape
     block = min(2048, max(64, triton.next_power_of_2(vocab)))
@@ -272,4 +274,7 @@ def gumbel_argmax(logits: torch.Tensor, temperatures: torch.Tensor, seeds: torch
     if rows:
         _gumbel_argmax_kernel[(rows, splits)](logits, temperatures, seeds, best, best_idx, logits.stride(0),
                                               V=vocab, SPLIT=split, BLOCK=block, num_warps=4)
-    return best_idx.gather(1, best.argmax(dim=1, keepdim=True)).squeeze(1)
+    if out is None:
+        return best_idx.gather(1, best.argmax(dim=1, keepdim=True)).squeeze(1)
+    torch.gather(best_idx, 1, best.argmax(dim=1, keepdim=True), out=out.unsqueeze(1))
+    return out

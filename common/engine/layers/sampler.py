@@ -51,6 +51,12 @@ class SamplingBatch:
             seeds=torch.tensor(_philox_seeds(params, positions)) if use_fused else None,
         )
 
+    @property
+    def one_pass(self) -> bool:
+        """Every row greedy or drawn by the fused Gumbel-max kernel (`seeds` set): no top-k, top-p or torch
+        generator, so one kernel over the logits samples the batch (the sampler a decode graph captures)."""
+        return self.top_ks is None and self.top_ps is None and (self.all_greedy or self.seeds is not None)
+
     def tensors(self) -> list[torch.Tensor]:
         """Its tensors, in the order `uploaded` takes them back."""
         return [t for t in (self.temperatures, self.top_ks, self.top_ps, self.seeds) if t is not None]
