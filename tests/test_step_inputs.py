@@ -10,7 +10,7 @@ import torch
 
 from common.engine.scheduler import ScheduledBatch
 from common.engine.sequence import PENDING, Sequence
-from common.engine.step_inputs import (HEADER_SIZE, STOP, StepHeader, pack_step, split_step, unpack_step,
+from common.engine.step_inputs import (HEADER_SIZE, STOP, PendingRows, StepHeader, pack_step, split_step, unpack_step,
                                        warmup_step)
 from common.sampling_params import SamplingParams
 
@@ -56,7 +56,7 @@ def test_pack_then_unpack_gives_the_scheduled_step():
     assert (h.num_tokens, h.num_seqs, h.table_width, h.num_decodes) == (8, 3, 3, 2)
     assert (h.max_query_len, h.max_seq_len, h.prefix_cached, h.max_prefill_query_len, h.plan_size) == (6, 10, True, 6, 10)
     assert step.payload.dtype == torch.int64 and step.payload.shape == (h.payload_size,)
-    assert step.pending.tolist() == [[1], [1]]  # payload index 1 takes row 1
+    assert step.pending.tensor().tolist() == [[1], [1]] and step.pending.run() == (1, 1, 1)  # index 1 takes row 1
     inputs = unpack_step(h, step.payload)
     attn = inputs.attn
     assert inputs.input_ids.tolist() == [9, PENDING] + list(range(24, 30))
@@ -169,3 +169,23 @@ def test_a_mixed_step_splits_into_its_decodes_and_its_prompts_each_indexed_from_
     assert p.prefix_cached and p.max_prefill_query_len == 6 and p.plan.numel() == 0
     assert p.slot_mapping[9:].eq(-1).all()  # the padding stays padding
     assert p.block_tables.tolist() == [[2, 9, 4], [7, 0, 0]]
+
+
+@pytest.mark.parametrize("dst, src, run", [
+    ([0, 1, 2], [0, 1, 2], (0, 0, 3)),  # a steady decode batch
+    ([2, 3], [5, 6], (2, 5, 2)),
+    ([0, 1, 2], [1, 0, 2], None),  # rows reordered
+    ([0, 1, 2], [0, 1, 3], None),  # a row gone from the last launch
+    ([0, 2], [0, 1], None),  # a prompt between them takes index 1
+])
+def test_pending_rows_take_one_slice_only_where_both_sides_are_runs(dst, src, run):
+    pending = PendingRows(dst, src)
+    assert pending.run() == run
+    last, payload = torch.arange(100, 110), torch.zeros(8, dtype=torch.int64)
+    if run is None:
+        d, s = pending.tensor()
+        payload[d] = last[s]
+    else:
+        d, s, n = run
+        payload[d:d + n] = last[s:s + n]
+    assert [payload[d].item() for d in dst] == [last[s].item() for s in src]

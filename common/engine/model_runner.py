@@ -180,9 +180,13 @@ class ModelRunner:
         """
         step = self.pack(batch)
         sampling = self._sampling_batch(batch.seqs)
-        pending = [] if step.pending is None else [step.pending]
-        payload, *rest = upload([step.payload, *pending, *sampling.tensors()], self.device, self._copy_stream)
-        if pending:
+        run = step.pending.run() if step.pending is not None else None
+        indexed = [] if step.pending is None or run is not None else [step.pending.tensor()]
+        payload, *rest = upload([step.payload, *indexed, *sampling.tensors()], self.device, self._copy_stream)
+        if run is not None:
+            dst, src, n = run
+            payload[dst:dst + n] = self._last_tokens[src:src + n]
+        elif indexed:
             dst, src = rest.pop(0).unbind(0)
             payload[dst] = self._last_tokens[src]
         sampling = sampling.uploaded(rest)

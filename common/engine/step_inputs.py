@@ -99,14 +99,33 @@ def split_step(inputs: StepInputs) -> tuple[StepInputs, StepInputs]:
     return decodes, prompts
 
 
+@dataclass(frozen=True)
+class PendingRows:
+    """Input ids still PENDING: payload index `dst[i]` takes row `src[i]` of the last launch's sampled tokens."""
+
+    dst: list[int]
+    src: list[int]
+
+    def run(self) -> tuple[int, int, int] | None:
+        """(first dst, first src, count) where both are runs of consecutive rows, as in a steady decode batch: then
+        one slice copy on the device does, instead of an uploaded index pair, a gather and a scatter."""
+        n, d, s = len(self.dst), self.dst[0], self.src[0]
+        if self.dst[-1] - d == n - 1 and self.src == list(range(s, s + n)):  # dst only grows (pack_step)
+            return d, s, n
+        return None
+
+    def tensor(self) -> torch.Tensor:
+        """[2, n] int64: the dst row, then the src row."""
+        return torch.tensor([self.dst, self.src], dtype=torch.int64)
+
+
 @dataclass
 class PackedStep:
-    """A step's inputs on the host, as rank 0 sends them; `pending`: (dst, src) rows, each an input id still
-    PENDING (payload index) and the row of the previous launch's sampled tokens that holds it."""
+    """A step's inputs on the host, as rank 0 sends them, and its PENDING input ids (None: it has none)."""
 
     header: StepHeader
     payload: torch.Tensor  # [header.payload_size] int64
-    pending: torch.Tensor | None  # [2, n] int64
+    pending: PendingRows | None
 
 
 # plan(decode context lengths, decode_only) -> the attention backend's plan for the batch the kernel will see
@@ -161,8 +180,7 @@ def pack_step(batch: ScheduledBatch, block_size: int, launch: int, plan: Planner
     qsl_arr = np.asarray(qsl)
     payload = _join([np.asarray(ids), np.asarray(positions), np.asarray(slots), qsl_arr, np.asarray(seq_lens),
                      tables.ravel(), qsl_arr[1:] - 1, planned])
-    pending = torch.tensor([dst, src], dtype=torch.int64) if dst else None
-    return PackedStep(header, torch.from_numpy(payload), pending)
+    return PackedStep(header, torch.from_numpy(payload), PendingRows(dst, src) if dst else None)
 
 
 def warmup_step(lens: list[int]) -> PackedStep:
