@@ -39,7 +39,7 @@ from dataclasses import dataclass
 
 from common import protocol as P
 from common.protocol.kv import KVLayout
-from router.admission import Admission, Refused
+from router.admission import Refused
 from router.config import RouterConfig
 from router.disagg_policy import DisaggPolicy
 from router.dispatch import choose_disagg
@@ -47,6 +47,7 @@ from router.placement import Placement
 from router.prefix_index import PromptKeys
 from router.registry import WorkerInfo, WorkerRegistry
 from router.request import Request
+from scripts.planner.checked_prompts import CheckedAdmission
 from scripts.planner.collector import collector_paused
 from scripts.planner.decode_pool import DecodePool
 from scripts.planner.engine import BlockPool, SimEngine, sampling
@@ -74,7 +75,7 @@ class Simulation:
         # (every request's sequences) for the cyclic collector to scan and free, not freed as it is let go
         ref = weakref.ref(self)
         self.disagg = DisaggPolicy(layout.policy, layout.local_prefill_chunk, clock=lambda: ref().now)
-        self.admission = Admission(config, self.registry, self.placement, tokenizer=None)
+        self.admission = CheckedAdmission(config, self.registry, self.placement, workload.checked)
         self.queue = self.admission.queue
         self.engines: dict[str, SimEngine] = {}
         self.infos: dict[str, WorkerInfo] = {}

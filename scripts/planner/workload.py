@@ -48,6 +48,9 @@ class Workload:
     shared_prefixes: bool = True
     # Each prompt's prefix-cache keys by block size: computed once, shared by every layout
     keys: dict[int, list[PromptKeys]] = field(default_factory=dict)
+    # The prompts the router's admission check passed, by what it was given: checked once, shared by every layout
+    # (scripts/planner/checked_prompts.py)
+    checked: dict[tuple, list[int]] = field(default_factory=dict)
     # How many requests each phase of a run holds, in order, as the bench serves one cluster: its warm-up, its
     # unloaded requests one at a time, then its load points. A phase's arrivals count from when every request of
     # the phase before has finished. None: one phase.
