@@ -1,6 +1,9 @@
 """What the planner computes once and reuses gives what computing it afresh gives: an engine's waiting prompts'
-tokens between changes, and the router's check of a prompt a workload's simulations share."""
+tokens between changes, the router's check of a prompt a workload's simulations share, and the weighted
+percentiles of a layout's mix of shards."""
 from __future__ import annotations
+
+import random
 
 import pytest
 
@@ -9,6 +12,7 @@ from common.sampling_params import InvalidRequest
 from scripts.planner.decode_pool import DecodePool
 from scripts.planner.engine import SimEngine
 from scripts.planner.layout import Layout
+from scripts.planner.shards import weighted_percentiles
 from scripts.planner.sim import Simulation, simulate
 from scripts.planner.workload import Workload
 from tests.test_planner import make_profile
@@ -64,3 +68,32 @@ def test_a_prompt_is_checked_again_under_other_limits_and_a_failed_check_is_not_
     assert len(sim.admission.passed) == 1
     with pytest.raises(InvalidRequest):
         sim.admission.check(list(ids), 1, 1 << 30)  # another list, too long for max_model_len 1
+
+
+def _walk(pairs: list[tuple[float, float]], q: float) -> float:
+    """The weighted percentile by a walk up the sorted pairs, each value's rank the middle of its weight."""
+    pairs = sorted(p for p in pairs if p[1] > 0)
+    total = sum(w for _, w in pairs)
+    target, below = q / 100 * total, 0.0
+    prev_v, prev_mid = pairs[0][0], pairs[0][1] / 2
+    if target <= prev_mid:
+        return prev_v
+    for v, w in pairs:
+        mid = below + w / 2
+        if mid >= target:
+            return prev_v + (v - prev_v) * (target - prev_mid) / (mid - prev_mid) if mid > prev_mid else v
+        prev_v, prev_mid, below = v, mid, below + w
+    return pairs[-1][0]
+
+
+def test_weighted_percentiles_are_those_of_a_walk_up_the_weights():
+    rng = random.Random(4)
+    for _ in range(500):
+        pairs = []
+        for weight in rng.sample([1.0, 0.5, 6 / 1000, 5 / 997, rng.random(), 0.0], rng.randint(2, 4)):
+            pairs += [(rng.choice([rng.random(), 0.25]), weight) for _ in range(rng.randint(1, 40))]
+        rng.shuffle(pairs)
+        if len({w for _, w in pairs if w > 0}) < 2:
+            continue
+        qs = (0, 50, 90, 100, rng.uniform(0, 100))
+        assert weighted_percentiles(pairs, qs) == [_walk(pairs, q) for q in qs]

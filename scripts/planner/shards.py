@@ -10,8 +10,11 @@ engines is 1P:5D to 5P:1D), so every split of hundreds of GPUs costs a few small
 """
 from __future__ import annotations
 
+import bisect
 import dataclasses
+import itertools
 import math
+import operator
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -109,7 +112,11 @@ def mix(layout: str, rate: float, parts: list[tuple[int, int, Outcome]]) -> Poin
 
     def weighed(values: Callable[[Outcome], list[float]]) -> list[tuple[float, float]]:
         """Each served request's value, weighed by its shard's engines over its shard's served requests."""
-        return [(v, e / len(values(o))) for e, _, o in parts for v in values(o)]
+        pairs: list[tuple[float, float]] = []
+        for e, _, o in parts:
+            if served := values(o):
+                pairs += zip(served, itertools.repeat(e / len(served)))
+        return pairs
 
     ttft, tpot = weighted_percentiles(weighed(lambda o: o.ttfts)), weighted_percentiles(weighed(lambda o: o.tpots))
     share = [(e / engines, o.point) for e, _, o in parts]
@@ -122,26 +129,33 @@ def mix(layout: str, rate: float, parts: list[tuple[int, int, Outcome]]) -> Poin
 def weighted_percentiles(pairs: list[tuple[float, float]], qs: tuple[float, ...] = (50, 90)) -> list[float]:
     """The `qs`-th percentiles of values with weights (value, weight), the pairs sorted once: linear between the
     closest ranks as bench_metrics.percentile is, each value's rank the middle of its weight; inf with no values."""
-    pairs = [p for p in pairs if p[1] > 0]
+    weights = list(map(operator.itemgetter(1), pairs))
+    if weights and min(weights) <= 0:
+        pairs = [p for p in pairs if p[1] > 0]
+        weights = list(map(operator.itemgetter(1), pairs))
     if not pairs:
         return [math.inf] * len(qs)
-    if len({w for _, w in pairs}) == 1:
-        values = [v for v, _ in pairs]
+    if len(set(weights)) == 1:
+        values = list(map(operator.itemgetter(0), pairs))
         return [percentile(values, q) for q in qs]
-    pairs.sort()
-    return [_ranked(pairs, q) for q in qs]
+    pairs = sorted(pairs)
+    return _ranked(pairs, list(map(operator.itemgetter(1), pairs)), qs)
 
 
-def _ranked(pairs: list[tuple[float, float]], q: float) -> float:
-    """One weighted percentile of sorted pairs."""
-    total = sum(w for _, w in pairs)
-    target, below = q / 100 * total, 0.0
-    prev_v, prev_mid = pairs[0][0], pairs[0][1] / 2
-    if target <= prev_mid:
-        return prev_v
-    for v, w in pairs:
-        mid = below + w / 2
-        if mid >= target:
-            return prev_v + (v - prev_v) * (target - prev_mid) / (mid - prev_mid) if mid > prev_mid else v
-        prev_v, prev_mid, below = v, mid, below + w
-    return pairs[-1][0]
+def _ranked(pairs: list[tuple[float, float]], weights: list[float], qs: tuple[float, ...]) -> list[float]:
+    """Weighted percentiles of sorted pairs (and their weights, in their order). A value's rank is the middle of its
+    weight, the weights before it summed in order: the first whose middle reaches the target ends the search."""
+    total = sum(weights)
+    mids = list(map(operator.add, itertools.chain((0.0,), itertools.accumulate(weights)),
+                    map(operator.truediv, weights, itertools.repeat(2))))
+    out = []
+    for q in qs:
+        target = q / 100 * total
+        i = bisect.bisect_left(mids, target)
+        if i == 0 or i == len(mids):
+            out.append(pairs[0 if i == 0 else -1][0])
+            continue
+        (prev_v, _), (v, _) = pairs[i - 1], pairs[i]
+        prev_mid, mid = mids[i - 1], mids[i]
+        out.append(prev_v + (v - prev_v) * (target - prev_mid) / (mid - prev_mid) if mid > prev_mid else v)
+    return out
