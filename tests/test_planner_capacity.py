@@ -7,7 +7,8 @@ import pytest
 
 from scripts.planner.capacity import capacity, decode_seats, default_rates, prompt_seconds
 from scripts.planner.config import PlanConfig
-from scripts.planner.plan import run_plan
+import scripts.planner.plan as planner
+from scripts.planner.plan import run_plan, workloads
 from scripts.planner.profile import DecodeCost, HandoffCost, PrefillCost, Profile
 
 
@@ -66,3 +67,17 @@ def test_a_plan_given_no_rates_simulates_fractions_of_what_its_gpus_could_serve(
 def test_more_gpus_get_proportionally_higher_rates():
     one, many = (capacity(flat_profile(), [500] * 10, [50] * 10, engines=n, slo_tpot=1.0) for n in (2, 128))
     assert many.rate == pytest.approx(64 * one.rate)
+
+
+def test_the_rates_reckoning_and_the_first_load_point_share_one_draw(monkeypatch):
+    profile = flat_profile(max_num_seqs=64, host_launch_s=0.001)
+    cfg = PlanConfig(profile="p.json", gpus=2, num_requests=40, input_len="100:300", output_len="8:16",
+                     disagg_policies="always", slower_gpus=0.0)
+    drawn = []
+    draw = planner.point_requests
+    monkeypatch.setattr(planner, "point_requests", lambda cfg, i, *rest: drawn.append(i) or draw(cfg, i, *rest))
+    plan = run_plan(cfg, [profile])
+    assert sorted(drawn) == [0, 1, 2, 3]
+    fresh = workloads(plan.config)
+    assert [(w.arrivals, w.prompts, w.output_lens) for _, w in plan.loads] == [
+        (w.arrivals, w.prompts, w.output_lens) for _, w in fresh]

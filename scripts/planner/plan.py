@@ -19,7 +19,7 @@ from collections.abc import Callable
 from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import dataclass, field
 
-from scripts.bench_workloads import read_trace, trace_rate
+from scripts.bench_workloads import BenchRequest, read_trace, trace_rate
 from scripts.benchmark import LoadPoint, arrivals, point_requests
 from scripts.planner.capacity import Capacity, capacity, default_rates
 from scripts.planner.collector import collector_paused
@@ -50,8 +50,9 @@ class Plan:
     loads: list[tuple[float, Workload]] = field(default_factory=list)  # what was simulated (`redraw` on its seed)
 
 
-def workloads(cfg: PlanConfig) -> list[tuple[float, Workload]]:
-    """(rate, what arrives) per load point, as `pdcluster bench` would send it."""
+def workloads(cfg: PlanConfig, first: list[BenchRequest] | None = None) -> list[tuple[float, Workload]]:
+    """(rate, what arrives) per load point, as `pdcluster bench` would send it; `first`: the first point's requests,
+    drawn already (`first_requests`)."""
     trace = read_trace(cfg.trace, cfg.trace_start) if cfg.trace else None
     n = cfg.num_requests or (len(trace) if trace else DEFAULT_REQUESTS)
     shared = cfg.workload == "shared-prefix"
@@ -61,7 +62,8 @@ def workloads(cfg: PlanConfig) -> list[tuple[float, Workload]]:
         points = [LoadPoint("rate", rate) for rate in cfg.rate_list()]
     out = []
     for i, point in enumerate(points):
-        requests = point_requests(cfg, i, n, cfg.vocab_size or DEFAULT_VOCAB, trace)
+        requests = first if i == 0 and first is not None else point_requests(cfg, i, n, cfg.vocab_size or DEFAULT_VOCAB,
+                                                                              trace)
         times = arrivals(cfg, point, i, requests)
         given = point.kind == "trace" or bool(requests and requests[0].arrival is not None)
         cv = None if given else cfg.burstiness if cfg.arrivals == "gamma" else 1.0
@@ -149,11 +151,12 @@ def run_plan(cfg: PlanConfig, profiles: list[Profile] | None = None,
     profiles = profiles or [load_profile(path) for path in cfg.profile_list()]
     if len({p.model for p in profiles}) > 1:
         raise ValueError(f"--profile: profiles of different models ({', '.join(p.model for p in profiles)})")
-    cap = None
+    cap = first = None
     if not cfg.rates and not cfg.trace:
-        cap = rates_for(cfg, profiles)
+        first = first_requests(cfg)  # the rates' reckoning and the first load point draw the same
+        cap = rates_for(cfg, profiles, first)
         cfg = dataclasses.replace(cfg, rates=",".join(f"{r:g}" for r in default_rates(cap)))
-    loads, slo = workloads(cfg), cfg.slo()
+    loads, slo = workloads(cfg, first), cfg.slo()
     outputs = [n for _, w in loads for n in w.output_lens]
     plan = Plan(profiles, cfg, output_tokens=sum(outputs) / max(1, len(outputs)), loads=loads, capacity=cap)
     for profile in profiles:
@@ -163,10 +166,15 @@ def run_plan(cfg: PlanConfig, profiles: list[Profile] | None = None,
     return plan
 
 
-def rates_for(cfg: PlanConfig, profiles: list[Profile]) -> Capacity:
-    """The most the GPUs could serve of the workload's first load point's requests, over the profiles (TP sizes):
-    what the rates of a plan given none are fractions of."""
-    requests = point_requests(cfg, 0, cfg.num_requests or DEFAULT_REQUESTS, cfg.vocab_size or DEFAULT_VOCAB, None)
+def first_requests(cfg: PlanConfig) -> list[BenchRequest]:
+    """The first load point's requests, of a workload drawn (not a trace): the same whatever the rates."""
+    return point_requests(cfg, 0, cfg.num_requests or DEFAULT_REQUESTS, cfg.vocab_size or DEFAULT_VOCAB, None)
+
+
+def rates_for(cfg: PlanConfig, profiles: list[Profile], requests: list[BenchRequest] | None = None) -> Capacity:
+    """The most the GPUs could serve of the workload's first load point's requests (`requests`, drawn already, or
+    drawn here), over the profiles (TP sizes): what the rates of a plan given none are fractions of."""
+    requests = requests if requests is not None else first_requests(cfg)
     prompts, outputs = [len(r.prompt_ids) for r in requests], [r.output_len for r in requests]
     return max((capacity(p, prompts, outputs, max(1, cfg.gpus // p.tp), cfg.slo().tpot) for p in profiles),
                key=lambda c: c.rate)
