@@ -63,10 +63,13 @@ def point(layout: str, rate: float, summary: Summary) -> Point:
                  summary.errors.get("overloaded", 0))
 
 
-def summarize(layout: str, rate: float, requests: list[SimRequest], slo: SLO) -> Point:
+def summarize(layout: str, rate: float, requests: list[SimRequest], slo: SLO,
+              recorded: list[RequestRecord] | None = None) -> Point:
+    """`recorded`: the requests' `records`, made already."""
     lives = sorted(r.done - r.first for r in requests if r.done is not None and not r.refused)
     span = max(r.arrival for r in requests) - min(r.arrival for r in requests) if requests else 0.0
-    return dataclasses.replace(point(layout, rate, bench_summarize(records(requests), slo)), span_s=span,
+    recorded = records(requests) if recorded is None else recorded
+    return dataclasses.replace(point(layout, rate, bench_summarize(recorded, slo)), span_s=span,
                                life_s=lives[len(lives) // 2] if lives else 0.0)
 
 

@@ -97,8 +97,9 @@ class Outcome:
 
     @classmethod
     def of(cls, name: str, rate: float, requests: list[SimRequest], slo: SLO) -> Outcome:
-        served = [r for r in records(requests) if r.ok]
-        return cls(summarize(name, rate, requests, slo), sorted(r.ttft for r in served if r.ttft is not None),
+        recorded = records(requests)
+        served = [r for r in recorded if r.ok]
+        return cls(summarize(name, rate, requests, slo, recorded), sorted(r.ttft for r in served if r.ttft is not None),
                    sorted(t for r in served if (t := r.tpot) is not None))
 
 
