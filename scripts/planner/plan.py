@@ -62,8 +62,8 @@ def workloads(cfg: PlanConfig, first: list[BenchRequest] | None = None) -> list[
         points = [LoadPoint("rate", rate) for rate in cfg.rate_list()]
     out = []
     for i, point in enumerate(points):
-        requests = first if i == 0 and first is not None else point_requests(cfg, i, n, cfg.vocab_size or DEFAULT_VOCAB,
-                                                                              trace)
+        vocab = cfg.vocab_size or DEFAULT_VOCAB
+        requests = first if i == 0 and first is not None else point_requests(cfg, i, n, vocab, trace)
         times = arrivals(cfg, point, i, requests)
         given = point.kind == "trace" or bool(requests and requests[0].arrival is not None)
         cv = None if given else cfg.burstiness if cfg.arrivals == "gamma" else 1.0
