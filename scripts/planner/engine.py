@@ -121,7 +121,7 @@ class SimEngine:
         self.carried = (math.inf, math.inf)  # the span of the step before the one in flight (`_block`)
         self.synchronous = profile.device == "cpu"
         # The waiting prompts' tokens to compute, as the scheduler sums them (None: to sum again). Only add_prompt,
-        # land and start change what waits: between them every load reads the same sum (tests/test_planner_bulk.py).
+        # land and start change what waits: between them every load reads the same sum (tests/test_planner_reuse.py).
         self.waiting_tokens: int | None = None
 
     # ---- what the router sees -------------------------------------------------------------------------
