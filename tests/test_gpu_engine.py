@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from common.engine.attention.triton_backend import SPLIT
+from common.engine.in_flight import InFlight
 from common.engine.llm import LLM
 from common.engine.llm_engine import LLMEngine
 from common.engine.step_inputs import unpack_step
@@ -255,3 +256,12 @@ def test_late_launch_waits_for_the_step_in_flight(tmp_path):
         assert engine.totals.gpu_seconds > 0
     finally:
         llm.close()
+
+
+def test_a_launched_steps_tokens_come_back_through_pinned_memory():
+    """A non-blocking copy into pageable memory waits for the GPU: the launch would no longer return before its step
+    is done, and the overlap with the next step's scheduling would be lost."""
+    tokens = torch.arange(8, device="cuda")
+    flight = InFlight.start(tokens)
+    tokens.fill_(-1)  # the step after it writes the same buffer (a sampler graph's tokens)
+    assert flight.host.is_pinned() and flight.tokens() == list(range(8))
