@@ -69,9 +69,8 @@ def test_qk_norm_rope(device: str, dtype: torch.dtype, heads: tuple[int, int, in
     v_before = qkv_dev[:, (hq + hkv) * d:].clone()
     q, k, v = qkv_dev.split([hq * d, hkv * d, hkv * d], dim=-1)
     q, k = q.view(-1, hq, d), k.view(-1, hkv, d)
-    fused.qk_norm_rope_(q, k, positions.to(device), rope.cos_sin.to(device),
-                        q_norm.weight.to(device) if with_norm else None, k_norm.weight.to(device) if with_norm else None,
-                        1e-6)
+    norms = (q_norm.weight.to(device), k_norm.weight.to(device)) if with_norm else (None, None)
+    fused.qk_norm_rope_(q, k, positions.to(device), rope.cos_sin.to(device), *norms, 1e-6)
     close(q, want_q)
     close(k, want_k)
     assert torch.equal(v, v_before)  # v shares the buffer and is left alone

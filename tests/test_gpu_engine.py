@@ -201,7 +201,8 @@ def test_prefix_cache_and_preemption_on_gpu(qwen3_06b_dir):
         expected = [o.token_ids for o in base.generate(prompts, GREEDY, use_tqdm=False)]
     finally:
         base.close()
-    tight = LLM(str(qwen3_06b_dir), device="cuda", dtype="float32", num_kv_blocks=40, max_num_batched_tokens=256, max_num_seqs=8)
+    tight = LLM(str(qwen3_06b_dir), device="cuda", dtype="float32", num_kv_blocks=40, max_num_batched_tokens=256,
+                max_num_seqs=8)
     try:
         got = [o.token_ids for o in tight.generate(prompts, GREEDY, use_tqdm=False)]
         assert tight.engine.block_manager.cache_hit_tokens > 0

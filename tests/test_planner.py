@@ -17,7 +17,8 @@ from common.engine.sequence import Sequence
 from common.sampling_params import SamplingParams
 from common.engine.launch_clock import LEAD_PREP_FACTOR, LEAD_STEP_SHARE
 from scripts.bench_workloads import LengthRange, poisson_arrivals, shared_prefix_mix
-from scripts.planner.engine import BlockPool, SimEngine
+from scripts.planner.block_pool import BlockPool
+from scripts.planner.engine import SimEngine
 from scripts.planner.config import SLO, PlanConfig
 from scripts.planner.plan import run_plan
 from scripts.planner.profile import (DecodeCost, HandoffCost, PrefillCost, Profile, ProfileError, load_profile,

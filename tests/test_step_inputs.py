@@ -54,7 +54,8 @@ def test_pack_then_unpack_gives_the_scheduled_step():
     assert seen == [([5, 3], False)]
     h = step.header
     assert (h.num_tokens, h.num_seqs, h.table_width, h.num_decodes) == (8, 3, 3, 2)
-    assert (h.max_query_len, h.max_seq_len, h.prefix_cached, h.max_prefill_query_len, h.plan_size) == (6, 10, True, 6, 10)
+    assert (h.max_query_len, h.max_seq_len, h.prefix_cached, h.max_prefill_query_len, h.plan_size) == \
+        (6, 10, True, 6, 10)
     assert step.payload.dtype == torch.int64 and step.payload.shape == (h.payload_size,)
     assert step.pending.tensor().tolist() == [[1], [1]] and step.pending.run() == (1, 1, 1)  # index 1 takes row 1
     inputs = unpack_step(h, step.payload)

@@ -31,11 +31,11 @@ import math
 from dataclasses import dataclass
 
 from common import protocol as P
-from common.engine.block_manager import BlockManager
 from common.engine.launch_clock import LEAD_PREP_FACTOR, LEAD_STEP_SHARE
 from common.engine.scheduler import ScheduledBatch, Scheduler
 from common.engine.sequence import Sequence, SequenceStatus
 from common.sampling_params import SamplingParams
+from scripts.planner.block_pool import BlockPool
 from scripts.planner.fast_run import FastRun
 from scripts.planner.profile import Profile
 
@@ -51,25 +51,6 @@ def sampling(output_len: int) -> SamplingParams:
     """A simulated request's sampling: its output length, never an end of sequence. Frozen, so one per length serves
     every request and engine, checked once."""
     return SamplingParams(max_tokens=output_len, ignore_eos=True)
-
-
-class BlockPool:
-    """Block managers whose engines are done, every block free and the cache cleared, for the next simulation:
-    making one of a GPU's size takes longer than simulating many requests. Block ids carry no meaning, so a
-    cleared one serves as a new one."""
-
-    def __init__(self) -> None:
-        self.spare: dict[tuple[int, int, bool], list[BlockManager]] = {}
-
-    def take(self, num_blocks: int, block_size: int, prefix_caching: bool) -> BlockManager:
-        spare = self.spare.get((num_blocks, block_size, prefix_caching))
-        return spare.pop() if spare else BlockManager(num_blocks, block_size, prefix_caching)
-
-    def give(self, bm: BlockManager) -> None:
-        if bm.num_free_blocks != bm.num_blocks:
-            return  # something still holds blocks (an unfinished simulation): not reusable
-        bm.clear_cache()
-        self.spare.setdefault((bm.num_blocks, bm.block_size, bm.enable_prefix_caching), []).append(bm)
 
 
 @dataclass

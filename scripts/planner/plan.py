@@ -26,7 +26,7 @@ from scripts.planner.collector import collector_paused
 from scripts.planner.config import DEFAULT_REQUESTS, DEFAULT_VOCAB, MAX_JOBS, MAX_SPLITS, SLO, PlanConfig
 from scripts.planner.router_ceiling import check
 from scripts.planner.shards import Outcome, mix, router_share, shards_of
-from scripts.planner.engine import BlockPool
+from scripts.planner.block_pool import BlockPool
 from scripts.planner.profile import Profile, load_profile
 from scripts.planner.report import Point, score
 from scripts.planner.layout import Layout

@@ -81,7 +81,8 @@ def router_share(workload: Workload, rate: float, share: float) -> Workload:
     shape = 1 / workload.arrival_cv ** 2
     t, times = 0.0, []
     for _ in workload.arrivals:
-        gaps = 1 + int(math.log(1 - rng.random()) / math.log(1 - share))  # geometric: the stream's gaps to the next kept
+        # geometric: the stream's gaps to the next kept one
+        gaps = 1 + int(math.log(1 - rng.random()) / math.log(1 - share))
         t += rng.gammavariate(gaps * shape, 1 / (rate * shape))  # their sum: a gamma of `gaps` times the shape
         times.append(t)
     return dataclasses.replace(workload, arrivals=times)

@@ -50,7 +50,8 @@ from router.request import Request
 from scripts.planner.checked_prompts import CheckedAdmission
 from scripts.planner.collector import collector_paused
 from scripts.planner.decode_pool import DecodePool
-from scripts.planner.engine import BlockPool, SimEngine, sampling
+from scripts.planner.block_pool import BlockPool
+from scripts.planner.engine import SimEngine, sampling
 from scripts.planner.gpu import Gpu
 from scripts.planner.layout import Layout
 from scripts.planner.profile import Profile
