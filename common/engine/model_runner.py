@@ -247,9 +247,8 @@ class ModelRunner:
         """The step's tokens. A decode-only step that replays a graph and samples in one pass replays the LM head and
         the sampler in a graph too; any other step samples `execute`'s logits eagerly."""
         attn = inputs.attn
-        if self.sampler_graphs is None or not attn.decode_only or not sampling.one_pass:
-            return sample(self.execute(inputs), sampling)
-        bucket = self._graph_bucket(attn.num_decodes)
+        graphed = self.sampler_graphs is not None and attn.decode_only and sampling.one_pass
+        bucket = self._graph_bucket(attn.num_decodes) if graphed else None
         if bucket is None:
             return sample(self.execute(inputs), sampling)
         self.graphs.replay(inputs, bucket)
