@@ -1,6 +1,6 @@
-"""What the planner computes once and reuses gives what computing it afresh gives: an engine's waiting prompts'
-tokens between changes, the router's check of a prompt a workload's simulations share, and the weighted
-percentiles of a layout's mix of shards."""
+"""What the planner computes once and reuses gives what computing it afresh gives: the router's check of a prompt a
+workload's simulations share, and the weighted percentiles of a layout's mix of shards; and each load an engine
+reports carries the scheduler's own queued tokens."""
 from __future__ import annotations
 
 import random

@@ -71,7 +71,6 @@ class DecodePool(SimEngine):
 
     # ---- runs ---------------------------------------------------------------------------------------
     def start(self, now: float, fast: bool = True) -> float | None:
-        self.waiting_tokens = None
         if self.pooled and not self._poolable():
             self._unpool()
         elif not self.pooled and self._repoolable():
@@ -137,7 +136,7 @@ class DecodePool(SimEngine):
 
     def _queued_tokens(self) -> int:
         """Members only decode: none has a prompt chunk left, so the scheduler's walk of them would add nothing."""
-        return self._waiting_tokens() if self.pooled else super()._queued_tokens()
+        return self.scheduler.waiting_tokens() if self.pooled else self.scheduler.queued_tokens()
 
     # ---- the pool's own ---------------------------------------------------------------------------------
     def _poolable(self) -> bool:

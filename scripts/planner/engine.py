@@ -101,9 +101,6 @@ class SimEngine:
         self.blocked_from = self.blocked_until = math.inf
         self.carried = (math.inf, math.inf)  # the span of the step before the one in flight (`_block`)
         self.synchronous = profile.device == "cpu"
-        # The waiting prompts' tokens to compute, as the scheduler sums them (None: to sum again). Only add_prompt,
-        # land and start change what waits: between them every load reads the same sum (tests/test_planner_reuse.py).
-        self.waiting_tokens: int | None = None
 
     # ---- what the router sees -------------------------------------------------------------------------
     @property
@@ -131,13 +128,7 @@ class SimEngine:
             prompt_batches=self.prompt_steps)
 
     def _queued_tokens(self) -> int:
-        """The scheduler's `queued_tokens`: its waiting prompts' (summed once per change) and its running ones'."""
-        return self._waiting_tokens() + self.scheduler.running_prompt_tokens()
-
-    def _waiting_tokens(self) -> int:
-        if self.waiting_tokens is None:
-            self.waiting_tokens = self.scheduler.waiting_tokens()
-        return self.waiting_tokens
+        return self.scheduler.queued_tokens()
 
     # ---- requests in --------------------------------------------------------------------------------
     def add_prompt(self, rid: str, prompt: list[int], output_len: int, prefill_only: bool,
@@ -145,7 +136,6 @@ class SimEngine:
         seq = Sequence(rid, prompt, sampling(output_len), prefill_only=prefill_only)
         seq.arrival_time = now
         self.scheduler.add(seq)
-        self.waiting_tokens = None
         return seq
 
     def reserve(self, rid: str, prompt: list[int], output_len: int) -> Sequence | None:
@@ -165,7 +155,6 @@ class SimEngine:
         seq.token_ids.append(TOKEN)
         seq.arrival_time = now  # at this engine's scheduler
         self.scheduler.add(seq)
-        self.waiting_tokens = None
         if reason := self.scheduler.finish_reason(seq, TOKEN, seq.num_tokens):
             self.scheduler.finish(seq, reason)
             return True
@@ -239,7 +228,6 @@ class SimEngine:
 
     def start(self, now: float, fast: bool = True) -> float | None:
         """Starts the next step (or fast run, if `fast`), if there is work; returns when it ends."""
-        self.waiting_tokens = None
         batch = self._schedule()
         if batch is None:
             self.cutoff = self.blocked_from = self.blocked_until = math.inf
