@@ -52,3 +52,21 @@ def test_median_seconds_times_one_call_of_the_samples() -> None:
     calls = []
     seconds = bench_gpu.median_seconds(lambda: calls.append(1), devices=("cpu",), iters=5, warmup=2, reps=3)
     assert len(calls) == (5 + 2) * 3 and 0 <= seconds < 0.01
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("batch", [1, 8])
+def test_decode_idle_reads_graphed_steps(tmp_path, batch: int) -> None:
+    """Every decode step leaves its marks, also one whose LM head and sampler replay as a graph (they bypass
+    `execute`): a step without a forward mark broke the bench's idle line at stop 44."""
+    from scripts import bench_engine
+    from scripts.model_prep import prepare_random
+
+    path = prepare_random("qwen3-0.6b", tmp_path / "qwen3-0.6b", seed=0, dtype="bfloat16")
+    llm = bench_engine.make_llm(path, max_num_seqs=16, max_model_len=512, gpu_memory_utilization=0.3)
+    try:
+        assert llm.engine.runner.sampler_graphs is not None
+        ms, low, high = bench_engine.decode_idle(llm, batch, 256, steps=10)
+        assert ms > 0 and 0.0 <= low <= high < 1.0
+    finally:
+        llm.close()
