@@ -30,6 +30,15 @@ def test_views_are_writable_without_touching_their_neighbours():
     assert a.tolist() == [7, 0, 9] and b.tolist() == [1, 1]
 
 
+def test_an_upload_keeps_its_values_when_the_next_step_uploads() -> None:
+    """Each launch packs its inputs into a buffer of its own: a staging buffer refilled for step N+1 while the copy of
+    step N may still be in flight would hand step N the next step's inputs (PITFALLS: reused pinned host buffers)."""
+    cpu = torch.device("cpu")
+    first = upload([torch.arange(6), torch.tensor([0.5, 1.5], dtype=torch.float32)], cpu)
+    expected = [t.clone() for t in first]
+    upload([torch.full((6,), -1), torch.tensor([9.0, 9.0], dtype=torch.float32)], cpu)
+    assert all(torch.equal(t, e) for t, e in zip(first, expected))
+
 @pytest.mark.gpu
 def test_upload_to_the_gpu_on_a_copy_stream():
     hosts = [torch.arange(5), torch.tensor([0.25, 4.0], dtype=torch.float32)]
