@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib.machinery
 import sys
 import types
+from pathlib import Path
 
 import pytest
 import torch
@@ -92,3 +93,19 @@ def test_decode_with_pages_flash_attn_cannot_take_falls_back_to_triton(flash_att
     k_cache, v_cache, table, lens = paged([40, 3], 16)
     assert backend().ops.decode(torch.randn(2, 4, 64), k_cache, v_cache, table, lens, 0.125) == "triton"
     assert CALLS == []
+
+
+def test_flash_attn_is_never_a_dependency_nor_an_extra() -> None:
+    """flash-attn builds only against an installed torch and fails in pip's isolated builds: neither the project's
+    dependencies nor any of its extras may name it (README: install it yourself)."""
+    tomllib = pytest.importorskip("tomllib")
+    project = tomllib.loads((Path(__file__).resolve().parents[1] / "pyproject.toml").read_text())["project"]
+    wanted = [*project["dependencies"], *(r for extra in project["optional-dependencies"].values() for r in extra)]
+    assert not [r for r in wanted if r.lower().replace("_", "-").startswith("flash-attn")], wanted
+
+
+def test_without_flash_attn_auto_picks_triton_on_a_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without the package (the usual install) `auto` must still serve, on our own kernels."""
+    monkeypatch.setitem(sys.modules, "flash_attn", None)  # find_spec sees no flash_attn, whatever is installed
+    assert S.resolve_backend("auto", "cuda") == "triton"
+    assert S.resolve_backend("auto", "cpu") == "torch"
