@@ -1,7 +1,10 @@
 """The worker registry's roster (router/registry.py): what admission and placement read per request is kept, not
 recomputed per request, and follows every change of who is accepting: a join, a death, a return, a drain, a
-removal, a restart with other limits."""
+removal, a restart with other limits; and who may join at all."""
 from __future__ import annotations
+
+import msgspec
+import pytest
 
 from common import protocol as P
 from router.registry import WorkerRegistry
@@ -59,3 +62,19 @@ def test_callers_get_their_own_lists():
     reg.of_role("colocated").clear()
     reg.with_room("colocated").clear()
     assert ids(reg.of_role("colocated")) == ["c0"]
+
+
+def test_a_worker_of_another_model_or_kv_layout_is_refused_at_its_hello() -> None:
+    """Fail fast on mismatch: a handoff between workers of other models or KV layouts would land garbage, so the
+    router's handshake refuses the newcomer naming what differs, and the workers already there stay."""
+    reg = WorkerRegistry()
+    reg.register(hello("p0", "prefill"), b"p0")
+    other_model = msgspec.structs.replace(hello("d0", "decode"), model_fingerprint="g")
+    with pytest.raises(ValueError, match="model mismatch: d0 serves g, p0 serves f"):
+        reg.register(other_model, b"d0")
+    other_layout = msgspec.structs.replace(hello("d0", "decode"), layout=msgspec.structs.replace(LAYOUT, block_size=32))
+    with pytest.raises(ValueError, match="KV layout mismatch: d0 has .*block_size=32.*, p0 has .*block_size=16"):
+        reg.register(other_layout, b"d0")
+    assert ids(reg.of_role("prefill")) == ["p0"] and reg.of_role("decode") == [] and not reg.can_serve("disagg")
+    reg.register(hello("d0", "decode"), b"d0")  # the same model and layout join
+    assert reg.can_serve("disagg")
