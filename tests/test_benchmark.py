@@ -487,6 +487,15 @@ def test_open_loop_sends_on_time_and_records_failures():
     assert records[1].router_ttft is None  # a failure has no answer to read them from
 
 
+def test_ttft_is_timed_at_the_client_from_the_send_to_the_first_streamed_token() -> None:
+    """TTFT is what the client waits: prefill, transfer, decode queue and first step, and its own side too. The fake
+    stream's first token comes 10 ms after the send; the router's own figure (1 ms) must not stand in for it."""
+    client = FakeClient()
+    (rec,) = asyncio.run(run_point(client, LoadPoint("rate", 20), [W.BenchRequest([1] * 5, 3)], [0.0], 5.0, Bar()))
+    assert rec.ok and rec.router_ttft == pytest.approx(0.001)
+    assert 0.01 <= rec.ttft < rec.e2e
+    assert rec.e2e - rec.ttft >= 2 * 0.002  # the two tokens after the first are not in it
+
 def test_closed_loop_keeps_concurrency_requests_in_flight():
     client, bar = FakeClient(), Bar()
     reqs = [W.BenchRequest([1] * 5, 2) for _ in range(9)]
