@@ -324,6 +324,19 @@ def test_a_decode_reservation_waits_out_a_long_prefill_and_times_only_the_landin
     assert before + w.config.handoff_timeout <= h.deadline <= time.monotonic() + w.config.handoff_timeout
 
 
+def test_a_decode_worker_without_free_blocks_refuses_a_reservation_at_once() -> None:
+    """No wait between three parties: a decode worker never waits for blocks to free (the router, waiting on it,
+    may have promised them elsewhere). It answers overloaded with a retry hint, the router's to act on, and
+    holds nothing for the request."""
+    w = stub_worker(DecodeWorker)
+    w.engine.reserve = lambda rid, ids, sampling: None  # every block taken
+    w.on_reserve(P.Reserve(request_id="r1", token_ids=[1] * (2 * BLOCK_SIZE - 1), sampling=SamplingParams(),
+                           prefill_worker_id="p0"))
+    (reply,) = w.to_router
+    assert isinstance(reply, P.Error) and reply.request_id == "r1" and reply.code == P.OVERLOADED
+    assert reply.retry_after is not None and reply.retry_after > 0
+    assert "r1" not in w.handoffs and not w.busy() and w.to_peers == []
+
 def woken(w) -> bool:
     """Whether the worker's loop has a wake-up pending (taking it)."""
     ready = bool(select.select([w.wakeup], [], [], 0)[0])
