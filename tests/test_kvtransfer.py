@@ -678,6 +678,27 @@ def test_gloo_a_silent_peer_fails_the_transfer_and_the_next_send_opens_a_new_lin
         pair.close()
 
 
+def test_gloo_a_restarted_decode_peer_gets_a_new_link_and_its_blocks_land_in_its_new_pool() -> None:
+    """A restarted peer is a new peer: a decode worker back under its id publishes a new descriptor, and the link to
+    its old self is stale. The next send opens a new link to the new descriptor at once; it neither waits on the
+    dead link until its timeout nor fails the request."""
+    pair = Pair(timeout=3.0)
+    restarted = None
+    try:
+        pair.handoff("r1", [1, 2], [3, 4])
+        old = pair.prefill.sending["d0"].name
+        pair.decode.close()  # d0 restarts: a new process, a new pool, a new port
+        restarted = NcclTransport(blank_pool(64), timeout=3.0)
+        sent = pair.prefill.send("r2", "d0", KVDescriptors(nccl=restarted.descriptor()), [5, 6], [7, 8])
+        restarted.receive(record("r2", sent, [7, 8]), [7, 8], sent.payload).result(timeout=30)
+        sent.done.result(timeout=30)
+        assert pair.prefill.sending["d0"].name != old
+        assert_landed(pair.src, restarted.pool, [5, 6], [7, 8])
+    finally:
+        pair.prefill.close()
+        if restarted is not None:
+            restarted.close()
+
 def test_gloo_out_of_order_metadata_breaks_the_link():
     pair = Pair(timeout=2.0)
     try:
