@@ -9,7 +9,7 @@ import threading
 
 import pytest
 
-from common.config import ConfigError
+from common.config import ConfigError, EngineConfig
 from common.engine.llm import LLM
 from common.sampling_params import SamplingParams
 
@@ -60,6 +60,28 @@ def test_a_forward_outside_a_step_runs_on_every_rank(tiny_qwen3_dir, single):
     finally:
         llm.close()
 
+
+def _rank_with_half_the_memory(config: EngineConfig, rank: int, init_method: str) -> None:
+    """A non-zero rank (its own process) whose device has half the KV memory rank 0 has."""
+    from common.engine import llm_engine
+
+    config.kv_cache_memory //= 2
+    llm_engine._tp_worker(config, rank, init_method)
+
+
+def test_every_rank_holds_the_kv_blocks_of_the_rank_with_the_least_memory(tiny_qwen3_dir, single,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each rank sizes its KV pool from its own memory, but rank 0 schedules one block table for all: the pool is the
+    smallest rank's (all-reduce MIN), or a block id past a smaller rank's pool writes out of it."""
+    from common.engine import llm_engine
+
+    monkeypatch.setattr(llm_engine, "_tp_worker", _rank_with_half_the_memory)
+    llm = LLM(str(tiny_qwen3_dir), device="cpu", tensor_parallel_size=2, kv_cache_memory=16 << 20)
+    try:
+        assert llm.engine.block_manager.num_blocks == (8 << 20) // llm.engine.runner.layout.block_bytes
+        assert [o.token_ids for o in llm.generate(PROMPTS, GREEDY, use_tqdm=False)] == single[0]
+    finally:
+        llm.close()
 
 def test_tensor_parallel_size_must_divide_the_heads(tiny_qwen3_dir):
     """Refused before any rank starts, naming the flag."""
