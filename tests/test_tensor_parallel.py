@@ -61,6 +61,20 @@ def test_a_forward_outside_a_step_runs_on_every_rank(tiny_qwen3_dir, single):
         llm.close()
 
 
+@pytest.mark.parametrize("overlap", [True, False], ids=["overlap", "no-overlap"])
+def test_a_preempted_request_is_recomputed_as_a_prefill_on_every_rank(tiny_qwen3_dir, single, overlap: bool) -> None:
+    """Four sequences of about 20 tokens cannot all hold 2 blocks of 16 in a pool of 5: the scheduler preempts. A
+    preempted request comes back as a prefill of its prompt and tokens so far, with a fresh block table, and every
+    rank must run it so: the tokens are those of one rank with room for all."""
+    llm = LLM(str(tiny_qwen3_dir), device="cpu", tensor_parallel_size=2, num_kv_blocks=5, max_num_seqs=4,
+              overlap_scheduling=overlap)
+    try:
+        assert [o.token_ids for o in llm.generate(PROMPTS, GREEDY, use_tqdm=False)] == single[0]
+        assert llm.engine.scheduler.num_preemptions > 0
+        assert llm.engine.num_free_blocks == llm.engine.block_manager.num_blocks
+    finally:
+        llm.close()
+
 def _rank_with_half_the_memory(config: EngineConfig, rank: int, init_method: str) -> None:
     """A non-zero rank (its own process) whose device has half the KV memory rank 0 has."""
     from common.engine import llm_engine
