@@ -197,3 +197,16 @@ def test_requests_sharing_a_prefix_go_where_it_is_cached(make_router):  # noqa: 
 
     asyncio.run(main("disagg"))
     asyncio.run(main("colocated"))
+
+
+def test_each_pairs_kv_transport_is_logged_on_its_first_use(caplog: pytest.LogCaptureFixture) -> None:
+    """The fast path silently not taken: a pair that falls back to the host transport still works, so the pick is
+    logged, once a pair, where an operator sees it."""
+    reg = registry(("p0", "prefill"), ("d0", "decode"), ("d1", "decode"))
+    placement = Placement(reg)
+    p0, d0, d1 = (reg.workers[w] for w in ("p0", "d0", "d1"))
+    with caplog.at_level("INFO", logger="router.placement"):
+        assert placement.transport(p0, d0) == "host" and placement.transport(p0, d0) == "host"
+        assert placement.transport(p0, d1) == "host"
+    picks = [r.getMessage() for r in caplog.records if r.getMessage().startswith("KV transport")]
+    assert [m.split(" (")[0] for m in picks] == ["KV transport p0 -> d0: host", "KV transport p0 -> d1: host"]
