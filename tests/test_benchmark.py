@@ -496,6 +496,7 @@ def test_ttft_is_timed_at_the_client_from_the_send_to_the_first_streamed_token()
     assert 0.01 <= rec.ttft < rec.e2e
     assert rec.e2e - rec.ttft >= 2 * 0.002  # the two tokens after the first are not in it
 
+
 def test_closed_loop_keeps_concurrency_requests_in_flight():
     client, bar = FakeClient(), Bar()
     reqs = [W.BenchRequest([1] * 5, 2) for _ in range(9)]

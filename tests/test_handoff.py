@@ -337,6 +337,7 @@ def test_a_decode_worker_without_free_blocks_refuses_a_reservation_at_once() -> 
     assert reply.retry_after is not None and reply.retry_after > 0
     assert "r1" not in w.handoffs and not w.busy() and w.to_peers == []
 
+
 def woken(w) -> bool:
     """Whether the worker's loop has a wake-up pending (taking it)."""
     ready = bool(select.select([w.wakeup], [], [], 0)[0])

@@ -699,6 +699,7 @@ def test_gloo_a_restarted_decode_peer_gets_a_new_link_and_its_blocks_land_in_its
         if restarted is not None:
             restarted.close()
 
+
 def test_gloo_out_of_order_metadata_breaks_the_link():
     pair = Pair(timeout=2.0)
     try:

@@ -2,8 +2,6 @@ from __future__ import annotations
 
 from collections import deque
 
-import pytest
-
 from common.engine.block_manager import BlockManager
 from common.engine.scheduler import Scheduler
 from common.engine.sequence import PENDING, Sequence, SequenceStatus
@@ -107,9 +105,6 @@ def test_preemption_by_recompute_when_blocks_run_out():
     assert bm.num_free_blocks == bm.num_blocks
 
 
-@pytest.mark.xfail(strict=True, reason="Scheduler._preempt resets the block table and num_computed_tokens but not "
-                   "num_cached_tokens, and BlockManager.allocate sets it only on a hit: a request that returns to "
-                   "a cache without its prefix keeps the first admission's count (reported as usage.cached_tokens)")
 def test_a_preempted_request_that_finds_no_cached_prefix_on_its_return_reports_none() -> None:
     """Preemption bookkeeping: the cached-token count is reset with the block table, so what a request reports as
     taken from the prefix cache is what its last (re)computation took."""
@@ -123,6 +118,7 @@ def test_a_preempted_request_that_finds_no_cached_prefix_on_its_return_reports_n
     bm.clear_cache()  # its prefix is evicted while it waits
     run_step(s)
     assert c.num_computed_tokens == 10 and c.num_cached_tokens == 0
+
 
 def test_abort_frees_blocks_of_running_and_waiting():
     s, bm = make(max_seqs=1)

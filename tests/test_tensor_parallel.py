@@ -75,6 +75,7 @@ def test_a_preempted_request_is_recomputed_as_a_prefill_on_every_rank(tiny_qwen3
     finally:
         llm.close()
 
+
 def _rank_with_half_the_memory(config: EngineConfig, rank: int, init_method: str) -> None:
     """A non-zero rank (its own process) whose device has half the KV memory rank 0 has."""
     from common.engine import llm_engine
@@ -96,6 +97,7 @@ def test_every_rank_holds_the_kv_blocks_of_the_rank_with_the_least_memory(tiny_q
         assert [o.token_ids for o in llm.generate(PROMPTS, GREEDY, use_tqdm=False)] == single[0]
     finally:
         llm.close()
+
 
 def test_tensor_parallel_size_must_divide_the_heads(tiny_qwen3_dir):
     """Refused before any rank starts, naming the flag."""

@@ -39,6 +39,7 @@ def test_an_upload_keeps_its_values_when_the_next_step_uploads() -> None:
     upload([torch.full((6,), -1), torch.tensor([9.0, 9.0], dtype=torch.float32)], cpu)
     assert all(torch.equal(t, e) for t, e in zip(first, expected))
 
+
 @pytest.mark.gpu
 def test_upload_to_the_gpu_on_a_copy_stream():
     hosts = [torch.arange(5), torch.tensor([0.25, 4.0], dtype=torch.float32)]

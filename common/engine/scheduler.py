@@ -214,7 +214,7 @@ class Scheduler:
         self.block_manager.free_blocks(seq)
         seq.status = SequenceStatus.WAITING
         seq.drop_pending()  # recomputed on its return
-        seq.num_computed_tokens = 0
+        seq.num_computed_tokens = seq.num_cached_tokens = 0  # its return finds what the cache then holds
         seq.num_preemptions += 1
         self.num_preemptions += 1
         self.waiting.appendleft(seq)
