@@ -217,7 +217,9 @@ def decode_idle(llm: LLM, batch: int, context: int, steps: int = 30) -> tuple[fl
 
 
 def decode_step_phases(llm: LLM, batch: int, context: int, steps: int = 20) -> dict[str, float]:
-    """Where a decode step's time goes (ms, synchronised after each phase)."""
+    """Where a decode step's time goes (ms, synchronised after each phase). The LM head (in "forward") and the
+    sampler run eagerly, as in a step with top-k or top-p rows; a one-pass step replays both as a graph
+    (common/engine/sampler_graph.py), which these phases cannot split."""
     from common.engine.layers.sampler import sample
     from common.engine.step_inputs import unpack_step
     from common.engine.upload import upload
