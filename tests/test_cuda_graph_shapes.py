@@ -172,8 +172,8 @@ def with_sampler_graphs(llm: LLM, monkeypatch: pytest.MonkeyPatch) -> list[tuple
             samplers._forward(self.bs)
     monkeypatch.setattr(SamplerGraphs, "capture", lambda self, pool: self.graphs.update(
         {bs: Stand(bs) for bs in self.sizes}))
-    samplers = SamplerGraphs(runner.model.compute_logits,
-                             lambda logits, temps, seeds, out: out.copy_(logits.float().argmax(-1)),
+    samplers = SamplerGraphs(lambda hidden, temps, seeds, out: out.copy_(runner.model.compute_logits(hidden).float()
+                                                                         .argmax(-1)),
                              runner.graphs.hidden, runner.graphs.sizes)
     samplers.capture(None)
     replays = []

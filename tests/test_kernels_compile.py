@@ -16,7 +16,7 @@ except ImportError:  # an older Triton: the GPU host runs these kernels anyway
     pytest.skip("this Triton cannot compile ahead of time", allow_module_level=True)
 
 from common.engine.attention import triton_ops  # noqa: E402
-from common.engine.layers import fused, gemv, splitk  # noqa: E402
+from common.engine.layers import fused, gemv, head_sampler, splitk  # noqa: E402
 from kvtransfer import block_copy  # noqa: E402
 
 HOPPER = GPUTarget("cuda", 90, 32)
@@ -45,6 +45,11 @@ CASES = {  # name: (kernel, constexprs[, argument types unlike TYPES])
     "splitk-sum": (splitk._sum_kernel, dict(N=1024, ROWS=64, SPLITS=6, PDL=True)),
     "silu_and_mul": (fused._silu_and_mul_kernel, dict(N=3072, BLOCK=1024, PDL=True)),
     "gumbel_argmax": (fused._gumbel_argmax_kernel, dict(V=151936, SPLIT=6144, BLOCK=2048)),
+    "head_sample": (head_sampler._head_sample_kernel, dict(V=151936, K=1024, BLOCK_M=64, BLOCK_N=head_sampler.BLOCK_N,
+                                                           BLOCK_K=head_sampler.BLOCK_K)),
+    "head_sample-smollm2": (head_sampler._head_sample_kernel, dict(V=49152, K=576, BLOCK_M=16,
+                                                                   BLOCK_N=head_sampler.BLOCK_N,
+                                                                   BLOCK_K=head_sampler.BLOCK_K)),
     "store_kvcache": (triton_ops._store_kvcache_kernel, dict(NUM_HEADS=8, HEAD_DIM=128, BLOCK_H=8, PAGE=16)),
     "decode-split": (triton_ops._decode_kernel, dict(GROUP=2, BLOCK_G=16, HEAD_DIM=128, PAGE=16, BLOCK_N=64,
                                                      DIRECT=False, PRECISION="tf32", PDL=True)),
@@ -55,7 +60,8 @@ CASES = {  # name: (kernel, constexprs[, argument types unlike TYPES])
                                                  PRECISION="tf32")),
     "copy_blocks": (block_copy._copy_blocks_kernel, dict(BLOCK=block_copy.WORDS_PER_PROGRAM)),
 }
-OPTIONS = {"splitk-o": dict(num_warps=splitk.PARTIAL_WARPS)}  # launched unlike Triton's defaults
+OPTIONS = {"splitk-o": dict(num_warps=splitk.PARTIAL_WARPS),
+           "head_sample": dict(num_warps=head_sampler.WARPS, num_stages=head_sampler.STAGES)}  # launched unlike Triton's defaults
 
 
 @pytest.mark.parametrize("name", list(CASES))

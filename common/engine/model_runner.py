@@ -102,9 +102,8 @@ class ModelRunner:
     def _capture_sampler_graphs(self) -> None:
         """One rank only: with tensor parallelism the LM head gathers the vocabulary across ranks, and the other
         ranks, which sample nothing, would have to replay the same graphs in step."""
-        if self.world == 1 and (fused := fused_kernels()) is not None:
-            self.sampler_graphs = SamplerGraphs(self.model.compute_logits, fused.gumbel_argmax, self.graphs.hidden,
-                                                self.graphs.sizes)
+        if self.world == 1 and fused_kernels() is not None:
+            self.sampler_graphs = SamplerGraphs(self.model.sample_one_pass, self.graphs.hidden, self.graphs.sizes)
             self.sampler_graphs.capture(self.graphs.pool)
 
     @property

@@ -5,8 +5,8 @@ at small batches the host's launch work a step is as long as the GPU's. Captured
 replay. Only the one-pass sampler is captured (`SamplingBatch.one_pass`: greedy and Gumbel-max rows, no top-k or
 top-p); other steps run the head and the sampler eagerly on the decode graph's hidden states.
 
-The logits stay inside the graph's memory pool: only the sampled tokens, a static buffer shared by every bucket,
-outlive a replay. A step reads them before the next replay overwrites them, in stream order.
+The logits, where the head writes them (a batch of up to 64 rows never does: layers/head_sampler.py), stay inside
+the graph's memory pool: only the sampled tokens, a static buffer shared by every bucket, outlive a replay. A step reads them before the next replay overwrites them, in stream order.
 """
 from __future__ import annotations
 
@@ -19,17 +19,16 @@ from common.engine.layers.sampler import SamplingBatch
 
 log = logging.getLogger(__name__)
 
-# (logits, temperatures, seeds, out): writes a token a row into `out` (fused.gumbel_argmax)
+# (hidden states, temperatures, seeds, out): writes a token a row into `out` (CausalLM.sample_one_pass)
 OnePass = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 class SamplerGraphs:
-    """Captures and replays `head` (hidden states to logits) and `one_pass` (logits to tokens) over the first
-    rows of `hidden`, the decode graphs' static output, for each batch bucket of `sizes`."""
+    """Captures and replays `one_pass` (hidden states to tokens: the LM head and the sampler) over the first rows
+    of `hidden`, the decode graphs' static output, for each batch bucket of `sizes`."""
 
-    def __init__(self, head: Callable[[torch.Tensor], torch.Tensor], one_pass: OnePass, hidden: torch.Tensor,
-                 sizes: list[int]):
-        self.head, self.one_pass, self.hidden, self.sizes = head, one_pass, hidden, sizes
+    def __init__(self, one_pass: OnePass, hidden: torch.Tensor, sizes: list[int]):
+        self.one_pass, self.hidden, self.sizes = one_pass, hidden, sizes
         n, device = sizes[-1], hidden.device
         self.temperatures = torch.zeros(n, dtype=torch.float32, device=device)
         self.seeds = torch.zeros(n, dtype=torch.int64, device=device)
@@ -49,8 +48,7 @@ class SamplerGraphs:
         log.info("captured the LM head and sampler for batch sizes %s", self.sizes)
 
     def _forward(self, bs: int) -> None:
-        logits = self.head(self.hidden[:bs])
-        self.one_pass(logits, self.temperatures[:bs], self.seeds[:bs], self.tokens[:bs])
+        self.one_pass(self.hidden[:bs], self.temperatures[:bs], self.seeds[:bs], self.tokens[:bs])
 
     def replay(self, bucket: int, batch: SamplingBatch) -> torch.Tensor:
         """The tokens of a one-pass `batch` (its rows the step's decodes, the first rows of `bucket`), sampled from

@@ -5,6 +5,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from common.engine.distributed import all_gather_last_dim, all_reduce, tp_rank, tp_size
+from common.engine.layers.fusion import fused_kernels, head_sampler
 
 
 class VocabParallelEmbedding(nn.Module):
@@ -36,3 +37,11 @@ class ParallelLMHead(VocabParallelEmbedding):
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         logits = F.linear(hidden, self.weight)
         return all_gather_last_dim(logits)[..., :self.vocab_size]
+
+    def sample_one_pass(self, hidden: torch.Tensor, temperatures: torch.Tensor, seeds: torch.Tensor,
+                        out: torch.Tensor) -> torch.Tensor:
+        """A token a row into `out`: the one-pass sampler (fused.gumbel_argmax) over this head's logits. On one
+        rank, a decode batch's logits are never written (head_sampler.py)."""
+        if self.tp_size == 1 and (fused_head := head_sampler(hidden, self.weight)) is not None:
+            return fused_head.sample(hidden, self.weight, temperatures, seeds, out, vocab_size=self.vocab_size)
+        return fused_kernels().gumbel_argmax(self(hidden), temperatures, seeds, out)

@@ -6,9 +6,12 @@ matches its torch counterpart's rounding (fp32 math, casts where torch casts), s
 """
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import libdevice
 
 from common.engine.layers.partial_sums import PartialSums
 from common.engine.pdl import launch_kwargs
@@ -221,12 +224,31 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     return out.view(*x.shape[:-1], n)
 
 
+# lg2.approx (one instruction) for the sampler's two logs an entry, which are most of its math; Triton's
+# interpreter (the CPU tests) has no libdevice, and takes tl.log2.
+_FAST_LOG = tl.constexpr(os.environ.get("TRITON_INTERPRET") != "1")
+
+
 @triton.jit
-def _gumbel_chunk(logits_ptr, row, stride, offs, u, temp, best, best_idx, V: tl.constexpr):
+def _log2(x):
+    if _FAST_LOG:
+        return libdevice.fast_log2f(x)
+    return tl.log2(x)
+
+
+@triton.jit
+def gumbel_score(x, u, inv_temp):
+    """The Gumbel-max score of logits `x` (float32) with uniforms `u` at 1/T `inv_temp`: x / T + G, G = -ln(-ln u),
+    less G's constant ln(ln 2) (only the argmax is read), which samples softmax(x / T)."""
+    return x * inv_temp - 0.6931471805599453 * _log2(-_log2(tl.maximum(u, 1e-10)))
+
+
+@triton.jit
+def _gumbel_chunk(logits_ptr, row, stride, offs, u, inv_temp, best, best_idx, V: tl.constexpr):
     """Fold one chunk of the vocabulary into each lane's running (best score, its index): elementwise only."""
     x = tl.load(logits_ptr + row * stride + offs, mask=offs < V, other=float("-inf")).to(tl.float32)
-    if temp > 0:  # Gumbel-max: argmax(logits / T + G), G = -log(-log U), samples softmax(logits / T)
-        x = x / temp - tl.log(-tl.log(tl.maximum(u, 1e-10)))
+    if inv_temp > 0:  # else greedy: the logits themselves
+        x = gumbel_score(x, u, inv_temp)
     better = x > best  # strict: a lane keeps its first maximum (chunks come in index order)
     return tl.where(better, x, best), tl.where(better, offs, best_idx)
 
@@ -235,21 +257,26 @@ def _gumbel_chunk(logits_ptr, row, stride, offs, u, temp, best, best_idx, V: tl.
 def _gumbel_argmax_kernel(logits_ptr, temps_ptr, seeds_ptr, best_ptr, best_idx_ptr, stride, V: tl.constexpr,
                           SPLIT: tl.constexpr, BLOCK: tl.constexpr):
     """Grid (rows, splits): the best score and its index within one SPLIT-wide slice of the vocabulary.
-    Philox is most of the cost: each call gives four uniforms, one for each quarter of a BLOCK."""
+    Philox is most of the cost: each call gives four uniforms, for vocabulary entries 4i..4i+3 (counter i), the
+    draws head_sampler.py repeats."""
     QUARTER: tl.constexpr = BLOCK // 4
     row = tl.program_id(0).to(tl.int64)
     split = tl.program_id(1)
     temp = tl.load(temps_ptr + row)
+    inv_temp = tl.where(temp > 0, 1.0 / tl.where(temp > 0, temp, 1.0), 0.0)
     seed = tl.load(seeds_ptr + row)
     q = tl.arange(0, QUARTER)
     best = tl.full([QUARTER], float("-inf"), dtype=tl.float32)
     best_idx = tl.full([QUARTER], V, dtype=tl.int32)
     for start in range(split * SPLIT, tl.minimum(split * SPLIT + SPLIT, V), BLOCK):
-        u0, u1, u2, u3 = tl.rand4x(seed, start // 4 + q)  # counters unique per (row, position)
-        best, best_idx = _gumbel_chunk(logits_ptr, row, stride, start + q, u0, temp, best, best_idx, V)
-        best, best_idx = _gumbel_chunk(logits_ptr, row, stride, start + QUARTER + q, u1, temp, best, best_idx, V)
-        best, best_idx = _gumbel_chunk(logits_ptr, row, stride, start + 2 * QUARTER + q, u2, temp, best, best_idx, V)
-        best, best_idx = _gumbel_chunk(logits_ptr, row, stride, start + 3 * QUARTER + q, u3, temp, best, best_idx, V)
+        counter = start // 4 + q  # unique per (row, position)
+        u0, u1, u2, u3 = tl.rand4x(seed, counter)
+        # Each lane's entries come in index order (4i, 4i + 1, ..., then the next chunk's), so a strict > keeps
+        # a lane's first maximum.
+        best, best_idx = _gumbel_chunk(logits_ptr, row, stride, 4 * counter, u0, inv_temp, best, best_idx, V)
+        best, best_idx = _gumbel_chunk(logits_ptr, row, stride, 4 * counter + 1, u1, inv_temp, best, best_idx, V)
+        best, best_idx = _gumbel_chunk(logits_ptr, row, stride, 4 * counter + 2, u2, inv_temp, best, best_idx, V)
+        best, best_idx = _gumbel_chunk(logits_ptr, row, stride, 4 * counter + 3, u3, inv_temp, best, best_idx, V)
     m = tl.max(best, axis=0)
     # The first maximum: the smallest index among the lanes that hold it (a slice of all -inf keeps its first).
     first = tl.min(tl.where(best == m, best_idx, V), axis=0)
@@ -274,6 +301,12 @@ def gumbel_argmax(logits: torch.Tensor, temperatures: torch.Tensor, seeds: torch
     if rows:
         _gumbel_argmax_kernel[(rows, splits)](logits, temperatures, seeds, best, best_idx, logits.stride(0),
                                               V=vocab, SPLIT=split, BLOCK=block, num_warps=4)
+    return first_best(best, best_idx, out)
+
+
+def first_best(best: torch.Tensor, best_idx: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """Per row, the index of the best of its slices' (best score, index): the first where slices tie, as the
+    slices come in vocabulary order."""
     if out is None:
         return best_idx.gather(1, best.argmax(dim=1, keepdim=True)).squeeze(1)
     torch.gather(best_idx, 1, best.argmax(dim=1, keepdim=True), out=out.unsqueeze(1))

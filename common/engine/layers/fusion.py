@@ -38,3 +38,11 @@ def split_k_gemm(x: torch.Tensor, weight: torch.Tensor) -> ModuleType | None:
     if not x.is_cuda or (splitk := _triton_module("splitk")) is None:
         return None
     return splitk if splitk.fits(x, weight) else None
+
+
+def head_sampler(hidden: torch.Tensor, weight: torch.Tensor) -> ModuleType | None:
+    """common.engine.layers.head_sampler where it serves the LM head and one-pass sampler of `hidden` (a decode
+    batch on CUDA), else None."""
+    if not hidden.is_cuda or (sampler := _triton_module("head_sampler")) is None:
+        return None
+    return sampler if sampler.fits(hidden, weight) else None

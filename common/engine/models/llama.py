@@ -103,5 +103,10 @@ class CausalLM(nn.Module):
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden)
 
+    def sample_one_pass(self, hidden: torch.Tensor, temperatures: torch.Tensor, seeds: torch.Tensor,
+                        out: torch.Tensor) -> torch.Tensor:
+        """The one-pass sampler's tokens (greedy and Gumbel-max rows) for `hidden`, written into `out`."""
+        return self.lm_head.sample_one_pass(hidden, temperatures, seeds, out)
+
     def attention_layers(self) -> list[Attention]:
         return [layer.self_attn.attn for layer in self.model.layers]
