@@ -45,6 +45,7 @@ CASES = {  # name: (kernel, constexprs[, argument types unlike TYPES])
     "splitk-sum": (splitk._sum_kernel, dict(N=1024, ROWS=64, SPLITS=6, PDL=True)),
     "silu_and_mul": (fused._silu_and_mul_kernel, dict(N=3072, BLOCK=1024, PDL=True)),
     "gumbel_argmax": (fused._gumbel_argmax_kernel, dict(V=151936, SPLIT=6144, BLOCK=2048)),
+    "first_best": (fused._first_best_kernel, dict(BLOCK=2048)),
     "head_sample": (head_sampler._head_sample_kernel, dict(V=151936, K=1024, BLOCK_M=64, BLOCK_N=head_sampler.BLOCK_N,
                                                            BLOCK_K=head_sampler.BLOCK_K)),
     "head_sample-smollm2": (head_sampler._head_sample_kernel, dict(V=49152, K=576, BLOCK_M=16,

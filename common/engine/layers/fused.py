@@ -304,10 +304,24 @@ def gumbel_argmax(logits: torch.Tensor, temperatures: torch.Tensor, seeds: torch
     return first_best(best, best_idx, out)
 
 
+@triton.jit(do_not_specialize=["slices", "stride"])
+def _first_best_kernel(best_ptr, best_idx_ptr, out_ptr, slices, stride, BLOCK: tl.constexpr):
+    """Program r: row r's index at the first of its slices' best scores."""
+    row = tl.program_id(0).to(tl.int64)
+    offs = tl.arange(0, BLOCK)
+    best = tl.load(best_ptr + row * stride + offs, mask=offs < slices, other=float("-inf"))
+    first = tl.min(tl.where(best == tl.max(best, axis=0), offs, BLOCK), axis=0)
+    first = tl.where(first == BLOCK, 0, first)  # a row of NaN scores: its first slice
+    tl.store(out_ptr + row, tl.load(best_idx_ptr + row * stride + first))
+
+
 def first_best(best: torch.Tensor, best_idx: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
     """Per row, the index of the best of its slices' (best score, index): the first where slices tie, as the
-    slices come in vocabulary order."""
-    if out is None:
-        return best_idx.gather(1, best.argmax(dim=1, keepdim=True)).squeeze(1)
-    torch.gather(best_idx, 1, best.argmax(dim=1, keepdim=True), out=out.unsqueeze(1))
+    slices come in vocabulary order. One kernel (torch's argmax, then a gather, would be two launches)."""
+    rows, slices = best.shape
+    assert best_idx.stride() == best.stride() and best.stride(1) == 1
+    out = torch.empty(rows, dtype=torch.int64, device=best.device) if out is None else out
+    if rows:
+        _first_best_kernel[(rows,)](best, best_idx, out, slices, best.stride(0),
+                                    BLOCK=max(16, triton.next_power_of_2(slices)))
     return out
