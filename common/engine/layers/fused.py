@@ -237,6 +237,12 @@ def _log2(x):
 
 
 @triton.jit
+def inverse_temperature(temp):
+    """1/T where T > 0; 0 marks a greedy row."""
+    return tl.where(temp > 0, 1.0 / tl.where(temp > 0, temp, 1.0), 0.0)
+
+
+@triton.jit
 def gumbel_score(x, u, inv_temp):
     """The Gumbel-max score of logits `x` (float32) with uniforms `u` at 1/T `inv_temp`: x / T + G, G = -ln(-ln u),
     less G's constant ln(ln 2) (only the argmax is read), which samples softmax(x / T)."""
@@ -263,7 +269,7 @@ def _gumbel_argmax_kernel(logits_ptr, temps_ptr, seeds_ptr, best_ptr, best_idx_p
     row = tl.program_id(0).to(tl.int64)
     split = tl.program_id(1)
     temp = tl.load(temps_ptr + row)
-    inv_temp = tl.where(temp > 0, 1.0 / tl.where(temp > 0, temp, 1.0), 0.0)
+    inv_temp = inverse_temperature(temp)
     seed = tl.load(seeds_ptr + row)
     q = tl.arange(0, QUARTER)
     best = tl.full([QUARTER], float("-inf"), dtype=tl.float32)

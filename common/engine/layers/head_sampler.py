@@ -61,8 +61,7 @@ def _head_sample_kernel(h_ptr, w_ptr, temps_ptr, seeds_ptr, best_ptr, best_idx_p
         acc1 = tl.dot(x, tl.load(w + K + k, mask=(col0 + 1 < V)[None, :], other=0.0), acc1)
         acc2 = tl.dot(x, tl.load(w + 2 * K + k, mask=(col0 + 2 < V)[None, :], other=0.0), acc2)
         acc3 = tl.dot(x, tl.load(w + 3 * K + k, mask=(col0 + 3 < V)[None, :], other=0.0), acc3)
-    temp = tl.load(temps_ptr + rows, mask=row_mask, other=0.0)[:, None]
-    inv_temp = tl.where(temp > 0, 1.0 / tl.where(temp > 0, temp, 1.0), 0.0)
+    inv_temp = fused.inverse_temperature(tl.load(temps_ptr + rows, mask=row_mask, other=0.0)[:, None])
     seed = tl.load(seeds_ptr + rows, mask=row_mask, other=0)[:, None]
     u0, u1, u2, u3 = tl.rand4x(seed, counter[None, :])
     s0 = _scores(acc0, u0, inv_temp, col0[None, :], V, h_ptr.dtype.element_ty)
