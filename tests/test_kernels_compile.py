@@ -61,8 +61,9 @@ CASES = {  # name: (kernel, constexprs[, argument types unlike TYPES])
                                                  PRECISION="tf32")),
     "copy_blocks": (block_copy._copy_blocks_kernel, dict(BLOCK=block_copy.WORDS_PER_PROGRAM)),
 }
+# launched unlike Triton's defaults
 OPTIONS = {"splitk-o": dict(num_warps=splitk.PARTIAL_WARPS),
-           "head_sample": dict(num_warps=head_sampler.WARPS, num_stages=head_sampler.STAGES)}  # launched unlike Triton's defaults
+           "head_sample": dict(num_warps=head_sampler.WARPS, num_stages=head_sampler.STAGES)}
 
 
 @pytest.mark.parametrize("name", list(CASES))

@@ -6,7 +6,8 @@ replay. Only the one-pass sampler is captured (`SamplingBatch.one_pass`: greedy 
 top-p); other steps run the head and the sampler eagerly on the decode graph's hidden states.
 
 The logits, where the head writes them (a batch of up to 64 rows never does: layers/head_sampler.py), stay inside
-the graph's memory pool: only the sampled tokens, a static buffer shared by every bucket, outlive a replay. A step reads them before the next replay overwrites them, in stream order.
+the graph's memory pool: only the sampled tokens, a static buffer shared by every bucket, outlive a replay. A step
+reads them before the next replay overwrites them, in stream order.
 """
 from __future__ import annotations
 

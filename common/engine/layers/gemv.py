@@ -2,8 +2,8 @@
 
 At a few rows a projection is latency, not bandwidth: cuBLAS spends microseconds on a weight it could stream in
 one, and cannot start before the kernel ahead of it ends. Here each program holds a slice of W's rows in
-registers, loaded before it waits for x (common/engine/pdl.py), so with programmatic dependent launch the weight streams in
-while the previous kernel (a norm, the attention) still runs. With `silu`, x is [gate | up] and the program
+registers, loaded before it waits for x (common/engine/pdl.py), so with programmatic dependent launch the weight
+streams in while the previous kernel (a norm, the attention) still runs. With `silu`, x is [gate | up] and the program
 applies SiLU-and-mul as it loads it: the MLP's down projection takes the gate_up output directly.
 """
 from __future__ import annotations
@@ -56,7 +56,8 @@ def fits(x: torch.Tensor, weight: torch.Tensor) -> bool:
             and triton.next_power_of_2(weight.shape[1]) <= SLICE_ELEMENTS)
 
 
-def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *, silu: bool = False) -> torch.Tensor:
+def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
+         silu: bool = False) -> torch.Tensor:
     """F.linear(x, weight, bias) for x [M <= MAX_ROWS, K]; with `silu`, F.linear(silu_and_mul(x), ...) for x
     [M, 2K]."""
     m, k = x.shape[0], weight.shape[1]
