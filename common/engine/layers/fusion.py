@@ -25,24 +25,25 @@ def fused_kernels() -> ModuleType | None:
     return _triton_module("fused")
 
 
+def _serving(name: str, x: torch.Tensor, weight: torch.Tensor) -> ModuleType | None:
+    """`common.engine.layers.<name>` where its `fits(x, weight)` says it serves x (on CUDA), else None."""
+    if not x.is_cuda or (module := _triton_module(name)) is None:
+        return None
+    return module if module.fits(x, weight) else None
+
+
 def skinny_gemm(x: torch.Tensor, weight: torch.Tensor) -> ModuleType | None:
     """common.engine.layers.gemv where it serves `F.linear(x, weight)` (a few rows of x on CUDA), else None."""
-    if not x.is_cuda or (gemv := _triton_module("gemv")) is None:
-        return None
-    return gemv if gemv.fits(x, weight) else None
+    return _serving("gemv", x, weight)
 
 
 def split_k_gemm(x: torch.Tensor, weight: torch.Tensor) -> ModuleType | None:
     """common.engine.layers.splitk where it serves `F.linear(x, weight)` (a decode batch of x on CUDA, a weight of
     few outputs), else None."""
-    if not x.is_cuda or (splitk := _triton_module("splitk")) is None:
-        return None
-    return splitk if splitk.fits(x, weight) else None
+    return _serving("splitk", x, weight)
 
 
 def head_sampler(hidden: torch.Tensor, weight: torch.Tensor) -> ModuleType | None:
     """common.engine.layers.head_sampler where it serves the LM head and one-pass sampler of `hidden` (a decode
     batch on CUDA), else None."""
-    if not hidden.is_cuda or (sampler := _triton_module("head_sampler")) is None:
-        return None
-    return sampler if sampler.fits(hidden, weight) else None
+    return _serving("head_sampler", hidden, weight)
