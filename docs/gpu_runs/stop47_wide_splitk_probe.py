@@ -15,14 +15,13 @@ Run: python docs/gpu_runs/stop47_wide_splitk_probe.py [MODE ...]
 """
 from __future__ import annotations
 
+import importlib.util
 import sys
 import tempfile
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-import triton
-import triton.language as tl
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from scripts.bench_engine import model_dir, step_per_mode  # noqa: E402
@@ -30,20 +29,11 @@ from common.engine.layers import linear, splitk  # noqa: E402
 from common.engine.pdl import launch_kwargs  # noqa: E402
 
 REAL_COLUMN_FORWARD = linear.ColumnParallelLinear.forward
+_spec = importlib.util.spec_from_file_location("stop42_fold_probe", Path(__file__).with_name("stop42_fold_probe.py"))
+_stop42 = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_stop42)
+_sum_kernel = _stop42._sum_kernel  # the parts' own sum kernel, as stop 42's `--splitk-all` launched it
 ZEROS: dict[torch.device, torch.Tensor] = {}
-
-
-@triton.jit
-def _sum_kernel(part_ptr, out_ptr, N: tl.constexpr, ROWS: tl.constexpr, SPLITS: tl.constexpr, BLOCK: tl.constexpr,
-                PDL: tl.constexpr):
-    row, cols = tl.program_id(0), tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-    if PDL:
-        tl.extra.cuda.gdc_launch_dependents()
-        tl.extra.cuda.gdc_wait()
-    acc = tl.zeros([BLOCK], dtype=tl.float32)
-    for s in range(SPLITS):
-        acc += tl.load(part_ptr + (s * ROWS + row) * N + cols)
-    tl.store(out_ptr + row * N + cols, acc.to(out_ptr.dtype.element_ty))
 
 
 def column_splitk(x: torch.Tensor, weight: torch.Tensor, block_n: int, block_k: int, summed: bool) -> torch.Tensor:
