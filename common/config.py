@@ -141,7 +141,8 @@ class EngineConfig:
     max_model_len: int | None = _opt(None, "longest prompt + completion (default: the model's limit)")
     kv_cache_memory: int = _opt(2 << 30, "bytes of KV cache on cpu, e.g. 2GiB or 512MB", parse=parse_bytes,
                                 show=format_bytes)
-    gpu_memory_utilization: float = _opt(0.9, "share of the GPU's memory this worker may use (weights, activations, KV)")
+    gpu_memory_utilization: float = _opt(0.9, "share of the GPU's memory this worker may use "
+                                              "(weights, activations, KV)")
     num_kv_blocks: int | None = _opt(None, "fix the KV pool's block count instead of sizing it from memory")
     enable_prefix_caching: bool = _opt(True, "reuse KV blocks of shared prompt prefixes")
     enforce_eager: bool = _opt(False, "never use CUDA graphs")

@@ -9,10 +9,12 @@ whose prompt starts with that token. The first worker to claim the file (an atom
 | --- | --- | --- |
 | `crash_prefill` | prefill worker, on a `prefill_task` | the worker SIGKILLs itself |
 | `crash_decode` | decode or colocated worker, at a step that gave the request a token | the worker SIGKILLs itself |
-| `slow_step` | any worker, at a step while it holds the request | the step takes the seconds the file names after the token id (`"401 9"`) longer, as one long prefill would |
+| `slow_step` | any worker, at a step while it holds the request | it takes longer (below), as one long prefill would |
 | `kv_send_error` | prefill worker, on a KV handoff | the transport raises |
 | `kv_drop` | prefill worker, on a KV handoff | the handoff is never sent (as if lost) |
 | `kv_corrupt` | prefill worker, on a KV handoff | the payload is cut short |
+
+`slow_step`: the step takes the seconds the file names after the token id (`"401 9"`) longer.
 
 docs/reliability.md lists the faults the tests try and what the cluster does about each.
 """

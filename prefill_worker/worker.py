@@ -67,7 +67,8 @@ class PrefillWorker(KVWorker):
             error = self.opening.pop(peer).exception()
             if error is not None:
                 log.warning("KV link to %s did not open: %s", peer, error)
-            self.send(P.LinkOpened(decode_worker_id=peer, error="" if error is None else str(error)[:P.MAX_MESSAGE_LEN]))
+            self.send(P.LinkOpened(decode_worker_id=peer,
+                                   error="" if error is None else str(error)[:P.MAX_MESSAGE_LEN]))
 
     # ---- router -> prefill -> KV blocks --------------------------------------------------------------
     def on_prefill_task(self, task: P.PrefillTask) -> None:
@@ -111,7 +112,8 @@ class PrefillWorker(KVWorker):
                                  transport=task.transport, dst_block_ids=task.dst_block_ids,
                                  reply_to=self.kv.address, cached_tokens=seq.num_cached_tokens, nccl=sent.nccl)
             payload = [memoryview(b"\0")] if fault == "kv_corrupt" else sent.payload
-            self.timeline.mark(seq.request_id, "kv_sent")  # before the send: the decode worker may mark its receipt first
+            # before the send: the decode worker may mark its receipt first
+            self.timeline.mark(seq.request_id, "kv_sent")
             if fault != "kv_drop":  # a dropped handoff is found out by the deadlines on both sides
                 self.kv.channel.send(task.decode_kv_address, record, payload)
         except Exception as e:  # the request fails and its blocks are freed on both sides; the worker goes on

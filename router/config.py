@@ -87,7 +87,8 @@ class RouterConfig:
             raise ValueError(f"disagg_policy: must be always, never or auto, got {self.disagg_policy!r}")
         if self.eager_kv_links < 0:
             raise ValueError(f"eager_kv_links: must be >= 0, got {self.eager_kv_links}")
-        for name in ("max_worker_requests", "worker_timeout", "local_prefill_chunk"):  # zero would queue every request forever
+        # zero would queue every request forever
+        for name in ("max_worker_requests", "worker_timeout", "local_prefill_chunk"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name}: must be positive, got {getattr(self, name)}")
         for name in ("max_queued_requests", "max_queued_tokens", "retry_after", "request_restarts",

@@ -27,7 +27,8 @@ class DisaggChoice:
     estimate: Estimate
 
 
-def choose_disagg(place: Placement, disagg: DisaggPolicy, ids: list[int], keys: PromptKeys | None) -> DisaggChoice | None:
+def choose_disagg(place: Placement, disagg: DisaggPolicy, ids: list[int],
+                  keys: PromptKeys | None) -> DisaggChoice | None:
     """The choice itself, without sending anything (the planner's simulator makes the same one); None: no worker can
     take the prompt now."""
     blocks = place.blocks_needed(ids)

@@ -277,7 +277,8 @@ class Cluster:
         for worker_id, role, engine_config in plan:
             config = WorkerConfig(worker_id=worker_id, router_address=self.router.worker_address,
                                   host=self.router_config.worker_host, kv_transports=self.kv_transports,
-                                  handoff_timeout=s.handoff_timeout, local_prefill_chunk=self.router_config.local_prefill_chunk,
+                                  handoff_timeout=s.handoff_timeout,
+                                  local_prefill_chunk=self.router_config.local_prefill_chunk,
                                   auth_token=self.router.auth_token,
                                   fault_dir=self._fault_dir, timeline_dir=s.timeline_dir)
             actors[worker_id] = self._actor_cls.options(

@@ -1,6 +1,7 @@
 """The router: clients in front, workers behind, every request's life in between.
 
-    client --submit--> `submit` (admission.py) --queue--> `dispatch` (dispatch.py, placement.py) --reserve--> decode worker;
+    client --submit--> `submit` (admission.py) --queue--> `dispatch` (dispatch.py, placement.py)
+        --reserve--> decode worker;
     `on_reserved` --prefill_task--> prefill worker --KV--> decode worker (colocated: one `generate_task`);
     worker --token_batch--> `on_tokens` --delta / result--> client
 

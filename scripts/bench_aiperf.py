@@ -80,7 +80,8 @@ def bench_command(args: argparse.Namespace, address: str, rate: float, out: Path
     """`pdcluster bench` over ZMQ against the running cluster, with aiperf's load: Poisson at `rate`, as many
     requests (after as many warm-up ones), prompts and outputs of exactly --isl and --osl tokens."""
     vocab = json.loads((Path(args.model) / "config.json").read_text())["vocab_size"]
-    return [sys.executable, "-m", "scripts.cli", "bench", "--address", address, "--vocab-size", str(vocab), "--rates", f"{rate:g}",
+    return [sys.executable, "-m", "scripts.cli", "bench", "--address", address, "--vocab-size", str(vocab),
+            "--rates", f"{rate:g}",
             "--num-requests", str(args.requests), "--warmup-requests", str(args.warmup), "--unloaded-requests", "0",
             "--input-len", str(args.isl), "--output-len", str(args.osl), "--seed", str(args.seed), "--out", str(out)]
 

@@ -249,7 +249,8 @@ def sweep_decode(pool: Pool, copy_gbs: float, out_dir: str | None) -> None:
                          "us": ms * 1e3, "gbs": gbytes / ms * 1e3})
         best, best_ms = ranked[0]
         summary.append((model, batch, context, default, timed[default], best, best_ms, gbytes))
-        top = ", ".join(f"t{t}/n{l.block_n}/w{l.num_warps}/st{l.num_stages} {ms * 1e3:.1f}" for (t, l), ms in ranked[:5])
+        top = ", ".join(f"t{t}/n{l.block_n}/w{l.num_warps}/st{l.num_stages} {ms * 1e3:.1f}"
+                        for (t, l), ms in ranked[:5])
         log(f"{model} b{batch} c{context}: {len(timed)} launches; fastest (us): {top}")
     if out_dir:
         with open(os.path.join(out_dir, "decode_sweep.json"), "w") as f:
@@ -258,7 +259,8 @@ def sweep_decode(pool: Pool, copy_gbs: float, out_dir: str | None) -> None:
         f"{'best (t/n/w/st)':>16}{'us':>8}{'%copy':>6}{'gain':>6}")
     for model, batch, context, d, d_ms, b, b_ms, gb in summary:
         cfg = lambda tl: f"{tl[0]}/{tl[1].block_n}/{tl[1].num_warps}/{tl[1].num_stages}"
-        log(f"{model:<11}{batch:>6}{context:>6} | {cfg(d):>18}{d_ms * 1e3:>8.1f}{100 * gb / d_ms * 1e3 / copy_gbs:>5.0f}% | "
+        log(f"{model:<11}{batch:>6}{context:>6} | {cfg(d):>18}{d_ms * 1e3:>8.1f}"
+            f"{100 * gb / d_ms * 1e3 / copy_gbs:>5.0f}% | "
             f"{cfg(b):>16}{b_ms * 1e3:>8.1f}{100 * gb / b_ms * 1e3 / copy_gbs:>5.0f}%{d_ms / b_ms:>6.2f}")
 
 

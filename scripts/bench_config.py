@@ -14,7 +14,8 @@ MODES = ("disagg", "colocated")
 # load alone, the baseline of prefix-aware placement, `prefix`) and, disaggregated, where each prompt is prefilled
 # (`disagg:auto`, `disagg:never`, `disagg:always`: --disagg-policy), e.g. `disagg:auto+load`.
 PLACEMENT_VARIANTS, POLICY_VARIANTS = ("prefix", "load"), ("always", "never", "auto")
-VARIANTS = {**{v: ["--placement", v] for v in PLACEMENT_VARIANTS}, **{v: ["--disagg-policy", v] for v in POLICY_VARIANTS}}
+VARIANTS = {**{v: ["--placement", v] for v in PLACEMENT_VARIANTS},
+            **{v: ["--disagg-policy", v] for v in POLICY_VARIANTS}}
 
 
 def mode_variants(mode: str) -> tuple[str, list[str]]:

@@ -268,7 +268,8 @@ def profile_decode(root: Path, config: str, context: int, batch: int, overlap: b
             wall = (sync_time() - t0) / steps
         events = cuda_kernels(prof)
         gpu_us = sum(e.self_device_time_total for e in events) / steps
-        log(f"== profile: {config}, batch {batch}, context {context}, overlap {overlap}: wall {wall * 1e3:.3f} ms/step, "
+        log(f"== profile: {config}, batch {batch}, context {context}, overlap {overlap}: "
+            f"wall {wall * 1e3:.3f} ms/step, "
             f"GPU busy {gpu_us / 1e3:.3f} ms/step ({gpu_us / 1e3 / (wall * 1e3):.0%})")
         log(f"{'kernel':<90}{'calls/step':>11}{'us/step':>10}")
         for e in events[:25]:
@@ -354,7 +355,8 @@ def bench_prefill(root: Path, config: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(prog="bench_engine", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(prog="bench_engine", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("what", choices=["throughput", "decode", "prefill", "profile", "all"])
     ap.add_argument("--batch", type=int, default=64, help="profile: decode batch size")
     ap.add_argument("--no-overlap", action="store_true", help="profile: without overlapped scheduling")

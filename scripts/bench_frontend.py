@@ -9,7 +9,8 @@ answers each `generate_task` with `--tokens` tokens in one `token_batch`, no eng
 (the official-API-shaped HTTP client is httpx, the ZMQ one router.client.AsyncClient), each running
 `concurrency / clients` requests at a time. The router's CPU time over each run is read from /proc: its CPU per request
 is the front end's cost whatever limits the measured req/s, and its inverse the requests/s one router core sustains
-(on a machine with few cores the load processes, not the router, may bound the measured req/s). Prints one table; docs/benchmarks.md keeps the figures.
+(on a machine with few cores the load processes, not the router, may bound the measured req/s). Prints one table;
+docs/benchmarks.md keeps the figures.
 
 With --prompt-tokens N each request carries a prompt of N tokens: as text through HTTP (the router tokenizes it, as
 for aiperf's requests) and as the same token ids through ZMQ (as `pdcluster bench` sends them). With --stream the

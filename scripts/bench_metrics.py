@@ -149,5 +149,6 @@ def summarize(records: list[RequestRecord], slo: SLO) -> Summary:
         itl=Dist.of([gap for r in done for gap in r.itl]),
         e2e=Dist.of([r.e2e for r in done]),
         router_ttft=Dist.of([r.router_ttft for r in done if r.router_ttft is not None]),
-        outside_ttft=Dist.of([r.ttft - r.router_ttft for r in done if r.ttft is not None and r.router_ttft is not None]),
+        outside_ttft=Dist.of([r.ttft - r.router_ttft for r in done
+                              if r.ttft is not None and r.router_ttft is not None]),
     )

@@ -205,7 +205,8 @@ def slo_reading(results: dict) -> str:
     target = f"the TPOT SLO ({slo * 1e3:.4g} ms)"
     runs = {run["mode"]: run for run in results["runs"]}
     # A disaggregated variant (disagg:always, disagg:prefix, ...) stands for disagg when plain disagg did not run.
-    disagg_mode = next((m for m in runs if m == "disagg"), None) or next((m for m in runs if m.startswith("disagg:")), None)
+    disagg_mode = (next((m for m in runs if m == "disagg"), None)
+                   or next((m for m in runs if m.startswith("disagg:")), None))
     missing = [mode for mode, found in (("disagg", disagg_mode), ("colocated", runs.get("colocated"))) if not found]
     if missing:
         return f"No reading: it needs both modes, and this run has no {' and no '.join(missing)} results."

@@ -13,7 +13,8 @@ requests (heartbeats only) is read from /proc, then the offered rate climbs (x`-
 each) from a guess the probe's CPU per request gives, and is bisected (`--bisect-steps`) between the last rate the
 router kept up with and the first it did not. Kept up: every request answered within `--drain-seconds` and the p90
 latency under `--max-p90-ms`; latency runs from each request's scheduled send, so a queue that grows over a step
-shows there (a pause of the machine that delays a few requests, in the p99 only). Then p50 / p99 latency at fractions of that ceiling. Latency is the client's: the router's work, two
+shows there (a pause of the machine that delays a few requests, in the p99 only). Then p50 / p99 latency at
+fractions of that ceiling. Latency is the client's: the router's work, two
 hops to a worker and back (four messages disaggregated), and the client library.
 
 "router busy" is the router's CPU time over the wall time at the ceiling: near 100%, the router bound it; lower, the

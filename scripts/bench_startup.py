@@ -5,7 +5,8 @@
 Runs the same child twice with one fresh Triton cache folder: first cold (an empty cache: every variant is
 compiled), then warm (every variant is on disk). Each child prints the engine's start-up time and its warm-up's
 share, then sends requests one at a time (a prompt, a few decode steps, mixed sampling) and prints the TTFT of
-requests 1-20 against 101-120 (the same lengths and sampling), and how many Triton variants were compiled or loaded after ready (should be 0).
+requests 1-20 against 101-120 (the same lengths and sampling), and how many Triton variants were compiled or loaded
+after ready (should be 0).
 """
 from __future__ import annotations
 
@@ -35,7 +36,8 @@ def child(args: argparse.Namespace) -> dict:
     startup = time.perf_counter() - t0
     engine, rng = llm.engine, random.Random(0)
     vocab = engine.config.model_config.vocab_size
-    kinds = [dict(temperature=0.0), dict(temperature=0.7), dict(temperature=0.8, top_p=0.9), dict(temperature=0.8, seed=5)]
+    kinds = [dict(temperature=0.0), dict(temperature=0.7), dict(temperature=0.8, top_p=0.9),
+             dict(temperature=0.8, seed=5)]
     ttfts = []
     with CompileWatch() as watch:
         for i in range(args.requests):

@@ -12,7 +12,8 @@ Block ids are either consecutive on both sides (one run: plain copies or direct 
 a pool twice the prompt's size; shuffled transfers are timed each way a transport can cut them: `runs`
 (one copy or message per run of consecutive ids, no gather), for nccl `gather` (chunks of up to 64 MiB,
 gathered and scattered), for cuda_ipc `kernel` (one block-copy kernel for every block). `auto` picks
-runs for up to 16 runs, the other way beyond: these rows are what that threshold is chosen from. An nccl time includes one pipe round trip to the peer (about the cost of the
+runs for up to 16 runs, the other way beyond: these rows are what that threshold is chosen from. An nccl
+time includes one pipe round trip to the peer (about the cost of the
 `kv_handoff` record it stands for).
 
 With --prefill-ms (one value, or one per --tokens), the last column is what the transfer adds to TTFT

@@ -79,7 +79,8 @@ def prefill_steps(point: list[dict]) -> list[tuple[float, float, list[int]]]:
     end where it was launched while that one ran (the engine launches a step before collecting the one before)."""
     steps: dict[tuple[str, float], list] = {}
     for r in point:
-        launched, done, got = r.get(("prefill", "launched")), r.get(("prefill", "prefilled")), r.get(("prefill", "received"))
+        launched, done, got = (r.get(("prefill", "launched")), r.get(("prefill", "prefilled")),
+                               r.get(("prefill", "received")))
         if launched and done and got:
             step = steps.setdefault((launched["worker"], launched["t"]), [launched["t"], 0.0, []])
             step[1] = max(step[1], done["t"])
@@ -107,7 +108,8 @@ def step_report(point: list[dict], profile: Profile, max_tokens: int | None) -> 
     if not slowdown:
         return "no prefill steps"
     split = ", ".join(f"{name} {statistics.median(x):.2f} of {len(x)}" for name, x in by_count.items() if x)
-    return (f"prefill steps {len(slowdown)}: x alone {statistics.median(slowdown):.2f} / {percentile(slowdown, 90):.2f} "
+    return (f"prefill steps {len(slowdown)}: x alone {statistics.median(slowdown):.2f} / "
+            f"{percentile(slowdown, 90):.2f} "
             f"({split}), pace {statistics.median(pace):.2f}")
 
 
@@ -137,7 +139,8 @@ def main(argv: list[str] | None = None) -> None:
                 print(f"{min(starts):.1f} | {len(point)} ({rate:.1f}/s) | queue "
                       f"{1e3 * statistics.median(queue):.2f} / {1e3 * percentile(queue, 90):.2f}")
             continue
-        cells = [f"{1e3 * statistics.median(x[n] for x in split):.2f} / {1e3 * percentile([x[n] for x in split], 90):.2f}"
+        cells = [f"{1e3 * statistics.median(x[n] for x in split):.2f} / "
+                 f"{1e3 * percentile([x[n] for x in split], 90):.2f}"
                  for n in names]
         total = [sum(x.values()) for x in split]
         print(f"{min(starts):.1f} | {len(split)} of {len(point)} ({rate:.1f}/s) | " + " | ".join(cells)

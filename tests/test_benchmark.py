@@ -458,7 +458,8 @@ class FakeCluster(FakeClient):
         """One decode worker whose engine ran a step of one token for each token streamed so far."""
         from types import SimpleNamespace
 
-        worker = SimpleNamespace(worker_id="d0", role="decode", busy_steps=self.tokens, busy_seconds=0.002 * self.tokens,
+        worker = SimpleNamespace(worker_id="d0", role="decode", busy_steps=self.tokens,
+                                 busy_seconds=0.002 * self.tokens,
                                  prefill_tokens_run=0, decode_tokens_run=self.tokens)
         return SimpleNamespace(workers=[worker])
 
@@ -1074,7 +1075,8 @@ def test_cpu_smoke_run_of_both_modes(tiny_qwen3_dir, tmp_path):
         else:
             assert handoffs == []
     report = (out / "report.md").read_text()
-    assert "| | disagg | colocated |" in report and "## 2 req/s" in report and "| decode tokens per busy step, mean |" in report
+    assert ("| | disagg | colocated |" in report and "## 2 req/s" in report
+            and "| decode tokens per busy step, mean |" in report)
     outside = next(line for line in report.splitlines() if line.startswith(f"| {bench_report.OUTSIDE_ROW} |"))
     assert "n/a" not in outside  # both modes' requests carry the router's timings
     assert f"| {bench_report.HANDOFF_ROW} | host 12 (" in report

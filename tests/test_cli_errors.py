@@ -57,7 +57,8 @@ def test_a_port_in_use_is_one_line(tiny_qwen3_dir):
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        proc = pdcluster("serve", "--model", str(tiny_qwen3_dir), "--device", "cpu", "--bind", f"tcp://127.0.0.1:{port}")
+        proc = pdcluster("serve", "--model", str(tiny_qwen3_dir), "--device", "cpu", "--bind",
+                         f"tcp://127.0.0.1:{port}")
         line = one_error_line(proc)
         assert f"bind: cannot listen on tcp://127.0.0.1:{port}" in line and "in use" in line
         proc = pdcluster("serve", "--model", str(tiny_qwen3_dir), "--device", "cpu", "--bind",

@@ -93,7 +93,8 @@ def test_32_concurrent_clients_are_all_served(cluster, expected):
 
 def test_client_cli_json_equals_generate_json(cluster, case, capsys):
     model, _ = case
-    flags = ["--max-tokens", str(MAX_TOKENS), "--ignore-eos", "--json"] + [a for p in PROMPTS[:2] for a in ("--prompt", p)]
+    flags = (["--max-tokens", str(MAX_TOKENS), "--ignore-eos", "--json"]
+             + [a for p in PROMPTS[:2] for a in ("--prompt", p)])
     assert cli_main(["client", "--address", cluster.address, *flags]) == 0
     served = capsys.readouterr().out
     assert cli_main(["generate", "--model", str(model), "--device", "cpu", "--kv-cache-memory", "64MiB", *flags]) == 0

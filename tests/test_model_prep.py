@@ -209,8 +209,9 @@ def test_tiny_logits_are_peaky_and_not_degenerate(tiny_dirs: dict[str, Path], na
 
 # ------------------------------------------------------------------------------------------------ tokenizer
 
-TRICKY = ["", " ", "  leading and trailing  ", "\n\n\t\r\n", "Hello, world!", "naïve café ß ﬁ Å Å", "日本語のテキスト",
-          "emoji 🤖👩‍👩‍👧 flags 🇫🇷", "\x00\x01 control \x7f", "<|im_end|> inside text", "<12345> looks like a filler",
+TRICKY = ["", " ", "  leading and trailing  ", "\n\n\t\r\n", "Hello, world!", "naïve café ß ﬁ Å Å",
+          "日本語のテキスト", "emoji 🤖👩‍👩‍👧 flags 🇫🇷", "\x00\x01 control \x7f",
+          "<|im_end|> inside text", "<12345> looks like a filler",
           "x=1234567890; y = 3.14", "def f(x):\n    return x ** 2\n"]
 
 
@@ -303,7 +304,8 @@ def test_bad_dtype(tmp_path: Path) -> None:
 def test_unsupported_architecture_is_one_line(tmp_path: Path) -> None:
     _, cfg = mp.resolve_config("tiny-llama")
     (tmp_path / "config.json").write_text(json.dumps({**cfg, "model_type": "gpt2"}))
-    with pytest.raises(ValueError, match=r"model_type 'gpt2' is not supported \(supported: llama, mistral, qwen2, qwen3\)"):
+    with pytest.raises(ValueError,
+                       match=r"model_type 'gpt2' is not supported \(supported: llama, mistral, qwen2, qwen3\)"):
         mp.prepare_random(tmp_path / "config.json", tmp_path / "out")
     del cfg["intermediate_size"]
     (tmp_path / "config.json").write_text(json.dumps(cfg))

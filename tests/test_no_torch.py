@@ -43,7 +43,8 @@ def test_random_preparation_and_bench_driver_import_neither_torch_nor_triton(tmp
     assert proc.returncode == 0, proc.stderr[-3000:]
     modules = set(json.loads(proc.stdout.splitlines()[-1]))
     assert "numpy" in modules and not modules & HEAVY, modules & HEAVY
-    assert (tmp_path / "random" / "model.safetensors").is_file() and (tmp_path / "tokenizer" / "tokenizer.json").is_file()
+    assert ((tmp_path / "random" / "model.safetensors").is_file()
+            and (tmp_path / "tokenizer" / "tokenizer.json").is_file())
 
 
 def test_prepare_model_random_command_imports_neither_torch_nor_triton(tmp_path: Path) -> None:

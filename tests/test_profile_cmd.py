@@ -14,7 +14,9 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from scripts.planner.fit import apart_seconds, fit_decode, fit_handoff, fit_mixed, fit_prefill, fit_relative, nnls, refit
+from scripts.planner.fit import (
+    apart_seconds, fit_decode, fit_handoff, fit_mixed, fit_prefill, fit_relative, nnls, refit,
+)
 from scripts.planner.points import DecodePoint, HandoffPoint, MixedPoint, PrefillPoint
 from scripts.planner.profile import DecodeCost, HandoffCost, PrefillCost, ProfileError, load_profile, save_profile
 
@@ -174,7 +176,8 @@ def test_the_command_writes_a_profile_of_the_engine_it_built(profiled):
     assert profile.kv_bytes_per_token == 2 * 2 * 2 * 32 * 4  # tiny-qwen3: layers x (K, V) x KV heads x dim x fp32
     assert profile.num_kv_blocks == (2 << 30) // (16 * profile.kv_bytes_per_token)  # the CPU pool's default 2 GiB
     assert set(profile.handoff) == {"host"} and "skipped: handoff cuda_ipc" in stdout
-    assert profile.prefill.seconds(256) > profile.prefill.seconds(16) and profile.host_launch_s > 0  # grows with prompts
+    # grows with prompts
+    assert profile.prefill.seconds(256) > profile.prefill.seconds(16) and profile.host_launch_s > 0
     # the launch clock's own figure: scheduling and launching a step, more than the scheduler's part of it
     assert profile.launch_prep_s > profile.host_launch_s
     assert profile.mixed_step_s >= 0 and "profile: mixed" in stderr
@@ -264,7 +267,8 @@ def test_plan_runs_with_the_measured_profile(profiled, tmp_path):
 def test_mistakes_are_one_line(tiny_qwen3_dir, tmp_path):
     assert "no config.json" in one_error_line(pdcluster("profile", "--model", str(tmp_path), "--out", "x.json"))
     assert "--out FILE is required" in one_error_line(pdcluster("profile", "--model", str(tiny_qwen3_dir)))
-    line = one_error_line(pdcluster("profile", "--model", str(tiny_qwen3_dir), "--out", str(tmp_path / "no" / "p.json")))
+    line = one_error_line(pdcluster("profile", "--model", str(tiny_qwen3_dir), "--out",
+                                    str(tmp_path / "no" / "p.json")))
     assert "--out: no folder" in line
     line = one_error_line(pdcluster("profile", "--model", str(tiny_qwen3_dir), "--tp", "2", "--out", "x.json"))
     assert "--tp 2: needs 2 visible GPUs" in line

@@ -77,7 +77,8 @@ DOC = Path(__file__).resolve().parents[1] / "docs" / "protocol.md"
 LAYOUT = KVLayout(block_size=16, num_layers=28, num_kv_heads=8, head_dim=128, dtype="bfloat16")
 KV_DESCRIPTORS = KVDescriptors(nccl=NcclDescriptor(backend="nccl", host="10.0.0.2", port=29500, gpu="GPU-1234",
                                                    layout=LAYOUT, num_blocks=4096))
-SAMPLING = Sampling(max_tokens=64, temperature=0.7, top_p=0.9, top_k=50, seed=1234, stop_token_ids=[2, 7], ignore_eos=True)
+SAMPLING = Sampling(max_tokens=64, temperature=0.7, top_p=0.9, top_k=50, seed=1234, stop_token_ids=[2, 7],
+                    ignore_eos=True)
 
 # One instance of every message type, with non-default values wherever possible.
 SAMPLES: dict[str, Message] = {
@@ -283,17 +284,23 @@ def test_field_constraints_are_checked_when_a_frame_is_decoded():
         (wire(type="submit", request_id="rid"), "bad_request", "exactly one of prompt and token_ids"),
         (wire(type="submit", request_id="rid", prompt="x", token_ids=[1]), "bad_request", "exactly one"),
         (wire(type="submit", request_id="rid", token_ids=[1], chat=True), "bad_request", "chat:"),
-        (wire(type="submit", request_id="rid", token_ids=[]), "bad_request", "token_ids: expected an array of length >= 1"),
-        (wire(type="submit", request_id="rid", token_ids=[1, -1]), "bad_request", "token_ids[1]: expected an integer >= 0"),
-        (wire(type="submit", request_id="rid", token_ids=[1, 2**31]), "bad_request", "token_ids[1]: expected an integer <= 2147483647"),
+        (wire(type="submit", request_id="rid", token_ids=[]),
+         "bad_request", "token_ids: expected an array of length >= 1"),
+        (wire(type="submit", request_id="rid", token_ids=[1, -1]),
+         "bad_request", "token_ids[1]: expected an integer >= 0"),
+        (wire(type="submit", request_id="rid", token_ids=[1, 2**31]),
+         "bad_request", "token_ids[1]: expected an integer <= 2147483647"),
         (wire(type="submit", request_id="rid", token_ids=[1, 2.0]), "bad_request", "token_ids[1]: expected an integer"),
         (wire(type="submit", request_id="rid", token_ids=[True]), "bad_request", "token_ids[0]: expected an integer"),
         (submit(stream=1), "bad_request", "stream: expected a boolean, got an integer"),
-        (submit(sampling={"max_tokens": True}), "bad_request", "sampling.max_tokens: expected an integer, got a boolean"),
+        (submit(sampling={"max_tokens": True}),
+         "bad_request", "sampling.max_tokens: expected an integer, got a boolean"),
         (submit(sampling={"max_tokens": "5"}), "bad_request", "sampling.max_tokens: expected an integer, got a string"),
         (submit(sampling={"max_tokens": 0}), "bad_request", "sampling.max_tokens: must be a positive integer"),
-        (submit(sampling={"temperature": math.nan}), "bad_request", "sampling.temperature: must be a finite number >= 0, got nan"),
-        (submit(sampling={"temperature": math.inf}), "bad_request", "sampling.temperature: must be a finite number >= 0, got inf"),
+        (submit(sampling={"temperature": math.nan}),
+         "bad_request", "sampling.temperature: must be a finite number >= 0, got nan"),
+        (submit(sampling={"temperature": math.inf}),
+         "bad_request", "sampling.temperature: must be a finite number >= 0, got inf"),
         (submit(sampling={"top_p": 2}), "bad_request", "sampling.top_p: must be in (0, 1]"),
         (submit(sampling={"top_k": -2}), "bad_request", "sampling.top_k"),
         (submit(sampling={"seed": 2**63}), "bad_request", "sampling.seed"),
@@ -301,8 +308,10 @@ def test_field_constraints_are_checked_when_a_frame_is_decoded():
         (submit(sampling=[1]), "bad_request", "sampling: expected a map, got an array"),
         (submit(sampling=None), "bad_request", "sampling: expected a map, got nil"),
         (submit(**{"x" * 500: 1}), "bad_request", "x" * 64 + ": unknown field"),
-        (wire(type="submit", request_id="rid", prompt=b"bytes"), "bad_request", "prompt: expected a string or nil, got binary"),
-        (wire(type="submit", request_id="rid", prompt=msgpack.ExtType(1, b"x")), "bad_request", "prompt: expected a string or nil, got an extension type"),
+        (wire(type="submit", request_id="rid", prompt=b"bytes"),
+         "bad_request", "prompt: expected a string or nil, got binary"),
+        (wire(type="submit", request_id="rid", prompt=msgpack.ExtType(1, b"x")),
+         "bad_request", "prompt: expected a string or nil, got an extension type"),
         (wire(type="ping", nonce=1.5), "bad_request", "nonce: expected an integer or nil, got a number"),
         (wire(type="error", request_id="r", code="nope", message=""), "bad_request", "code: must be one of"),
         (wire(type="result", request_id="r", token_ids=[], text="", finish_reason="stop",
@@ -310,8 +319,10 @@ def test_field_constraints_are_checked_when_a_frame_is_decoded():
               timings={"queued": 0, "ttft": None, "e2e": 0, "itl": []}), "bad_request", "usage.cached_tokens"),
         (wire(type="result", request_id="r", token_ids=[], text="", finish_reason="stop",
               usage={"prompt_tokens": 1, "completion_tokens": 0, "cached_tokens": 0},
-              timings={"queued": -1.0, "ttft": None, "e2e": 0, "itl": []}), "bad_request", "timings.queued: expected a number >= 0.0"),
-        (wire(type="token_batch", updates=[{"request_id": "a", "token_ids": []}, {"request_id": "b", "token_ids": "x"}]),
+              timings={"queued": -1.0, "ttft": None, "e2e": 0, "itl": []}),
+         "bad_request", "timings.queued: expected a number >= 0.0"),
+        (wire(type="token_batch",
+              updates=[{"request_id": "a", "token_ids": []}, {"request_id": "b", "token_ids": "x"}]),
          "bad_request", "updates[1].token_ids: expected an array"),
         (wire(type="stats_request", extra=1), "bad_request", "extra: unknown field"),
         (wire(type="scale_request", role="decode", delta=0), "bad_request", "delta: must not be 0"),
@@ -325,7 +336,8 @@ def test_invalid_fields(frame, code, match):
 
 
 def test_bytes_keys_are_unknown_fields():
-    fails(msgpack.packb({"v": 1, "type": "ping", b"nonce": 1}), "bad_request", match="key: expected a string, got binary")
+    fails(msgpack.packb({"v": 1, "type": "ping", b"nonce": 1}), "bad_request",
+          match="key: expected a string, got binary")
 
 
 @pytest.mark.parametrize("version", [2, 0, "1", 1.0, True, None, [1]])
@@ -341,7 +353,8 @@ def test_type_problems():
     fails(wire(request_id="rid"), "bad_request", "rid", "type:")
     fails(wire(type=7, request_id="rid"), "bad_request", "rid", "type:")
     fails(wire(type="frobnicate", request_id="rid"), "unknown_type", "rid", "frobnicate")
-    fails(encode(Reserved(request_id="rid", block_ids=[])), "unknown_type", "rid", "not accepted", expect=CLIENT_TO_ROUTER)
+    fails(encode(Reserved(request_id="rid", block_ids=[])), "unknown_type", "rid", "not accepted",
+          expect=CLIENT_TO_ROUTER)
 
 
 @pytest.mark.parametrize(
@@ -446,7 +459,8 @@ scalars = (
 )
 structures = st.recursive(
     scalars,
-    lambda inner: st.lists(inner, max_size=6) | st.dictionaries(st.text(max_size=12) | st.binary(max_size=4), inner, max_size=6),
+    lambda inner: (st.lists(inner, max_size=6)
+                   | st.dictionaries(st.text(max_size=12) | st.binary(max_size=4), inner, max_size=6)),
     max_leaves=40,
 )
 

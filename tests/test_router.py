@@ -116,8 +116,8 @@ class Sim:
 
     async def heartbeat(self, w: FakeWorker) -> None:
         await self.send(w, P.Heartbeat(worker_id=w.worker_id, load=P.WorkerLoad(
-            queued_requests=len(w.tasks), queued_tokens=0, running_requests=len(w.running), kv_blocks_total=w.num_blocks,
-            kv_blocks_free=w.free)))
+            queued_requests=len(w.tasks), queued_tokens=0, running_requests=len(w.running),
+            kv_blocks_total=w.num_blocks, kv_blocks_free=w.free)))
 
     async def submit(self, rid: str, prompt_len: int = 20, max_tokens: int = 4, stream: bool = False,
                      token_ids: list[int] | None = None, migrate: bool = True) -> list[P.Message]:
@@ -176,7 +176,8 @@ class Sim:
         for rid in list(w.running):
             w.running[rid] -= 1
             done = w.running[rid] == 0
-            updates.append(P.TokenUpdate(request_id=rid, token_ids=[self._token()], finish_reason="length" if done else None))
+            updates.append(P.TokenUpdate(request_id=rid, token_ids=[self._token()],
+                                         finish_reason="length" if done else None))
             if done:
                 del w.running[rid]
                 w.blocks.pop(rid, None)
@@ -551,7 +552,8 @@ def test_messages_from_the_wrong_worker_are_ignored(make_router):
         rid = sim.router.requests.of_client(b"client", "r").rid
         _, decode = where(sim, "r")
         other = next(w for w in sim.workers.values() if w.role == "decode" and w is not decode)
-        await sim.send(other, P.TokenBatch(updates=[P.TokenUpdate(request_id=rid, token_ids=[5], finish_reason="stop")]))
+        await sim.send(other, P.TokenBatch(updates=[P.TokenUpdate(request_id=rid, token_ids=[5],
+                                                                  finish_reason="stop")]))
         await sim.send(other, P.Error(request_id=rid, code=P.INTERNAL, message="not mine"))
         assert sim.replies["r"] == []
         sent = []
@@ -647,7 +649,8 @@ def test_the_worker_endpoint_survives_garbage(make_router):
             w0 = FakeWorker("w0", "decode")
             beat = P.Heartbeat(worker_id="w0", load=P.WorkerLoad(queued_requests=0, queued_tokens=0, running_requests=0,
                                                                  kv_blocks_total=1, kv_blocks_free=1))
-            for frames in ([b"\xc1"], [P.encode(beat), b"x"], [P.encode(P.Ping())[:-1]], [P.encode(P.Abort(request_id="r"))],
+            for frames in ([b"\xc1"], [P.encode(beat), b"x"], [P.encode(P.Ping())[:-1]],
+                           [P.encode(P.Abort(request_id="r"))],
                            [P.encode(beat)]):
                 await sock.send_multipart(frames)
             reply = P.decode(await asyncio.wait_for(sock.recv(), 5))

@@ -50,7 +50,8 @@ def test_warmup_runs_each_kind_of_step_and_leaves_no_trace(llm):
     kinds = {(p.temperature > 0, p.top_k > 0 or p.top_p < 1, p.seed is not None) for s in steps for p in s["sampling"]}
     assert {(False, False, False), (True, False, False), (True, True, False), (True, False, True)} <= kinds
     # The fused sampler's step: some rows sample with a temperature, none with top-k/top-p.
-    assert any(any(p.temperature > 0 for p in s["sampling"]) and all(p.top_k <= 0 and p.top_p == 1 for p in s["sampling"])
+    assert any(any(p.temperature > 0 for p in s["sampling"])
+               and all(p.top_k <= 0 and p.top_p == 1 for p in s["sampling"])
                for s in steps)
     # No trace: nothing queued or held, every block free, no cached prefix, no step counted.
     assert not engine.has_unfinished() and not engine.requests

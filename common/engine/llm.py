@@ -38,7 +38,8 @@ class LLM:
         self.engine = LLMEngine(config)
         self._ids = itertools.count()
 
-    def generate(self, prompts: str | list[str] | list[list[int]], sampling: SamplingParams | list[SamplingParams] | None = None,
+    def generate(self, prompts: str | list[str] | list[list[int]],
+                 sampling: SamplingParams | list[SamplingParams] | None = None,
                  chat: bool = False, use_tqdm: bool = True) -> list[RequestOutput]:
         if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
             prompts = [prompts]

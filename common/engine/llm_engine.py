@@ -81,7 +81,8 @@ class LLMEngine:
         self.runner = ModelRunner(config, 0, init_method)
         capacity = self.runner.num_blocks * config.block_size
         if capacity < config.max_model_len:
-            log.warning("max_model_len lowered from %d to %d: the KV pool holds no more", config.max_model_len, capacity)
+            log.warning("max_model_len lowered from %d to %d: the KV pool holds no more", config.max_model_len,
+                        capacity)
             config.max_model_len = capacity
         self.block_manager = BlockManager(self.runner.num_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, config.max_num_batched_tokens,

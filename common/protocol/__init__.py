@@ -6,7 +6,8 @@ records of `records.py` and `kv.py` in the grammar of `schema.py`; `codec.py` en
 describes the same thing in prose, and tests/test_protocol.py keeps the two in sync.
 """
 from common.protocol.client import (
-    MAX_STOP_STRINGS, Abort, Delta, Error, Ping, Pong, Result, Sampling, ScaleReply, ScaleRequest, Stats, StatsRequest, Submit,
+    MAX_STOP_STRINGS, Abort, Delta, Error, Ping, Pong, Result, Sampling, ScaleReply, ScaleRequest, Stats, StatsRequest,
+    Submit,
 )
 from common.protocol.cluster import (
     AbortRequest, Alive, GenerateTask, HandoffAck, Heartbeat, KVHandoff, KVLinkOpen, LinkOpened, OpenLink, PrefillTask,
@@ -45,8 +46,8 @@ def error_reply(exc: ProtocolError, retry_after: float | None = None) -> Error:
 
 
 __all__ = [
-    "PROTOCOL_VERSION", "DEFAULT_ROUTER_ADDRESS", "MAX_STOP_STRINGS", "MAX_FRAME_BYTES", "MAX_LIST_LEN", "MAX_STR_LEN", "MAX_ID_LEN",
-    "MAX_MESSAGE_LEN", "MAX_TOKEN_ID", "MAX_SCALE_DELTA", "ROLES", "FINISH_REASONS", "TRANSPORT_NAMES",
+    "PROTOCOL_VERSION", "DEFAULT_ROUTER_ADDRESS", "MAX_STOP_STRINGS", "MAX_FRAME_BYTES", "MAX_LIST_LEN", "MAX_STR_LEN",
+    "MAX_ID_LEN", "MAX_MESSAGE_LEN", "MAX_TOKEN_ID", "MAX_SCALE_DELTA", "ROLES", "FINISH_REASONS", "TRANSPORT_NAMES",
     "BAD_REQUEST", "UNSUPPORTED_VERSION", "UNKNOWN_TYPE", "TOO_LARGE", "NOT_FOUND", "OVERLOADED", "UNAVAILABLE",
     "TIMEOUT", "ABORTED", "UNAUTHORIZED", "INTERNAL", "ERROR_CODES", "ProtocolError", "error_reply",
     "Record", "Message", "REGISTRY", "encode", "decode", "checked", "field_problem",

@@ -26,7 +26,8 @@ STATS_TIMEOUT_S = 10.0
 def add_router_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--address", default=DEFAULT_ROUTER_ADDRESS, help="the router's address (default %(default)s)")
     p.add_argument("--auth-token-file", default=None,
-                   help=f"file holding the cluster's shared secret (default: ${auth.TOKEN_FILE_ENV} or ${auth.TOKEN_ENV})")
+                   help="file holding the cluster's shared secret "
+                        f"(default: ${auth.TOKEN_FILE_ENV} or ${auth.TOKEN_ENV})")
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -94,8 +94,9 @@ def measure_profile(cfg: ProfileConfig, progress: Callable[[str], None]) -> tupl
     kv_bytes_per_token = mc.num_layers * 2 * mc.num_kv_heads * mc.head_dim * DTYPE_BYTES[layout.dtype]
     # One rank's shard moves; the simulator asks for the whole model's KV (docs/planner.md: TP handoffs).
     scale = kv_bytes_per_token / (layout.block_bytes // layout.block_size)
-    measured.points.handoff, skipped = measure_handoffs(layout, device, handoff_sizes(grid.handoff_tokens, ec.max_model_len),
-                                                 grid.handoff_reps, progress, scale)
+    measured.points.handoff, skipped = measure_handoffs(layout, device,
+                                                        handoff_sizes(grid.handoff_tokens, ec.max_model_len),
+                                                        grid.handoff_reps, progress, scale)
     measured.skipped += [f"handoff {s}" for s in skipped]
 
     costs, measured.fits = fit_costs(measured.points, host_launch_s, graph_max, skinny_max)
