@@ -127,7 +127,7 @@ def test_random_requests_are_seeded_and_in_range():
     assert len({len(r.prompt_ids) for r in a}) > 10
 
 
-@pytest.mark.parametrize("vocab", [1, 2, 255, 256, 257, 151936])
+@pytest.mark.parametrize("vocab", [1, 2, 255, 256, 257, 151936, 2**31 + 1, 2**32 - 1, 2**32 + 5])
 def test_random_prompts_are_the_ids_randrange_draws(vocab):
     """Batched draws give what one randrange an id gives from the same state, and leave the generator where it would
     (earlier runs' workloads, recorded only by their seed, stay the same)."""
