@@ -1,10 +1,12 @@
 from __future__ import annotations
 
+import random
 from collections import deque
 
 from common.engine.block_manager import BlockManager
 from common.engine.scheduler import Scheduler
 from common.engine.sequence import PENDING, Sequence, SequenceStatus
+from common.engine.waiting_queue import WaitingQueue
 from common.sampling_params import SamplingParams
 
 EOS = 0
@@ -251,3 +253,60 @@ def test_overlap_preempted_head_does_not_deadlock_handed_off_sequences_behind_it
     for q in landed:
         assert q.finish_reason == "length" and q.completion_token_ids == [7] * q.sampling.max_tokens
     assert bm.num_free_blocks == bm.num_blocks  # no block leaked
+
+
+# ---- the waiting queue's running count of tokens to compute (common/engine/waiting_queue.py) ----------------
+def uncomputed(seqs) -> int:
+    return sum(len(q.token_ids) - q.num_computed_tokens for q in seqs)
+
+
+def test_waiting_queue_counts_what_joins_and_gives_back_what_leaves():
+    seqs = [Sequence(f"r{i}", list(range(1, 3 + i)), SamplingParams(max_tokens=4)) for i in range(6)]
+    w = WaitingQueue(seqs[:2])
+    w.append(seqs[2])
+    w.appendleft(seqs[3])
+    w.extend(seqs[4:5])
+    w += [seqs[5]]
+    assert w.tokens == uncomputed(w) == uncomputed(seqs)
+    for change in (lambda: w.pop(), lambda: w.popleft(), lambda: w.remove(seqs[4]), lambda: w.__delitem__(1),
+                   lambda: w.insert(1, seqs[4]), lambda: w.__setitem__(0, seqs[3]), lambda: w.extendleft([seqs[5]])):
+        change()
+        assert w.tokens == uncomputed(w)
+        assert all((q in w) == any(q is x for x in w) for q in seqs)
+    copy = w.copy()
+    assert isinstance(copy, WaitingQueue) and copy.tokens == w.tokens
+    seqs[0].num_computed_tokens = 1  # as a prefix-cache hit would, just before it leaves: its own count goes back
+    w.clear()
+    assert w.tokens == 0 and not w and seqs[0] not in w
+
+
+def test_scheduler_waiting_tokens_stay_the_sum_over_prefix_hits_preemptions_handoffs_and_aborts():
+    """A small, crowded engine driven at random, steps overlapped: after every change the running count is the sum
+    over the waiting sequences (prompts that repeat one another hit the prefix cache as they are admitted)."""
+    rng = random.Random(0)
+    s, bm = make(num_blocks=24, block_size=4, max_seqs=4, budget=16)
+    prompts = [list(range(1, 13)), list(range(1, 9)) + [50, 51], list(range(30, 37))]
+    seqs: list[Sequence] = []
+    in_flight = None
+    preemptions = hits = 0
+    for step in range(400):
+        for _ in range(rng.randrange(3)):
+            if rng.random() < 0.3:
+                seq = hand_off(s, bm, f"h{step}", rng.randrange(3, 9), rng.randrange(1, 6))
+            else:
+                seq = Sequence(f"p{step}", list(rng.choice(prompts)), SamplingParams(max_tokens=rng.randrange(1, 8)))
+                s.add(seq)
+            if seq is not None:
+                seqs.append(seq)
+        if seqs and rng.random() < 0.1:
+            s.finish(rng.choice(seqs), "abort")
+        assert s.waiting_tokens() == uncomputed(s.waiting)
+        batch = s.schedule()
+        assert s.waiting_tokens() == uncomputed(s.waiting)
+        launched = (batch, s.advance(batch), [7] * len(batch.seqs)) if batch else None
+        if in_flight:
+            s.resolve(*in_flight)
+        in_flight = launched
+        assert s.waiting_tokens() == uncomputed(s.waiting)
+        preemptions, hits = s.num_preemptions, bm.cache_hit_tokens
+    assert preemptions > 0 and hits > 0  # both ways a waiting sequence's count changes were taken

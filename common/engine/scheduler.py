@@ -1,11 +1,11 @@
 from __future__ import annotations
 
-from collections import deque
 from dataclasses import dataclass
 from functools import cached_property
 
 from common.engine.block_manager import BlockManager
 from common.engine.sequence import PENDING, Sequence, SequenceStatus
+from common.engine.waiting_queue import WaitingQueue
 
 
 @dataclass
@@ -47,7 +47,7 @@ class Scheduler:
         self.max_prefill_tokens = max_num_batched_tokens
         self.max_model_len = max_model_len
         self.eos_token_ids = set(eos_token_ids)
-        self.waiting: deque[Sequence] = deque()
+        self.waiting = WaitingQueue()
         self.running: list[Sequence] = []
         self.num_preemptions = 0
 
@@ -59,7 +59,7 @@ class Scheduler:
         return self.waiting_tokens() + self.running_prompt_tokens()
 
     def waiting_tokens(self) -> int:
-        return sum(len(s.token_ids) - s.num_computed_tokens for s in self.waiting)
+        return self.waiting.tokens
 
     def running_prompt_tokens(self) -> int:
         return sum(n for s in self.running if (n := len(s.token_ids) - s.num_computed_tokens) > 1)
