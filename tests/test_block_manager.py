@@ -219,6 +219,20 @@ def test_a_block_freed_with_nothing_in_flight_is_not_fenced_and_own_steps_take_f
 
 
 
+@pytest.mark.parametrize("caching", [True, False])
+def test_clearing_the_cache_while_a_block_is_in_use_is_refused(caching):
+    bm = BlockManager(num_blocks=8, block_size=4, enable_prefix_caching=caching)
+    a, b = seq(list(range(12)), "a"), seq(list(range(4)), "b")
+    assert bm.allocate(a, 12) and bm.allocate(b, 4)
+    bm.free_blocks(a)
+    with pytest.raises(AssertionError, match="in use"):
+        bm.clear_cache()
+    bm.free_blocks(b)
+    bm.clear_cache()
+    assert bm.num_free_blocks == 8 and not any(bm.ref_counts)
+    assert bm.block_hash == bm.block_tokens == [None] * 8 and not bm.hash_to_block
+
+
 def test_a_cleared_cache_hands_out_blocks_as_never_used_unless_one_is_fenced():
     bm = BlockManager(num_blocks=8, block_size=4)
     a = seq(list(range(12)), "a")

@@ -131,13 +131,15 @@ class BlockManager:
 
     def clear_cache(self) -> None:
         """Forget every cached prefix (and the hit counts); only while no block is in use. Unless one is fenced,
-        every block is then as good as never used, and is taken as such (in one slice, not one by one)."""
-        assert not any(self.ref_counts), "clear_cache with blocks in use"
+        every block is then as good as never used, and is taken as such (in one slice, not one by one). Without the
+        prefix cache no block ever holds a hash: none to forget."""
+        assert self.num_free_blocks == self.num_blocks, "clear_cache with blocks in use"
         if not self.fenced:
             self.unused_from, self.free = 0, self._no_free()
-        self.block_hash = [None] * self.num_blocks
-        self.block_tokens = [None] * self.num_blocks
-        self.hash_to_block.clear()
+        if self.enable_prefix_caching:
+            self.block_hash = [None] * self.num_blocks
+            self.block_tokens = [None] * self.num_blocks
+            self.hash_to_block.clear()
         self.cache_query_tokens = self.cache_hit_tokens = 0
 
     def _no_free(self) -> OrderedDict[int, None] | deque[int]:
