@@ -4,12 +4,13 @@ gives, behind a router that places by what it sees of each engine: a decode work
 and on decode workers that may prefill (`auto`)."""
 from __future__ import annotations
 
+import dataclasses
 import random
 from pathlib import Path
 
 import pytest
 
-from router.prefix_index import PrefixIndex
+from router.prefix_index import PrefixIndex, PromptKeys
 from scripts.planner.config import PlanConfig
 from scripts.planner.decode_pool import DecodePool
 from scripts.planner.layout import Layout
@@ -17,7 +18,7 @@ from scripts.planner.plan import workloads
 from scripts.planner.profile import load_profile
 from scripts.planner.shards import router_share
 from scripts.planner.sim import Simulation
-from scripts.planner.unshared_prefixes import UnsharedPrefixes
+from scripts.planner.unshared_prefixes import UnsharedKeys, UnsharedPrefixes
 from scripts.planner.workload import Workload
 from tests.test_planner import make_profile, workload
 
@@ -152,14 +153,19 @@ def test_a_pooled_batch_steps_as_its_contexts_grow():
 @pytest.mark.parametrize("layout", [Layout(prefill=2, decode=2), Layout(prefill=2, decode=2, policy="auto"),
                                     Layout(colocated=3)])
 def test_the_router_counting_keys_of_prompts_that_share_none_places_them_as_its_own_index_does(layout):
-    """Prompts sharing no block: the simulated router counts each worker's keys (UnsharedPrefixes) where its own
-    prefix index keeps them. Its caches fill past their capacity here, so ties break on full and filling ones."""
+    """Prompts sharing no block: the simulated router counts each worker's keys (UnsharedPrefixes, of UnsharedKeys:
+    none hashed) where its own prefix index keeps them (of the prompts' keys). Its caches fill past their capacity
+    here, so ties break on full and filling ones."""
     profile = make_profile(num_kv_blocks=300)
     load = mixed(300, 80.0, 3)
     counted = Simulation(profile, layout, load)
-    kept = Simulation(profile, layout, load)
+    bs = profile.block_size
+    hashed = dataclasses.replace(load, keys={bs: [PromptKeys.of(p, bs) for p in load.prompts]})
+    kept = Simulation(profile, layout, hashed)
     kept.placement.prefixes = PrefixIndex()
     assert isinstance(next(iter(run_sim(counted).placement.prefixes.workers.values())), UnsharedPrefixes)
+    assert all(type(k) is UnsharedKeys and not k.keys for k in load.keys[bs])  # none hashed: only counted
+    assert [(k.count, k.reusable) for k in load.keys[bs]] == [(len(k.keys), k.reusable) for k in hashed.keys[bs]]
     run_sim(kept)
     held = {w: len(p) for w, p in kept.placement.prefixes.workers.items()}
     assert held == {w: len(p) for w, p in counted.placement.prefixes.workers.items()}

@@ -44,7 +44,6 @@ from router.config import RouterConfig
 from router.disagg_policy import DisaggPolicy
 from router.dispatch import choose_disagg
 from router.placement import Placement
-from router.prefix_index import PromptKeys
 from router.registry import WorkerInfo, WorkerRegistry
 from router.request import Request
 from scripts.planner.checked_prompts import CheckedAdmission
@@ -55,7 +54,7 @@ from scripts.planner.engine import SimEngine, sampling
 from scripts.planner.gpu import Gpu
 from scripts.planner.layout import Layout
 from scripts.planner.profile import Profile
-from scripts.planner.unshared_prefixes import prefix_index
+from scripts.planner.unshared_prefixes import prefix_index, prompt_keys
 from scripts.planner.workload import SimRequest, Workload
 
 HEARTBEAT_S = 0.5  # how often workers' engine totals reach the disaggregation policy (`auto`)
@@ -127,7 +126,7 @@ class Simulation:
                              f"({self.num_blocks} of {self.profile.block_size} tokens)")
         bs = self.profile.block_size
         if bs not in w.keys:
-            w.keys[bs] = [PromptKeys.of(p, bs) for p in w.prompts]
+            w.keys[bs] = prompt_keys(w, bs)
         total = len(w.arrivals)
         self._next_phases()
         if self.layout.policy == "auto" and self.layout.mode == "disagg":
