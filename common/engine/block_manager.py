@@ -32,6 +32,9 @@ class BlockManager:
         # from its front (a deque: cheaper to fill and to take from, a long prompt's hundreds at a time).
         self.unused_from = 0
         self.free: OrderedDict[int, None] | deque[int] = self._no_free()
+        # Every block id, made once: a never used block is taken as a slice of it, not as a new int (ids past 256
+        # are objects of their own, made and freed again with every table that held them)
+        self.ids = list(range(num_blocks))
         self.epoch = 0  # the newest launched step (LLMEngine sets it): what a block freed now waits for ...
         self.collected = 0  # ... unless the engine has collected it already (`release`)
         self.fenced: dict[int, int] = {}  # free block -> the launch that may still write it, oldest first
@@ -165,7 +168,7 @@ class BlockManager:
         """The n least recently freed blocks (never used ones first), each out of the prefix cache and with one
         reference."""
         first_use, start = min(n, self.num_blocks - self.unused_from), self.unused_from
-        taken = list(range(start, start + first_use))
+        taken = self.ids[start:start + first_use]
         self.ref_counts[start:start + first_use] = [1] * first_use
         self.unused_from += first_use
         if first_use == n:
