@@ -229,12 +229,12 @@ class DecodePool(SimEngine):
         return total + sum(len(self.by_residue[s % bs]) for s in range(start + n // bs * bs, end))
 
     def _allocate_to(self, end: int) -> None:
-        """Takes the blocks of steps up to `end` (exclusive)."""
-        bs, append = len(self.by_residue), self.block_manager.append_blocks
-        for s in range(self.allocated, end):
-            if crossing := self.by_residue[s % bs]:
-                ok = append([m.seq for m in crossing])
-                assert ok, "a pooled step without the blocks it counted on"
+        """Takes the blocks of steps up to `end` (exclusive): in one call, the steps' crossings in their order, as
+        one call a step would take them."""
+        bs, by_residue = len(self.by_residue), self.by_residue
+        if crossing := [m.seq for s in range(self.allocated, end) for m in by_residue[s % bs]]:
+            ok = self.block_manager.append_blocks(crossing)
+            assert ok, "a pooled step without the blocks it counted on"
         self.allocated = max(self.allocated, end)
 
     def _write(self, m: Member) -> None:
