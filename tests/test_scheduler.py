@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import copy as copy_module
+import pickle
 import random
 from collections import deque
 
@@ -273,8 +275,8 @@ def test_waiting_queue_counts_what_joins_and_gives_back_what_leaves():
         change()
         assert w.tokens == uncomputed(w)
         assert all((q in w) == any(q is x for x in w) for q in seqs)
-    copy = w.copy()
-    assert isinstance(copy, WaitingQueue) and copy.tokens == w.tokens
+    for copy in (w.copy(), pickle.loads(pickle.dumps(w)), copy_module.deepcopy(w)):
+        assert isinstance(copy, WaitingQueue) and copy.tokens == w.tokens == uncomputed(copy)
     seqs[0].num_computed_tokens = 1  # as a prefix-cache hit would, just before it leaves: its own count goes back
     w.clear()
     assert w.tokens == 0 and not w and seqs[0] not in w

@@ -86,6 +86,9 @@ class WaitingQueue(deque):
     def __imul__(self, n: int) -> WaitingQueue:
         raise TypeError("a sequence waits once: WaitingQueue does not repeat")
 
+    def __reduce__(self) -> tuple:
+        return type(self), (list(self),)  # counted again as they join the copy (deque's would count them twice)
+
     def clear(self) -> None:
         super().clear()
         self._counted.clear()
