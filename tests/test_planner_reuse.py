@@ -12,7 +12,7 @@ from common.sampling_params import InvalidRequest
 from scripts.planner.decode_pool import DecodePool
 from scripts.planner.engine import SimEngine
 from scripts.planner.layout import Layout
-from scripts.planner.shards import weighted_percentiles
+from scripts.planner.shards import run_percentiles, weighted_percentiles
 from scripts.planner.sim import Simulation, simulate
 from scripts.planner.workload import Workload
 from tests.test_planner import make_profile
@@ -97,3 +97,15 @@ def test_weighted_percentiles_are_those_of_a_walk_up_the_weights():
             continue
         qs = (0, 50, 90, 100, rng.uniform(0, 100))
         assert weighted_percentiles(pairs, qs) == [_walk(pairs, q) for q in qs]
+
+
+def test_percentiles_of_runs_are_those_of_their_pairs():
+    """A mix of shards takes its percentiles from each shard's sorted values and one weight a shard (`run_percentiles`):
+    the figures of the pairs, ties across shards and shards of equal weight among them."""
+    rng = random.Random(5)
+    for _ in range(500):
+        runs = [(weight, sorted(rng.choice([rng.random(), 0.25, 0.5]) for _ in range(rng.randint(0, 40))))
+                for weight in rng.sample([1.0, 0.5, 6 / 1000, 5 / 997, rng.random(), 0.0, 0.5], rng.randint(1, 4))]
+        qs = (0, 50, 90, 100, rng.uniform(0, 100))
+        pairs = [(v, w) for w, values in runs for v in values]
+        assert run_percentiles(runs, qs) == weighted_percentiles(pairs, qs)

@@ -112,15 +112,11 @@ def mix(layout: str, rate: float, parts: list[tuple[int, int, Outcome]]) -> Poin
         _, count, o = parts[0]
         return dataclasses.replace(o.point, layout=layout, rate=rate, goodput=count * o.point.goodput)
 
-    def weighed(values: Callable[[Outcome], list[float]]) -> list[tuple[float, float]]:
-        """Each served request's value, weighed by its shard's engines over its shard's served requests."""
-        pairs: list[tuple[float, float]] = []
-        for e, _, o in parts:
-            if served := values(o):
-                pairs += zip(served, itertools.repeat(e / len(served)))
-        return pairs
+    def weighed(values: Callable[[Outcome], list[float]]) -> list[tuple[float, list[float]]]:
+        """Each shard's served requests' values, each weighed by its shard's engines over its served requests."""
+        return [(e / len(served), served) for e, _, o in parts if (served := values(o))]
 
-    ttft, tpot = weighted_percentiles(weighed(lambda o: o.ttfts)), weighted_percentiles(weighed(lambda o: o.tpots))
+    ttft, tpot = run_percentiles(weighed(lambda o: o.ttfts)), run_percentiles(weighed(lambda o: o.tpots))
     share = [(e / engines, o.point) for e, _, o in parts]
     return Point(layout, rate, max(p.requests for _, p in share), *ttft, *tpot,
                  sum(w * p.attainment for w, p in share),
@@ -141,11 +137,26 @@ def weighted_percentiles(pairs: list[tuple[float, float]], qs: tuple[float, ...]
         values = list(map(operator.itemgetter(0), pairs))
         return [percentile(values, q) for q in qs]
     pairs = sorted(pairs)
-    return _ranked(pairs, list(map(operator.itemgetter(1), pairs)), qs)
+    return _ranked(list(map(operator.itemgetter(0), pairs)), list(map(operator.itemgetter(1), pairs)), qs)
 
 
-def _ranked(pairs: list[tuple[float, float]], weights: list[float], qs: tuple[float, ...]) -> list[float]:
-    """Weighted percentiles of sorted pairs (and their weights, in their order). A value's rank is the middle of its
+def run_percentiles(runs: list[tuple[float, list[float]]], qs: tuple[float, ...] = (50, 90)) -> list[float]:
+    """`weighted_percentiles` of runs of sorted values, each run of one weight, (weight, values): the same figures
+    without a pair for each value (a plan mixes every split's shards at every rate). Sorted by value alone, stably,
+    with the lighter runs first: among equal values the lighter go first, as sorted pairs have them."""
+    runs = sorted((run for run in runs if run[0] > 0 and run[1]), key=operator.itemgetter(0))
+    if not runs:
+        return [math.inf] * len(qs)
+    values = list(itertools.chain.from_iterable(v for _, v in runs))
+    if len({w for w, _ in runs}) == 1:
+        return [percentile(values, q) for q in qs]
+    weights = list(itertools.chain.from_iterable(itertools.repeat(w, len(v)) for w, v in runs))
+    order = sorted(range(len(values)), key=values.__getitem__)
+    return _ranked([values[i] for i in order], [weights[i] for i in order], qs)
+
+
+def _ranked(values: list[float], weights: list[float], qs: tuple[float, ...]) -> list[float]:
+    """Weighted percentiles of sorted values (and their weights, in their order). A value's rank is the middle of its
     weight, the weights before it summed in order: the first whose middle reaches the target ends the search."""
     total = sum(weights)
     mids = list(map(operator.add, itertools.chain((0.0,), itertools.accumulate(weights)),
@@ -155,9 +166,9 @@ def _ranked(pairs: list[tuple[float, float]], weights: list[float], qs: tuple[fl
         target = q / 100 * total
         i = bisect.bisect_left(mids, target)
         if i == 0 or i == len(mids):
-            out.append(pairs[0 if i == 0 else -1][0])
+            out.append(values[0 if i == 0 else -1])
             continue
-        (prev_v, _), (v, _) = pairs[i - 1], pairs[i]
+        prev_v, v = values[i - 1], values[i]
         prev_mid, mid = mids[i - 1], mids[i]
         out.append(prev_v + (v - prev_v) * (target - prev_mid) / (mid - prev_mid) if mid > prev_mid else v)
     return out
