@@ -5,6 +5,8 @@ import pickle
 import random
 from collections import deque
 
+import pytest
+
 from common.engine.block_manager import BlockManager
 from common.engine.scheduler import Scheduler
 from common.engine.sequence import PENDING, Sequence, SequenceStatus
@@ -277,6 +279,10 @@ def test_waiting_queue_counts_what_joins_and_gives_back_what_leaves():
         assert all((q in w) == any(q is x for x in w) for q in seqs)
     for copy in (w.copy(), pickle.loads(pickle.dumps(w)), copy_module.deepcopy(w)):
         assert isinstance(copy, WaitingQueue) and copy.tokens == w.tokens == uncomputed(copy)
+    joined = WaitingQueue(seqs[:2]) + WaitingQueue(seqs[2:4])
+    assert isinstance(joined, WaitingQueue) and joined.tokens == uncomputed(seqs[:4])
+    with pytest.raises(TypeError, match="waits once"):
+        w * 2
     seqs[0].num_computed_tokens = 1  # as a prefix-cache hit would, just before it leaves: its own count goes back
     w.clear()
     assert w.tokens == 0 and not w and seqs[0] not in w

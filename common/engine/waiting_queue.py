@@ -83,8 +83,15 @@ class WaitingQueue(deque):
         self.extend(seqs)
         return self
 
-    def __imul__(self, n: int) -> WaitingQueue:
+    def __add__(self, seqs: Iterable[Sequence]) -> WaitingQueue:
+        joined = self.copy()
+        joined.extend(seqs)
+        return joined
+
+    def __mul__(self, n: int) -> WaitingQueue:
         raise TypeError("a sequence waits once: WaitingQueue does not repeat")
+
+    __rmul__ = __imul__ = __mul__
 
     def __reduce__(self) -> tuple:
         return type(self), (list(self),)  # counted again as they join the copy (deque's would count them twice)
