@@ -99,8 +99,10 @@ class Simulation:
                                   num_blocks=self.num_blocks, layout=layout_rec, max_model_len=1 << 30,
                                   vocab_size=1 << 30)
             self.infos[name] = self.registry.register(hello, name.encode())
-        # Engines that may run steps in bulk (not on a shared GPU), shown as of their step in flight (`catch_up`)
-        self.bulk = [e for name, e in self.engines.items() if fast_forward and not self.gpu_of[name].shared]
+        # Engines that may run steps in bulk (not on a shared GPU), shown as of their step in flight (`catch_up`): a
+        # prefill worker's last step is its prompts', never repeated (`SimEngine.start`)
+        self.bulk = [e for name, e in self.engines.items()
+                     if fast_forward and not self.gpu_of[name].shared and e.role != "prefill"]
         self.events: list[tuple[float, int, str, object, int]] = []
         self.counter = itertools.count()
         self.requests: list[SimRequest] = []
@@ -145,7 +147,8 @@ class Simulation:
             elif kind == "heartbeat":
                 self._heartbeat()
                 self.push(self.now + HEARTBEAT_S, "heartbeat", None)
-            self._next_phases()
+            if self.finished == len(self.requests):
+                self._next_phases()
         if self.finished < total:
             raise RuntimeError(f"simulation of {self.layout} stalled at {self.now:.3f} s with "
                                f"{total - self.finished} requests unfinished")
