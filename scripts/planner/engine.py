@@ -101,6 +101,13 @@ class SimEngine:
         self.blocked_from = self.blocked_until = math.inf
         self.carried = (math.inf, math.inf)  # the span of the step before the one in flight (`_block`)
         self.synchronous = profile.device == "cpu"
+        # The host's time to schedule and launch a step, as the engine's launch clock takes it, and its part of the
+        # lead before a decode step's end at which the next one is scheduled (LaunchClock.in_flight)
+        self.prep = profile.launch_prep_s or profile.host_launch_s
+        self.lead_prep = LEAD_PREP_FACTOR * self.prep
+        # The fast run whose steps' blocked spans (`_fast_window`) are kept, and those spans by step
+        self.windows_of: FastRun | None = None
+        self.windows: dict[int, tuple[float, float]] = {}
 
     # ---- what the router sees -------------------------------------------------------------------------
     @property
@@ -207,24 +214,29 @@ class SimEngine:
                 now = until
         return now
 
-    def _launch_windows(self, now: float) -> list[tuple[float, float]]:
+    def _launch_windows(self, now: float) -> tuple[tuple[float, float], ...]:
         """When the worker launches the step after the one in flight at `now` (a fast run's current one), from when
         until when, and the same for the step before it (a launch may run past the end of the step it follows)."""
         if self.fast is None:
-            return [self.carried, (self.blocked_from, self.blocked_until)]
-        run = self.fast
-        k = run.in_flight(now)
-        windows = [self._window(run.start + run.elapsed(i), run.first + run.growth * (i - 1), decode_only=True)[1:]
-                   for i in (k - 1, k) if i >= 1]
-        return [self.carried] + windows if k == 1 else windows
+            return self.carried, (self.blocked_from, self.blocked_until)
+        k = self.fast.in_flight(now)
+        if k == 1:
+            return self.carried, self._fast_window(1)
+        return self._fast_window(k - 1), self._fast_window(k)
 
-    def _prep(self) -> float:
-        """The host's time to schedule and launch a step, as the engine's launch clock takes it."""
-        return self.profile.launch_prep_s or self.profile.host_launch_s
+    def _fast_window(self, i: int) -> tuple[float, float]:
+        """The blocked span that follows the fast run's step i (counted from 1), worked out once per run."""
+        run = self.fast
+        if self.windows_of is not run:
+            self.windows_of, self.windows = run, {}
+        if (window := self.windows.get(i)) is None:
+            window = self.windows[i] = self._window(run.start + run.elapsed(i), run.first + run.growth * (i - 1),
+                                                    decode_only=True)[1:]
+        return window
 
     def _lead(self, step: float) -> float:
         """How long before a decode step ends the worker schedules the next one (LaunchClock.in_flight)."""
-        return LEAD_PREP_FACTOR * self._prep() + LEAD_STEP_SHARE * step
+        return self.lead_prep + LEAD_STEP_SHARE * step
 
     def start(self, now: float, fast: bool = True) -> float | None:
         """Starts the next step (or fast run, if `fast`), if there is work; returns when it ends."""
@@ -273,7 +285,7 @@ class SimEngine:
         KV handoff that lands as a decode step starts waits for most of a launch (the served timelines, stop 29)."""
         if self.synchronous:
             return math.inf, end - step, end
-        prep = self._prep()
+        prep = self.prep
         launched = end - step + prep  # this step launched
         if not decode_only:
             cutoff = min(launched, end)
