@@ -231,11 +231,13 @@ class DecodePool(SimEngine):
     def _allocate_to(self, end: int) -> None:
         """Takes the blocks of steps up to `end` (exclusive): in one call, the steps' crossings in their order, as
         one call a step would take them."""
+        if end <= self.allocated:
+            return
         bs, by_residue = len(self.by_residue), self.by_residue
         if crossing := [m.seq for s in range(self.allocated, end) for m in by_residue[s % bs]]:
             ok = self.block_manager.append_blocks(crossing)
             assert ok, "a pooled step without the blocks it counted on"
-        self.allocated = max(self.allocated, end)
+        self.allocated = end
 
     def _write(self, m: Member) -> None:
         """The member's tokens up to step `clock` into its sequence, the newest still unseen (PENDING) as the
