@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 @dataclass
@@ -13,12 +13,23 @@ class FastRun:
     steps: int
     first: float
     growth: float
+    # The last time asked of `steps_begun_by`, the steps then, and the answer: the router's view of an engine, a cut
+    # and the worker's polling ask it again at one time
+    asked: tuple[float, int, int] = field(default=(math.nan, 0, 0), repr=False, compare=False)
 
     def elapsed(self, k: int) -> float:
         return k * self.first + self.growth * k * (k - 1) / 2
 
     def steps_begun_by(self, t: float) -> int:
         """Steps that have begun by time t (the last of them may be in flight)."""
+        when, steps, k = self.asked
+        if when == t and steps == self.steps:
+            return k
+        k = self._begun_by(t)
+        self.asked = (t, self.steps, k)
+        return k
+
+    def _begun_by(self, t: float) -> int:
         dt = t - self.start
         if dt < 0:
             return 0
