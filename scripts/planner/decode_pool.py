@@ -189,6 +189,8 @@ class DecodePool(SimEngine):
         in order, while seats and the token budget last, passing one that waits for a block; those that landed after
         the cutoff wait for the next step, unless nothing else would run."""
         waiting = self.scheduler.waiting
+        if not waiting:
+            return
         on_time = len(waiting)
         while on_time and waiting[on_time - 1].arrival_time > self.cutoff:
             on_time -= 1
@@ -245,7 +247,8 @@ class DecodePool(SimEngine):
         seq, steps = m.seq, self.clock - m.joined
         if steps:
             seq.num_computed_tokens = m.base + steps
-            seq.token_ids.extend([TOKEN] * (steps - 1) + [PENDING])
+            seq.token_ids.extend(itertools.repeat(TOKEN, steps - 1))
+            seq.token_ids.append(PENDING)
             self.block_manager.commit(seq, m.base)  # the blocks full before the newest token
 
     def _unpool(self) -> None:

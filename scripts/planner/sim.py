@@ -135,15 +135,15 @@ class Simulation:
             self.push(HEARTBEAT_S, "heartbeat", None)
         while self.events and self.finished < total:
             self.now, _, kind, obj, gen = heapq.heappop(self.events)
-            if kind == "arrive":
-                self._arrive(obj)
-            elif kind == "step":
+            if kind == "step":  # the commonest first
                 if gen == obj.generation:
                     self.finished += self._step_done(obj)
-            elif kind == "reserved":
-                self._run_on(obj[0], obj[1], prefill_only=True)
             elif kind == "land":
                 self._land(obj)
+            elif kind == "arrive":
+                self._arrive(obj)
+            elif kind == "reserved":
+                self._run_on(obj[0], obj[1], prefill_only=True)
             elif kind == "heartbeat":
                 self._heartbeat()
                 self.push(self.now + HEARTBEAT_S, "heartbeat", None)
