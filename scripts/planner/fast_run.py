@@ -40,9 +40,12 @@ class FastRun:
             k = int(dt / self.first) if self.first > 0 else self.steps
         while k > 0 and self.elapsed(k) > dt:
             k -= 1
+        if k >= self.steps:
+            return self.steps
+        k += 1  # step k + 1 began by t (step k ended by then)
         while k < self.steps and self.elapsed(k) <= dt:
             k += 1
-        return min(k, self.steps)
+        return k
 
     def in_flight(self, t: float) -> int:
         """The step in flight at time t, counted from 1 (the first from the run's start on)."""
