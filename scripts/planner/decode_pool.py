@@ -73,8 +73,8 @@ class DecodePool(SimEngine):
     def start(self, now: float, fast: bool = True) -> float | None:
         if self.pooled and not self._poolable():
             self._unpool()
-        elif not self.pooled and self._repoolable():
-            self._repool()
+        elif not self.pooled and (decoding := self._repoolable()) is not None:
+            self._repool(decoding)
         if not self.pooled:
             return super().start(now, fast=False)  # one step at a time, as the scheduler decides
         self._allocate_to(self.clock + 1)
@@ -146,28 +146,29 @@ class DecodePool(SimEngine):
                 and len(self.members) <= self.scheduler.max_num_batched_tokens
                 and self._crossings(self.clock, self.clock + 1) <= self.block_manager.num_free_blocks)
 
-    def _repoolable(self) -> bool:
-        """Whether the scheduler's batch is the pool's again: nothing waiting to prefill, every running sequence
-        decoding (none mid-prompt) with no block beyond the one its next token is in (one recomputed after a
-        preemption may hold more: the pool would count a crossing where its table has the block already), within
-        the token budget, and a block for each that needs one next step."""
+    def _repoolable(self) -> list[Sequence] | None:
+        """The running sequences that decode on (not finishing), where the scheduler's batch is the pool's again:
+        nothing waiting to prefill, every one of them decoding (none mid-prompt) with no block beyond the one its
+        next token is in (one recomputed after a preemption may hold more: the pool would count a crossing where its
+        table has the block already), within the token budget, and a block for each that needs one next step. None
+        where it is not."""
         sched, bs = self.scheduler, self.block_manager.block_size
         if not self._nothing_to_prefill():
-            return False
+            return None
         decoding = [s for s in sched.running if not self._finishing(s)]
-        return (all(s.num_uncomputed() == 1 and len(s.block_table) <= s.num_computed_tokens // bs + 1
-                    for s in decoding)
+        if (all(s.num_uncomputed() == 1 and len(s.block_table) <= s.num_computed_tokens // bs + 1 for s in decoding)
                 and len(decoding) <= sched.max_num_batched_tokens
                 and sum(s.num_computed_tokens + 1 > len(s.block_table) * bs for s in decoding)
-                <= self.block_manager.num_free_blocks)
+                <= self.block_manager.num_free_blocks):
+            return decoding
+        return None
 
-    def _repool(self) -> None:
-        """The running sequences become members again as they stand: each has its last step's token still unseen
-        (the scheduler resolves it when it collects that step), and those whose unseen token is their last finish
-        then, outside the pool."""
-        for seq in self.scheduler.running:
-            if not self._finishing(seq):
-                self._join(seq)
+    def _repool(self, decoding: list[Sequence]) -> None:
+        """The running sequences that decode on (`_repoolable`) become members again as they stand: each has its
+        last step's token still unseen (the scheduler resolves it when it collects that step); those whose unseen
+        token is their last finish then, outside the pool."""
+        for seq in decoding:
+            self._join(seq)
         # This step's blocks as the scheduler takes them: for those whose table ends at the token they compute now.
         # The residues would also give one to a sequence at a block's start whose table already holds that block (one
         # admitted, not yet stepped, whose reservation held its first token's place)
