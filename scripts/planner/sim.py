@@ -35,7 +35,6 @@ from __future__ import annotations
 import heapq
 import itertools
 import weakref
-from dataclasses import dataclass
 
 from common import protocol as P
 from common.protocol.kv import KVLayout
@@ -55,7 +54,7 @@ from scripts.planner.gpu import Gpu
 from scripts.planner.layout import Layout
 from scripts.planner.profile import Profile
 from scripts.planner.unshared_prefixes import prefix_index, prompt_keys
-from scripts.planner.workload import SimRequest, Workload
+from scripts.planner.workload import Placed, SimRequest, Workload
 
 HEARTBEAT_S = 0.5  # how often workers' engine totals reach the disaggregation policy (`auto`)
 # `serve` gives each worker its own GPU, and kvtransfer/choice.py pairs workers on two GPUs over nccl
@@ -367,7 +366,7 @@ class Simulation:
         req.router.pair(prefill, decode, blocks, place.cached_tokens(prefill, req.keys))
         req.router.reserved(prefill)  # the blocks are held at once; the prompt goes out when the answer comes
         self._sync(engine)
-        req.decode_seq = _Placed(decode.worker_id, seq)
+        req.decode_seq = Placed(decode.worker_id, seq)
         place.placed(prefill, req.keys)
         # The prompt goes to the prefill worker once the decode worker has answered the reservation.
         if (at := engine.polls_at(self.now)) > self.now:
@@ -380,14 +379,8 @@ class Simulation:
         engine = self.engines[name]
         seq = engine.add_prompt(req.rid, req.attempt_ids, req.output_len, prefill_only, self.now)
         if prefill_only:
-            req.prefill_seq = _Placed(name, seq)
+            req.prefill_seq = Placed(name, seq)
         self._kick(engine)
-
-
-@dataclass
-class _Placed:
-    worker: str
-    seq: object
 
 
 @collector_paused()

@@ -4,9 +4,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from common.engine.sequence import Sequence
 from router.disagg_policy import Estimate
 from router.prefix_index import PromptKeys
 from router.request import Request
+
+
+@dataclass
+class Placed:
+    """A request's sequence on a worker."""
+
+    worker: str
+    seq: Sequence
 
 
 @dataclass(eq=False)
@@ -21,8 +30,8 @@ class SimRequest:
     dispatched: float = 0.0
     first: float | None = None  # when its first token reached the router
     done: float | None = None
-    prefill_seq: object = None
-    decode_seq: object = None
+    prefill_seq: Placed | None = None
+    decode_seq: Placed | None = None
     refused: str = ""  # the router's answer to a request it did not take (`overloaded`)
     landing: bool = False  # its KV handoff waits for the decode worker to take the message
     receiving: bool = False  # an nccl handoff: the decode worker has posted its receive, the bytes are under way
