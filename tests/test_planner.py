@@ -25,6 +25,7 @@ from scripts.planner.profile import (DecodeCost, HandoffCost, PrefillCost, Profi
                                      save_profile)
 from scripts.planner.report import recommend, score, summarize
 from scripts.planner.layout import Layout
+from scripts.planner.sequences import TOKEN, sampling, sequence
 from scripts.planner.sim import Simulation, simulate
 from scripts.planner.workload import Workload
 
@@ -318,6 +319,32 @@ def test_fast_forward_changes_no_prediction():
     stepped = simulate(profile, Layout(prefill=1, decode=1), load, fast_forward=False)
     for a, b in zip(bulk, stepped):
         assert (a.first, a.done) == pytest.approx((b.first, b.done), rel=1e-9)
+
+
+def test_without_a_prefix_cache_an_engine_holds_a_prompt_as_as_many_stand_ins():
+    """The sequence Sequence makes of the prompt, but for which ids (the prompt itself untouched); with the cache,
+    the prompt's own."""
+    prompt = list(range(100, 140))
+    real = Sequence("r", prompt, sampling(7), prefill_only=True)
+    stand_in = sequence("r", prompt, 7, prefill_only=True, prefix_caching=False)
+    assert stand_in.token_ids == [TOKEN] * 40 and prompt == list(range(100, 140))
+    assert stand_in.num_tokens == stand_in.num_prompt_tokens == 40 and stand_in.token_ids is not prompt
+    same = {"token_ids", "arrival_time"}
+    assert ({k: v for k, v in vars(stand_in).items() if k not in same}
+            == {k: v for k, v in vars(real).items() if k not in same})
+    assert sequence("r", prompt, 7, prefill_only=False, prefix_caching=True).token_ids == prompt
+
+
+@pytest.mark.parametrize("layout", [Layout(prefill=1, decode=2), Layout(colocated=2)])
+def test_stand_in_prompts_change_no_prediction(layout, monkeypatch):
+    """Without a prefix cache, engines holding each prompt's own ids give every request the same times."""
+    profile = make_profile()
+    load = workload(200, 40.0, 300, 40, seed=3)
+    stand_ins = simulate(profile, layout, load)
+    monkeypatch.setattr("scripts.planner.engine.sequence",
+                        lambda rid, prompt, n, prefill_only, _: sequence(rid, prompt, n, prefill_only, True))
+    own = simulate(profile, layout, load)
+    assert [(r.first, r.done) for r in stand_ins] == [(r.first, r.done) for r in own]
 
 
 @pytest.mark.parametrize("shared", [False, True])

@@ -30,8 +30,9 @@ import math
 from dataclasses import dataclass
 
 from common.engine.sequence import PENDING, Sequence, SequenceStatus
-from scripts.planner.engine import TOKEN, SimEngine
+from scripts.planner.engine import SimEngine
 from scripts.planner.fast_run import FastRun
+from scripts.planner.sequences import TOKEN
 
 
 @dataclass(eq=False, slots=True)

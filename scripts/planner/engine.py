@@ -26,7 +26,6 @@ add up). A decode worker that prefills nothing runs in aggregate instead (script
 """
 from __future__ import annotations
 
-import functools
 import math
 from dataclasses import dataclass
 
@@ -34,23 +33,15 @@ from common import protocol as P
 from common.engine.launch_clock import LEAD_PREP_FACTOR, LEAD_STEP_SHARE
 from common.engine.scheduler import ScheduledBatch, Scheduler
 from common.engine.sequence import Sequence, SequenceStatus
-from common.sampling_params import SamplingParams
 from scripts.planner.block_pool import BlockPool
 from scripts.planner.fast_run import FastRun
 from scripts.planner.profile import Profile
+from scripts.planner.sequences import TOKEN, sequence
 
-TOKEN = 1  # every sampled token: no end of sequence, each request runs to its output length
 MIN_FAST_STEPS = 4  # fewer identical steps than this run one by one
 # How fast a GPU's clock follows its load, the time constant of an engine's `heat`: prompt steps run back to back
 # were slower within their first second, and one after a 0.5 s pause ran as fast as the first (stop 26's probe).
 SUSTAIN_S = 0.5
-
-
-@functools.cache
-def sampling(output_len: int) -> SamplingParams:
-    """A simulated request's sampling: its output length, never an end of sequence. Frozen, so one per length serves
-    every request and engine, checked once."""
-    return SamplingParams(max_tokens=output_len, ignore_eos=True)
 
 
 @dataclass
@@ -140,14 +131,14 @@ class SimEngine:
     # ---- requests in --------------------------------------------------------------------------------
     def add_prompt(self, rid: str, prompt: list[int], output_len: int, prefill_only: bool,
                    now: float = 0.0) -> Sequence:
-        seq = Sequence(rid, prompt, sampling(output_len), prefill_only=prefill_only)
+        seq = sequence(rid, prompt, output_len, prefill_only, self.block_manager.enable_prefix_caching)
         seq.arrival_time = now
         self.scheduler.add(seq)
         return seq
 
     def reserve(self, rid: str, prompt: list[int], output_len: int) -> Sequence | None:
         """Decode side of a handoff: blocks for the prompt, outside the scheduler (LLMEngine.reserve)."""
-        seq = Sequence(rid, prompt, sampling(output_len))
+        seq = sequence(rid, prompt, output_len, False, self.block_manager.enable_prefix_caching)
         if not self.block_manager.allocate(seq, seq.num_tokens, use_cache=False):
             return None
         seq.status = SequenceStatus.RESERVED

@@ -49,10 +49,11 @@ from scripts.planner.checked_prompts import CheckedAdmission
 from scripts.planner.collector import collector_paused
 from scripts.planner.decode_pool import DecodePool
 from scripts.planner.block_pool import BlockPool
-from scripts.planner.engine import SimEngine, sampling
+from scripts.planner.engine import SimEngine
 from scripts.planner.gpu import Gpu
 from scripts.planner.layout import Layout
 from scripts.planner.profile import Profile
+from scripts.planner.sequences import sampling
 from scripts.planner.unshared_prefixes import prefix_index, prompt_keys
 from scripts.planner.workload import Placed, SimRequest, Workload
 
