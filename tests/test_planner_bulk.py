@@ -10,12 +10,14 @@ from pathlib import Path
 
 import pytest
 
+from common.engine.sequence import Sequence
 from router.prefix_index import PrefixIndex, PromptKeys
 from scripts.planner.config import PlanConfig
 from scripts.planner.decode_pool import DecodePool
 from scripts.planner.layout import Layout
 from scripts.planner.plan import workloads
 from scripts.planner.profile import load_profile
+from scripts.planner.sequences import TOKEN, sampling
 from scripts.planner.shards import router_share
 from scripts.planner.sim import Simulation
 from scripts.planner.unshared_prefixes import UnsharedKeys, UnsharedPrefixes
@@ -81,6 +83,22 @@ def test_a_pool_short_of_blocks_hands_its_batch_to_the_scheduler_and_gives_the_t
     assert sum(e.handovers for e in pooled.engines.values() if isinstance(e, DecodePool)) > 0
     assert sum(e.scheduler.num_preemptions for e in pooled.engines.values()) > 0
     assert_same_times(pooled, run(profile, layout, load, False))
+
+
+def test_a_pools_check_of_its_blocks_is_its_count_of_crossings_against_the_free_blocks():
+    """`_blocks_for` answers without counting where the most crossings the steps could hold fit: the same answer."""
+    pool = DecodePool("d0", "decode", make_profile(num_kv_blocks=64))
+    for i, computed in enumerate([3, 16, 17, 40, 40, 95]):
+        seq = Sequence(str(i), [TOKEN] * computed, sampling(500))
+        seq.num_computed_tokens = computed
+        seq.token_ids.append(TOKEN)
+        pool._join(seq)
+    bm = pool.block_manager
+    for used in range(65):
+        bm.unused_from = used
+        for start in range(20):
+            for end in range(start + 1, start + 40):
+                assert pool._blocks_for(start, end) == (pool._crossings(start, end) <= bm.num_free_blocks)
 
 
 def test_a_pool_that_prefills_a_prompt_itself_hands_over_and_takes_its_batch_back():

@@ -87,7 +87,7 @@ class DecodePool(SimEngine):
         # collected) are considered again at the next step, and a request waiting at the router (`fast` False) is
         # tried again as each step starts: then the run is one step
         k = self.ends[0][0] - self.clock + 1 if fast and not self.scheduler.waiting else 1
-        while k > 1 and self._crossings(self.clock + 1, self.clock + k) > self.block_manager.num_free_blocks:
+        while k > 1 and not self._blocks_for(self.clock + 1, self.clock + k):
             k //= 2
         p, d = self.profile, len(self.members)
         cost = p.decode_cost(d)
@@ -145,7 +145,7 @@ class DecodePool(SimEngine):
         budget, and a free block for every member that needs one (else the scheduler preempts)."""
         return (self._nothing_to_prefill()
                 and len(self.members) <= self.scheduler.max_num_batched_tokens
-                and self._crossings(self.clock, self.clock + 1) <= self.block_manager.num_free_blocks)
+                and self._blocks_for(self.clock, self.clock + 1))
 
     def _repoolable(self) -> list[Sequence] | None:
         """The running sequences that decode on (not finishing), where the scheduler's batch is the pool's again:
@@ -225,6 +225,13 @@ class DecodePool(SimEngine):
         self.by_residue[(m.joined - m.base) % len(self.by_residue)][m] = None
         heapq.heappush(self.ends, (m.last, next(self.order), m))
         self.context += m.base
+
+    def _blocks_for(self, start: int, end: int) -> bool:
+        """Whether the free blocks cover the members' crossings in steps start..end-1; at once where they cover the
+        most there could be (each member crosses once in every block_size steps, or in fewer)."""
+        free = self.block_manager.num_free_blocks
+        most = -(-(end - start) // len(self.by_residue)) * len(self.members)
+        return most <= free or self._crossings(start, end) <= free
 
     def _crossings(self, start: int, end: int) -> int:
         """New blocks the members need in steps start..end-1 (one each every block_size steps)."""
