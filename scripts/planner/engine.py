@@ -182,7 +182,7 @@ class SimEngine:
         graph."""
         if batch.decode_only:
             return self.profile.host_launch_s
-        return self.profile.prompt_step(sum(batch.num_new_tokens[batch.num_decodes:]))[1]
+        return self.profile.prompt_launch(sum(batch.num_new_tokens[batch.num_decodes:]))
 
     def _schedule(self) -> ScheduledBatch | None:
         """The scheduler's next batch from what had arrived by the cutoff (all of it if that gives none)."""

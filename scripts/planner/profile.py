@@ -177,9 +177,13 @@ class Profile(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         the host's part, which goes at the host's pace). `chunks`: its prompts' (tokens, context before them), one
         fresh prompt by default."""
         padded = self.padded(tokens)
-        cost, graphed = self.prefill_cost(padded)
-        return (self.host_launch_s + cost.step_seconds(padded, chunks or [(tokens, 0)]),
-                self.host_launch_s + (0.0 if graphed else cost.base_s))
+        cost, _ = self.prefill_cost(padded)
+        return self.host_launch_s + cost.step_seconds(padded, chunks or [(tokens, 0)]), self.prompt_launch(tokens)
+
+    def prompt_launch(self, tokens: int) -> float:
+        """A prompt step's launch-bound floor alone (`prompt_step`'s second figure)."""
+        cost, graphed = self.prefill_cost(self.padded(tokens))
+        return self.host_launch_s + (0.0 if graphed else cost.base_s)
 
     def decode_cost(self, batch: int) -> DecodeCost:
         """The cost of a decode step of `batch` sequences."""
