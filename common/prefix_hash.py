@@ -2,9 +2,9 @@
 router computes the same keys to know which prefixes a worker holds (router/prefix_index.py)."""
 from __future__ import annotations
 
+from array import array
 from collections.abc import Sequence
 
-import numpy as np
 import xxhash
 
 
@@ -14,8 +14,8 @@ def chain_hash(prev: int, tokens: Sequence[int]) -> int:
 
 
 def _token_bytes(tokens: Sequence[int]) -> bytes:
-    """The tokens as the hash reads them, 8 bytes each."""
-    return np.asarray(tokens, dtype=np.int64).tobytes()
+    """The tokens as the hash reads them, 8 bytes each (signed, in the machine's order, as numpy's int64)."""
+    return array("q", tokens).tobytes()
 
 
 def _chain_hash_bytes(prev: int, block: bytes) -> int:

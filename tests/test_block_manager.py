@@ -250,6 +250,16 @@ def test_a_cleared_cache_hands_out_blocks_as_never_used_unless_one_is_fenced():
     c = seq(list(range(8)), "c")
     assert bm.allocate(c, 8, use_cache=False, remote=True) and set(c.block_table).isdisjoint(bm.fenced)
 
+def test_a_blocks_tokens_are_hashed_as_eight_byte_signed_integers():
+    """The bytes the keys hash: each token a signed 64-bit integer in the machine's order, as numpy lays out int64."""
+    import numpy as np
+
+    from common.prefix_hash import _token_bytes
+    for tokens in ([], [0], [1, 2, 3], [151_935, 7, -1, (1 << 63) - 1, -(1 << 63)], list(range(300, 316))):
+        assert _token_bytes(tokens) == np.asarray(tokens, dtype=np.int64).tobytes()
+    assert _token_bytes(np.arange(5, dtype=np.int64)) == np.arange(5, dtype=np.int64).tobytes()
+
+
 @pytest.mark.parametrize("block_size", [1, 4, 16])
 def test_the_routers_prefix_keys_are_the_keys_the_engine_caches_blocks_under(block_size):
     """The router places a prompt where its blocks' keys are cached (router/prefix_index.py, `block_keys`); an engine
