@@ -125,25 +125,17 @@ def mix(layout: str, rate: float, parts: list[tuple[int, int, Outcome]]) -> Poin
 
 
 def weighted_percentiles(pairs: list[tuple[float, float]], qs: tuple[float, ...] = (50, 90)) -> list[float]:
-    """The `qs`-th percentiles of values with weights (value, weight), the pairs sorted once: linear between the
-    closest ranks as bench_metrics.percentile is, each value's rank the middle of its weight; inf with no values."""
-    weights = list(map(operator.itemgetter(1), pairs))
-    if weights and min(weights) <= 0:
-        pairs = [p for p in pairs if p[1] > 0]
-        weights = list(map(operator.itemgetter(1), pairs))
-    if not pairs:
-        return [math.inf] * len(qs)
-    if len(set(weights)) == 1:
-        values = list(map(operator.itemgetter(0), pairs))
-        return [percentile(values, q) for q in qs]
-    pairs = sorted(pairs)
-    return _ranked(list(map(operator.itemgetter(0), pairs)), list(map(operator.itemgetter(1), pairs)), qs)
+    """The `qs`-th percentiles of values with weights (value, weight): linear between the closest ranks as
+    bench_metrics.percentile is, each value's rank the middle of its weight; inf with no values (`run_percentiles`,
+    a run a value)."""
+    return run_percentiles([(w, [v]) for v, w in pairs], qs)
 
 
 def run_percentiles(runs: list[tuple[float, list[float]]], qs: tuple[float, ...] = (50, 90)) -> list[float]:
-    """`weighted_percentiles` of runs of sorted values, each run of one weight, (weight, values): the same figures
-    without a pair for each value (a plan mixes every split's shards at every rate). Sorted by value alone, stably,
-    with the lighter runs first: among equal values the lighter go first, as sorted pairs have them."""
+    """The `qs`-th percentiles of runs of values, each run of one weight, (weight, values): linear between the
+    closest ranks as bench_metrics.percentile is, each value's rank the middle of its weight; inf with no values.
+    Without a pair for each value (a plan mixes every split's shards at every rate). Sorted by value alone, stably,
+    with the lighter runs first: among equal values the lighter go first."""
     runs = sorted((run for run in runs if run[0] > 0 and run[1]), key=operator.itemgetter(0))
     if not runs:
         return [math.inf] * len(qs)
