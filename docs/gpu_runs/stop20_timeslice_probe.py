@@ -70,6 +70,23 @@ def decode_side(stop, ready, out):
     out.put(steps)
 
 
+def jobs_beside(jobs: dict, ready, stop, queue, repeats: int) -> tuple[list, dict, float]:
+    """The decode side (started, waiting for `ready`) alone for a second, then each job of `jobs` (ms -> graph) every
+    80 ms beside it, `repeats` rounds. Returns the decode side's steps (start, end), each job's, and when the decode
+    side's steps alone ended."""
+    ready.set()
+    time.sleep(1.0)
+    t_alone_end = time.perf_counter()
+    shared = {w: [] for w in jobs}
+    for _ in range(repeats):
+        for w, (graph, _) in jobs.items():
+            time.sleep(0.08)
+            shared[w].append(timed(graph))
+    time.sleep(0.2)
+    stop.set()
+    return queue.get(), shared, t_alone_end
+
+
 def main():
     ctx = mp.get_context("spawn")
     stop, ready, q = ctx.Event(), ctx.Event(), ctx.Queue()
@@ -79,18 +96,7 @@ def main():
     d = ctx.Process(target=decode_side, args=(stop, ready, q))
     d.start()
     time.sleep(20)  # the other process builds its graph
-    # decode alone first, then jobs beside it
-    ready.set()
-    time.sleep(1.0)
-    t_alone_end = time.perf_counter()
-    shared = {w: [] for w in JOBS_MS}
-    for r in range(REPEATS):
-        for w in JOBS_MS:
-            time.sleep(0.08)
-            shared[w].append(timed(jobs[w][0]))
-    time.sleep(0.2)
-    stop.set()
-    steps = q.get()
+    steps, shared, t_alone_end = jobs_beside(jobs, ready, stop, q, REPEATS)
     d.join()
     base = [b - a for a, b in steps if b < t_alone_end - 0.05]
     d_alone = statistics.median(base)

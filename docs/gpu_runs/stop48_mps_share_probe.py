@@ -78,17 +78,7 @@ def main():
     d = ctx.Process(target=decode_side, args=(stop, ready, built, q))
     d.start()
     built.wait()
-    ready.set()
-    time.sleep(1.0)
-    t_alone_end = time.perf_counter()
-    shared = {w: [] for w in JOBS_MS}
-    for _ in range(REPEATS):
-        for w in JOBS_MS:
-            time.sleep(0.08)
-            shared[w].append(stop20.timed(jobs[w][0]))
-    time.sleep(0.2)
-    stop.set()
-    steps = q.get()
+    steps, shared, t_alone_end = stop20.jobs_beside(jobs, ready, stop, q, REPEATS)
     d.join()
     base = [b - a for a, b in steps if b < t_alone_end - 0.05]
     d_alone = statistics.median(base)
