@@ -7,7 +7,6 @@ import logging
 import os
 import signal
 import sys
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from common import faults
@@ -17,66 +16,18 @@ from kvtransfer.choice import available_transports
 from kvtransfer.errors import TransferError
 from router.config import RouterConfig
 from router.http.server import HttpServer
+from router.mps import MpsServer, parse_shares
 from router.router import Router
+from router.serve_config import ROLES, ServeConfig
 
 log = logging.getLogger(__name__)
 
-ROLES = ("prefill", "decode", "colocated")
 ID_PREFIX = {"prefill": "p", "decode": "d", "colocated": "c"}
 WILDCARDS = ("0.0.0.0", "*", "::", "[::]")
 REPO_ROOT = str(Path(__file__).resolve().parent.parent)
 # Set for the workers when they should see their node's GPUs: Ray then leaves CUDA_VISIBLE_DEVICES to us.
 NOSET_CUDA_VISIBLE_DEVICES = "RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES"
 GPU_VISIBILITY = ("node", "own")
-
-
-@dataclass
-class ServeConfig:
-    prefill_workers: int = field(default=1, metadata={"help": "prefill workers (disagg mode)"})
-    decode_workers: int = field(default=1, metadata={"help": "decode workers (disagg mode)"})
-    workers: int = field(default=1, metadata={"help": "engine replicas (colocated mode)"})
-    gpus_per_worker: float = field(default=1.0, metadata={"help": "GPUs per worker (per TP rank); 0.5 puts two "
-                                                                   "workers on one GPU"})
-    ray_address: str | None = field(default=None, metadata={"help": "join this Ray cluster ('auto' for the "
-                                                                     "local node's); default: start a local one"})
-    prefill_gpu_memory_utilization: float | None = field(default=None, metadata={
-        "help": "GPU memory share of each prefill worker (default: gpu_memory_utilization x gpus_per_worker)"})
-    decode_gpu_memory_utilization: float | None = field(default=None, metadata={
-        "help": "GPU memory share of each decode worker (default: gpu_memory_utilization x gpus_per_worker)"})
-    startup_timeout: float = field(default=600.0, metadata={"help": "seconds to wait for every worker to load"})
-    worker_restarts: int = field(default=3, metadata={"help": "times Ray restarts a worker process that died "
-                                                                "(-1: always); it then rejoins the router"})
-    handoff_timeout: float = field(default=60.0, metadata={"help": "seconds KV blocks stay held for a handoff "
-                                                                   "before the request fails with `timeout`"})
-    prefill_resource: str | None = field(default=None, metadata={
-        "help": "Ray custom resource each prefill worker needs, NAME or NAME:AMOUNT (amount 1 by default), "
-                "e.g. pd_prefill: places prefill workers on the nodes started with it (deploy/)"})
-    decode_resource: str | None = field(default=None, metadata={
-        "help": "Ray custom resource each decode worker needs, e.g. pd_decode"})
-    worker_resource: str | None = field(default=None, metadata={
-        "help": "Ray custom resource each colocated worker needs"})
-    gpu_visibility: str = field(default="own", metadata={
-        "help": "GPUs a worker process sees: 'own' (only its own, as Ray sets it: KV goes over NCCL across GPUs) "
-                "or 'node' (its own first, then the rest of its node's: CUDA IPC reaches a decode worker on another "
-                "GPU; faster for contiguous blocks, slower for scattered 16-token blocks, see docs/benchmarks.md)"})
-    timeline_dir: str | None = field(default=None, metadata={
-        "help": "write each worker's per-request events (received, launched, prefilled, KV sent and landed, "
-                "finished) to DIR/<worker id>.jsonl; `python -m scripts.timeline DIR` says where the time went"})
-
-    def resources(self, role: str) -> dict[str, float]:
-        """The custom resources one worker of `role` asks Ray for."""
-        spec = {"prefill": self.prefill_resource, "decode": self.decode_resource,
-                "colocated": self.worker_resource}[role]
-        if not spec:
-            return {}
-        name, _, amount = spec.partition(":")
-        try:
-            value = float(amount) if amount else 1.0
-        except ValueError:
-            raise ConfigError(f"{role}_resource: {spec!r} is not NAME or NAME:AMOUNT") from None
-        if not name or value <= 0:
-            raise ConfigError(f"{role}_resource: {spec!r} is not NAME or NAME:AMOUNT with AMOUNT > 0")
-        return {name: value}
 
 
 def is_loopback(host: str) -> bool:
@@ -170,6 +121,7 @@ class Cluster:
         if serve.gpu_visibility not in GPU_VISIBILITY:
             raise ConfigError(f"gpu_visibility: must be one of {', '.join(GPU_VISIBILITY)}, "
                               f"got {serve.gpu_visibility!r}")
+        self.mps = MpsServer(parse_shares(serve.mps_shares)) if serve.mps else None
         self.router: Router | None = None
         self.actors: dict[str, object] = {}
         self.runs: dict[str, object] = {}
@@ -199,14 +151,14 @@ class Cluster:
         except TransferError as e:
             raise ConfigError(f"kv_transport: {e}") from None
 
-    def worker_env(self) -> dict[str, str]:
-        """Environment of every worker process: CPU workers share the cores; with node visibility, Ray leaves
-        CUDA_VISIBLE_DEVICES to the worker (see_node_gpus)."""
+    def worker_env(self, role: str) -> dict[str, str]:
+        """Environment of a worker process of `role`: CPU workers share the cores; with node visibility, Ray leaves
+        CUDA_VISIBLE_DEVICES to the worker (see_node_gpus); under --mps, the MPS server's pipe and the role's
+        share of the SMs."""
         if self.engine_config.device == "cpu":
             return {"OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // max(1, len(self.worker_plan()))))}
-        if self.serve_config.gpu_visibility == "node":
-            return {NOSET_CUDA_VISIBLE_DEVICES: "1"}
-        return {}
+        env = {NOSET_CUDA_VISIBLE_DEVICES: "1"} if self.serve_config.gpu_visibility == "node" else {}
+        return env | (self.mps.env(role) if self.mps is not None else {})
 
     def start_ray(self) -> None:
         import ray
@@ -260,7 +212,20 @@ class Cluster:
             self._started[role] = sum(1 for _, r, _ in plan if r == role)
         log.info("starting %d workers (%s) on %s; Ctrl-C stops", len(plan), ", ".join(w for w, _, _ in plan),
                  self.engine_config.device)
+        self._start_mps()
         self._launch(plan)
+
+    def _start_mps(self) -> None:
+        """The MPS server of --mps, where workers share GPUs; otherwise it would only cap lone workers' SMs."""
+        if self.mps is None:
+            return
+        if self.engine_config.device != "cuda" or self.serve_config.gpus_per_worker >= 1:
+            log.info("mps: workers do not share GPUs here: not used")
+            self.mps = None
+            return
+        self.mps.start()
+        log.info("mps: workers share their GPUs through an MPS server (SM shares: %s)",
+                 ", ".join(f"{role} {share}%" for role, share in self.mps.shares.items()))
 
     def add_workers(self, role: str, count: int) -> list[str]:
         """Starts `count` more workers of `role` (blocking until they have loaded); returns their ids."""
@@ -283,7 +248,7 @@ class Cluster:
                                   fault_dir=self._fault_dir, timeline_dir=s.timeline_dir)
             actors[worker_id] = self._actor_cls.options(
                 name=f"pdcluster-{worker_id}", num_cpus=1, num_gpus=gpus, resources=s.resources(role),
-                runtime_env={"env_vars": self.worker_env()},
+                runtime_env={"env_vars": self.worker_env(role)},
             ).remote(role, config, engine_config)
         self.actors.update(actors)
         try:
@@ -375,6 +340,8 @@ class Cluster:
                 ray.kill(actor)
             if self._own_ray:
                 ray.shutdown()
+        if self.mps is not None:  # after its clients
+            self.mps.stop()
         if self.router is not None:
             self.router.close()
 

@@ -76,6 +76,12 @@ def tensor_parallel_size(serve_args: str) -> int:
     return 1
 
 
+def uses_mps(serve_args: str) -> bool:
+    """Whether --serve-args ask for `--mps` (the last of --mps / --no-mps wins, as argparse reads them)."""
+    flags = [a for a in shlex.split(serve_args) if a in ("--mps", "--no-mps")]
+    return bool(flags) and flags[-1] == "--mps"
+
+
 def mode_hardware(cfg: BenchConfig, mode: str, m: dict) -> dict | None:
     """What `pdcluster serve` gives one mode on machine `m`: its workers by role, worker processes (one a worker and
     tensor-parallel rank), and GPUs (per worker, in all) or CPU threads (per worker, of how many cores). None for

@@ -36,7 +36,7 @@ def test_ray_leaves_cuda_visible_devices_to_workers_only_for_node_visibility(tin
     from router.launcher import NOSET_CUDA_VISIBLE_DEVICES
 
     engine = EngineConfig(model=str(tiny_qwen3_dir), device=device)
-    env = Cluster(ServeConfig(gpu_visibility=visibility), RouterConfig(model="unused"), engine).worker_env()
+    env = Cluster(ServeConfig(gpu_visibility=visibility), RouterConfig(model="unused"), engine).worker_env("prefill")
     assert (env.get(NOSET_CUDA_VISIBLE_DEVICES) == "1") == noset
     assert ("OMP_NUM_THREADS" in env) == (device == "cpu")
 

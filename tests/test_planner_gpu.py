@@ -87,3 +87,21 @@ def test_sharing_one_gpu_is_slower_than_a_gpu_each():
     mean = lambda reqs, f: sum(map(f, reqs)) / len(reqs)  # noqa: E731
     assert mean(shared, lambda r: r.tpot) > 1.1 * mean(own, lambda r: r.tpot)
     assert mean(shared, lambda r: r.ttft) > mean(own, lambda r: r.ttft)
+
+
+@pytest.mark.parametrize("layout", [Layout(prefill=1, decode=1, gpus_per_engine=0.5, mps=True),
+                                    Layout(colocated=2, gpus_per_engine=0.5, mps=True)], ids=str)
+def test_under_mps_engines_on_one_gpu_run_as_on_a_gpu_each_with_half_the_blocks(layout):
+    """`serve --mps`: side by side, each at its pace alone; the blocks are still split. So the same requests' times
+    as on a GPU each whose profile holds half the blocks, and quicker than the GPU taken in turns."""
+    import dataclasses
+
+    profile = make_profile(num_kv_blocks=1000)
+    load = workload(200, 15.0, 300, 60, seed=3)
+    mps = simulate(profile, layout, load)
+    halves = simulate(make_profile(num_kv_blocks=500),
+                      dataclasses.replace(layout, gpus_per_engine=1.0, mps=False), load)
+    assert [(r.first, r.done) for r in mps] == [(r.first, r.done) for r in halves]
+    turns = simulate(profile, dataclasses.replace(layout, mps=False), load)
+    assert sum(r.tpot for r in turns) > 1.1 * sum(r.tpot for r in mps)
+    assert "under MPS" in str(layout)

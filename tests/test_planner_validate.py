@@ -349,3 +349,15 @@ def test_a_p50_in_the_gap_between_two_groups_misses_in_value_and_its_rank_says_b
     assert line.startswith("disagg at 4 req/s, TTFT p50 -74.1%: the prediction is the measured p49 (p40-p60: ")
     assert "TTFT p50" in line and "p49" in table([row]) and "beyond" not in line
     assert f"\nRank: {line}\n" in markdown([row], make_profile(), "a test")
+
+
+@pytest.mark.parametrize("serve_args, per, mps", [("--mps", 0.5, True), ("--mps --no-mps", 0.5, False),
+                                                  ("--timeline-dir=x --mps", 0.5, True), ("", 0.5, False),
+                                                  ("--mps", 1.0, False)])
+def test_a_run_served_under_mps_is_replayed_under_mps_where_its_workers_shared_gpus(serve_args, per, mps):
+    from scripts.planner.bench_replay import layout_of
+
+    cfg = BenchConfig(model="m", out="o", prefill_workers=1, decode_workers=1, gpus_per_worker=per,
+                      serve_args=serve_args)
+    layout = layout_of({"mode": "disagg"}, cfg, make_profile())
+    assert layout.mps == mps and layout.gpus_per_engine == per

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from router.config import RouterConfig
 from scripts.bench_config import DEFAULT_NUM_REQUESTS, POLICY_VARIANTS, BenchConfig, mode_variants
-from scripts.bench_hardware import tensor_parallel_size
+from scripts.bench_hardware import tensor_parallel_size, uses_mps
 from scripts.bench_metrics import RequestRecord
 from scripts.bench_workloads import read_trace
 from scripts.benchmark import build_requests, point_requests
@@ -67,7 +67,7 @@ def layout_of(run: dict, cfg: BenchConfig, profile: Profile) -> Layout:
     elif hw and hw.get("device") == "cpu":
         per = 1.0  # CPU workers split the cores: a CPU profile measured one worker's share
     return Layout(**counts, policy=policy, placement=placement, local_prefill_chunk=router.local_prefill_chunk,
-                  tp=tp, gpus_per_engine=per)
+                  tp=tp, gpus_per_engine=per, mps=per < 1 and uses_mps(cfg.serve_args))
 
 
 def run_transport(run: dict) -> str | None:

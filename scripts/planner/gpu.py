@@ -6,6 +6,10 @@ floor (`SimEngine.host_seconds`: the host launching kernels one by one, the GPU 
 host's pace whatever the other engine does, though the step counts as in flight (its kernels take time slices from
 the other's); then its compute, shared. A step's end moves whenever another engine's step starts or ends
 (scripts/planner/sim.py re-times them). Each engine on it holds its memory share of the GPU's KV blocks.
+
+Under MPS (`serve --mps`, `Layout.mps`) the engines' kernels run side by side, each within its share of the SMs, at
+about its pace alone (docs/benchmarks.md, "Stop 48"): such a GPU is simulated as not shared, each engine on it as if
+on a GPU of its own, with its memory share of the blocks.
 """
 from __future__ import annotations
 

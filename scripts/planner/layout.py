@@ -20,6 +20,7 @@ class Layout:
     tp: int = 1  # GPUs per engine (the profile's: only the label shows it)
     # Below 1, engines share GPUs (0.5: two on one, --gpus-per-worker), each with that share of its KV blocks
     gpus_per_engine: float = 1.0
+    mps: bool = False  # engines that share a GPU run side by side under MPS (serve --mps), not in turns
     transport: str | None = None  # the handoffs' KV transport (None: the profile's fastest); Profile.cost_transport
 
     @property
@@ -36,7 +37,8 @@ class Layout:
 
     def __str__(self) -> str:
         tp = f"tp{self.tp} " if self.tp > 1 else ""
-        shared = "" if self.gpus_per_engine >= 1 else f", {self.gpus_per_engine:g} GPU each"
+        shared = "" if self.gpus_per_engine >= 1 else f", {self.gpus_per_engine:g} GPU each" + (
+            " under MPS" if self.mps else "")
         if self.colocated:
             return f"{tp}colocated x{self.colocated}" + (f" ({shared[2:]})" if shared else "")
         policy = "" if self.policy == "always" else self.policy

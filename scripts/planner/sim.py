@@ -81,7 +81,7 @@ class Simulation:
         self.infos: dict[str, WorkerInfo] = {}
         self.num_blocks = max(1, int(profile.num_kv_blocks * min(1.0, layout.gpus_per_engine)))
         placed = layout.gpus()
-        self.gpus = [Gpu(i, shared=placed.count(i) > 1) for i in range(max(placed, default=-1) + 1)]
+        self.gpus = [Gpu(i, shared=placed.count(i) > 1 and not layout.mps) for i in range(max(placed, default=-1) + 1)]
         self.gpu_of: dict[str, Gpu] = {}
         layout_rec = KVLayout(block_size=profile.block_size, num_layers=1, num_kv_heads=1, head_dim=1,
                               dtype="bfloat16")
