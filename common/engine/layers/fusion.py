@@ -3,6 +3,7 @@ asks for them: an engine on CPU never imports triton, even where it is installed
 from __future__ import annotations
 
 import importlib
+import os
 from types import ModuleType
 
 import torch
@@ -45,5 +46,9 @@ def split_k_gemm(x: torch.Tensor, weight: torch.Tensor) -> ModuleType | None:
 
 def head_sampler(hidden: torch.Tensor, weight: torch.Tensor) -> ModuleType | None:
     """common.engine.layers.head_sampler where it serves the LM head and one-pass sampler of `hidden` (a decode
-    batch on CUDA), else None."""
+    batch on CUDA), else None. Not in a process capped to a share of the SMs under MPS: replayed from a CUDA graph
+    there, it returned tokens beyond the vocabulary (docs/benchmarks.md, stop 48); the head and sampler apart did
+    not."""
+    if os.environ.get("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "100") != "100":
+        return None
     return _serving("head_sampler", hidden, weight)
