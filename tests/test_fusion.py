@@ -22,3 +22,15 @@ def test_a_module_serves_only_cuda_inputs_it_fits(pick, name: str, monkeypatch: 
     assert pick(SimpleNamespace(is_cuda=True, fits=False), weight) is None
     monkeypatch.setitem(fusion._loaded, name, None)  # triton not importable: the torch path
     assert pick(on_cuda, weight) is None
+
+
+@pytest.mark.parametrize("share, served", [(None, True), ("100", True), ("70", False)])
+def test_the_fused_head_is_left_out_of_a_process_under_an_mps_cap(share, served, monkeypatch: pytest.MonkeyPatch):
+    module = SimpleNamespace(fits=lambda x, w: True)
+    monkeypatch.setitem(fusion._loaded, "head_sampler", module)
+    if share is None:
+        monkeypatch.delenv("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", raising=False)
+    else:
+        monkeypatch.setenv("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", share)
+    picked = fusion.head_sampler(SimpleNamespace(is_cuda=True), torch.empty(4, 4))
+    assert (picked is module) == served
