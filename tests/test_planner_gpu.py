@@ -3,10 +3,12 @@ steps in flight, each goes at 1/n of the GPU, except an eager step's launch-boun
 engine with its memory share of the KV blocks; fast-forward agrees with stepping."""
 from __future__ import annotations
 
+import msgspec
 import pytest
 
 from scripts.planner.gpu import Gpu, pack
 from scripts.planner.layout import Layout
+from scripts.planner.profile import MpsCost, ProfileError
 from scripts.planner.sim import Simulation, simulate
 from scripts.planner.workload import Workload
 from tests.test_planner import make_profile, workload
@@ -89,19 +91,68 @@ def test_sharing_one_gpu_is_slower_than_a_gpu_each():
     assert mean(shared, lambda r: r.ttft) > mean(own, lambda r: r.ttft)
 
 
+def test_under_mps_each_step_goes_at_its_pace_beside_the_other():
+    """By hand: a prompt step of 10 ms from 0 (c 0.25) and a decode step of 4 ms from 2 ms (c 1). Side by side the
+    prompt goes at 1/1.25 and the decode at 1/2: the decode's 4 ms end at 10 ms, the prompt then has 10 - 2 - 6.4 =
+    1.6 ms of work left, alone: it ends at 11.6 ms (time-sliced, both at 1/2, it would end at 14 ms)."""
+    gpu = Gpu(0, shared=True)
+    prefill, decode = object(), object()
+    gpu.add(prefill, 0.010, 0.0, beside=0.25)
+    gpu.add(decode, 0.004, 0.002, beside=1.0)
+    assert gpu.ends(0.002)[decode] == pytest.approx(0.010)
+    gpu.remove(decode, 0.010)
+    assert gpu.ends(0.010)[prefill] == pytest.approx(0.0116)
+    assert gpu.pace(prefill) == 1.0 and not gpu.beside.get(decode)
+
+
+def mps_profile(alone: float = 1.0, **beside: float):
+    mps = {role: MpsCost(alone=alone, beside=c) for role, c in beside.items()}
+    return msgspec.structs.replace(make_profile(num_kv_blocks=1000), mps=mps)
+
+
 @pytest.mark.parametrize("layout", [Layout(prefill=1, decode=1, gpus_per_engine=0.5, mps=True),
                                     Layout(colocated=2, gpus_per_engine=0.5, mps=True)], ids=str)
-def test_under_mps_engines_on_one_gpu_run_as_on_a_gpu_each_with_half_the_blocks(layout):
-    """`serve --mps`: side by side, each at its pace alone; the blocks are still split. So the same requests' times
-    as on a GPU each whose profile holds half the blocks, and quicker than the GPU taken in turns."""
+def test_under_mps_without_contention_engines_on_one_gpu_run_as_on_a_gpu_each_with_half_the_blocks(layout):
+    """A profile whose roles slow nothing under MPS: the same requests' times as on a GPU each whose profile holds
+    half the blocks. With the contention of time-slicing (1, the default) the decode steps are as slow as in turns,
+    and a contention between gives times between."""
     import dataclasses
 
-    profile = make_profile(num_kv_blocks=1000)
     load = workload(200, 15.0, 300, 60, seed=3)
-    mps = simulate(profile, layout, load)
-    halves = simulate(make_profile(num_kv_blocks=500),
-                      dataclasses.replace(layout, gpus_per_engine=1.0, mps=False), load)
-    assert [(r.first, r.done) for r in mps] == [(r.first, r.done) for r in halves]
-    turns = simulate(profile, dataclasses.replace(layout, mps=False), load)
-    assert sum(r.tpot for r in turns) > 1.1 * sum(r.tpot for r in mps)
+    free = simulate(mps_profile(prefill=0.0, decode=0.0, colocated=0.0), layout, load)
+    halves = simulate(make_profile(num_kv_blocks=500), dataclasses.replace(layout, gpus_per_engine=1.0, mps=False),
+                      load)
+    times = lambda reqs: [t for r in reqs for t in (r.first, r.done)]  # noqa: E731
+    assert times(free) == pytest.approx(times(halves), rel=1e-9)
+    between = simulate(mps_profile(prefill=0.35, decode=0.35, colocated=0.35), layout, load)
+    full = simulate(mps_profile(), layout, load)
+    tpot = lambda reqs: sum(r.tpot for r in reqs)  # noqa: E731
+    assert tpot(free) < tpot(between) < tpot(full)
+    turns = simulate(make_profile(num_kv_blocks=1000), dataclasses.replace(layout, mps=False), load)
+    assert tpot(full) == pytest.approx(tpot(turns), rel=0.05)
     assert "under MPS" in str(layout)
+
+
+def test_under_mps_a_step_alone_takes_its_roles_alone_share_of_its_gpu_bound_work():
+    """`alone` 1.5 and nothing beside: a decode run's steps (graph replays, all GPU-bound) 1.5 times as long."""
+    import dataclasses
+
+    load = Workload([0.0], [list(range(300))], [40], shared_prefixes=False)
+    layout = Layout(prefill=1, decode=1, gpus_per_engine=0.5, mps=True)
+    [free] = simulate(mps_profile(prefill=0.0, decode=0.0), layout, load)
+    [capped] = simulate(mps_profile(alone=1.5, prefill=0.0, decode=0.0), layout, load)
+    assert capped.tpot == pytest.approx(1.5 * free.tpot, rel=1e-9)
+    [turns] = simulate(make_profile(num_kv_blocks=1000), dataclasses.replace(layout, mps=False), load)
+    assert turns.tpot == pytest.approx(free.tpot, rel=1e-9)  # one request: never two steps at once
+
+
+def test_a_profile_names_its_mps_costs_by_role():
+    base = mps_profile()
+    for bad, message in (({"router": MpsCost()}, "not a role"), ({"decode": MpsCost(beside=-1.0)}, "beside"),
+                         ({"decode": MpsCost(alone=0.0)}, "alone"), ({"prefill": MpsCost(beside=float("nan"))},
+                                                                      "beside")):
+        with pytest.raises(ProfileError, match=message):
+            msgspec.structs.replace(base, mps=bad).check()
+    msgspec.structs.replace(base, mps={"prefill": MpsCost(beside=0.35), "decode": MpsCost(alone=1.12)}).check()
+    assert base.mps_cost("colocated") == MpsCost(alone=1.0, beside=1.0)
+

@@ -7,9 +7,10 @@ host's pace whatever the other engine does, though the step counts as in flight 
 the other's); then its compute, shared. A step's end moves whenever another engine's step starts or ends
 (scripts/planner/sim.py re-times them). Each engine on it holds its memory share of the GPU's KV blocks.
 
-Under MPS (`serve --mps`, `Layout.mps`) the engines' kernels run side by side, each within its share of the SMs, at
-about its pace alone (docs/benchmarks.md, "Stop 48"): such a GPU is simulated as not shared, each engine on it as if
-on a GPU of its own, with its memory share of the blocks.
+Under MPS (`serve --mps`, `Layout.mps`) their kernels run side by side, each process within its share of the SMs:
+a step's GPU-bound work takes `alone` times its cost (the share's cap) and (1 + c) times as long for each other step
+in flight there, both of its role's `Profile.mps` (c = `beside`: 0, no slowdown; 1, as time-sliced). A KV copy there
+does not wait for the other engine's step.
 """
 from __future__ import annotations
 
@@ -23,39 +24,42 @@ class Gpu:
     work: dict = field(default_factory=dict)  # engine -> seconds its step in flight still needs of a whole GPU
     host: dict = field(default_factory=dict)  # engine -> seconds of its step's launch still to go, at its own pace
     since: float = 0.0  # when `work` and `host` were last brought up to date
+    beside: dict = field(default_factory=dict)  # engine -> its c: 1 time-sliced, less under MPS
 
-    @property
-    def share(self) -> float:
-        """The pace of a GPU-bound step now, as a share of its pace alone."""
-        return 1.0 / len(self.work) if self.work else 1.0
+    def pace(self, engine: object) -> float:
+        """The pace of `engine`'s GPU-bound work now, as a share of its pace alone."""
+        return 1.0 / (1.0 + self.beside.get(engine, 1.0) * (len(self.work) - 1))
 
     def advance(self, now: float) -> None:
-        dt, share = now - self.since, self.share
+        dt = now - self.since
         for engine in self.work:
             launch = self.host.get(engine, 0.0)
             if launch >= dt:
                 self.host[engine] = launch - dt
             else:
                 self.host[engine] = 0.0
-                self.work[engine] -= (dt - launch) * share
+                self.work[engine] -= (dt - launch) * self.pace(engine)
         self.since = now
 
-    def add(self, engine: object, seconds: float, now: float, host_seconds: float = 0.0) -> None:
+    def add(self, engine: object, seconds: float, now: float, host_seconds: float = 0.0,
+            beside: float = 1.0) -> None:
         """`engine` starts a step of `seconds` alone: first `host_seconds` of launch-bound work at its own pace,
-        then the rest at the GPU's share."""
+        then the rest at its pace beside the other steps in flight (`beside`: its c)."""
         self.advance(now)
         self.host[engine] = min(host_seconds, seconds)
         self.work[engine] = seconds - self.host[engine]
+        self.beside[engine] = beside
 
     def remove(self, engine: object, now: float) -> None:
         self.advance(now)
         self.work.pop(engine, None)
         self.host.pop(engine, None)
+        self.beside.pop(engine, None)
 
     def ends(self, now: float) -> dict[object, float]:
         """When each step in flight ends if none starts or ends before."""
-        share = self.share
-        return {engine: now + self.host[engine] + max(0.0, work) / share for engine, work in self.work.items()}
+        return {engine: now + self.host[engine] + max(0.0, work) / self.pace(engine)
+                for engine, work in self.work.items()}
 
 
 def pack(fractions: list[float]) -> list[int]:

@@ -100,6 +100,22 @@ class HandoffCost(_Cost):
             raise ProfileError(f"{where}.bytes_per_s: must be > 0")
 
 
+class MpsCost(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """A role's steps as an MPS client at its share of the SMs (scripts/planner/gpu.py), against its costs here."""
+
+    # A step alone takes this times its cost (the cap's: the profile run as an MPS client at the share, over this one)
+    alone: float = 1.0
+    # Its GPU-bound work takes (1 + beside) times as long for each other engine's step in flight on its GPU (0: no
+    # slowdown; 1: as time-sliced). Fitted to served runs (docs/planner.md): a profile runs one process.
+    beside: float = 1.0
+
+    def check(self, where: str) -> None:
+        if not (math.isfinite(self.alone) and self.alone > 0):
+            raise ProfileError(f"{where}.alone: must be a finite number > 0, got {self.alone!r}")
+        if not (math.isfinite(self.beside) and self.beside >= 0):
+            raise ProfileError(f"{where}.beside: must be a finite number >= 0, got {self.beside!r}")
+
+
 class Profile(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     machine: str  # e.g. "1x NVIDIA H200"
     model: str  # e.g. "Qwen3-8B"
@@ -140,6 +156,8 @@ class Profile(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # What the costs above were fitted to (`pdcluster profile` since stop 25): a changed model refits them without a
     # GPU (`pdcluster refit-profile`). None in profiles before, and in those written by hand.
     points: MeasuredPoints | None = None
+    # Each role's steps on a GPU shared under MPS (`serve --mps`); a role not given: MpsCost()
+    mps: dict[str, MpsCost] = msgspec.field(default_factory=dict)
 
     def prefill_cost(self, padded: int) -> tuple[PrefillCost, bool]:
         """The cost of a prompt step of `padded` tokens (its tokens as the engine pads them, `Profile.padded`), and
@@ -185,6 +203,9 @@ class Profile(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         cost, graphed = self.prefill_cost(self.padded(tokens))
         return self.host_launch_s + (0.0 if graphed else cost.base_s)
 
+    def mps_cost(self, role: str) -> MpsCost:
+        return self.mps.get(role) or MpsCost()
+
     def decode_cost(self, batch: int) -> DecodeCost:
         """The cost of a decode step of `batch` sequences."""
         return decode_cost(batch, self.decode, self.decode_skinny, self.decode_skinny_max_batch)
@@ -201,6 +222,10 @@ class Profile(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             value = getattr(self, name)
             if not (math.isfinite(value) and value >= 0):
                 raise ProfileError(f"{name}: must be a finite number >= 0, got {value!r}")
+        for role, cost in self.mps.items():
+            if role not in ("prefill", "decode", "colocated"):
+                raise ProfileError(f"mps: {role!r} is not a role (prefill, decode, colocated)")
+            cost.check(f"mps.{role}")
         if not self.handoff:
             raise ProfileError("handoff: needs at least one transport")
         self.prefill.check("prefill")

@@ -81,7 +81,7 @@ class Simulation:
         self.infos: dict[str, WorkerInfo] = {}
         self.num_blocks = max(1, int(profile.num_kv_blocks * min(1.0, layout.gpus_per_engine)))
         placed = layout.gpus()
-        self.gpus = [Gpu(i, shared=placed.count(i) > 1 and not layout.mps) for i in range(max(placed, default=-1) + 1)]
+        self.gpus = [Gpu(i, shared=placed.count(i) > 1) for i in range(max(placed, default=-1) + 1)]
         self.gpu_of: dict[str, Gpu] = {}
         layout_rec = KVLayout(block_size=profile.block_size, num_layers=1, num_kv_heads=1, head_dim=1,
                               dtype="bfloat16")
@@ -213,7 +213,12 @@ class Simulation:
             return
         if gpu.shared:
             launch = 0.0 if engine.batch.decode_only else engine.launch_end - self.now  # an eager step's floor
-            gpu.add(engine, engine.step_time, self.now, launch)
+            seconds, beside = engine.step_time, 1.0
+            if self.layout.mps:
+                mps = self.profile.mps_cost(engine.role)
+                host = min(launch, seconds)
+                seconds, beside = host + (seconds - host) * mps.alone, mps.beside
+            gpu.add(engine, seconds, self.now, launch, beside)
             self._retime(gpu)
         else:
             self.push(end, "step", engine, engine.generation)
@@ -262,12 +267,12 @@ class Simulation:
         return finished
 
     def _copy_starts(self, engine: SimEngine, at: float) -> float:
-        """When a prefill worker's KV copy, queued at `at`, gets the GPU. Alone on it: at once. Sharing it (no MPS),
-        the GPU runs one process at a time: with a step of its own in flight the copy runs in that step's turn;
-        idle, it waits for the other engine's step in flight to end (docs/gpu_runs/stop20_timeslice_probe.py: a
-        short job waits for the step in flight)."""
+        """When a prefill worker's KV copy, queued at `at`, gets the GPU. Alone on it, or beside the other engine under
+        MPS: at once. Time-slicing it, the GPU runs one process at a time: with a step of its own in flight the copy
+        runs in that step's turn; idle, it waits for the other engine's step in flight to end
+        (docs/gpu_runs/stop20_timeslice_probe.py: a short job waits for the step in flight)."""
         gpu = self.gpu_of[engine.name]
-        if not gpu.shared or engine in gpu.work:
+        if not gpu.shared or self.layout.mps or engine in gpu.work:
             return at
         return max([at, *(end for other, end in gpu.ends(self.now).items() if other is not engine)])
 
