@@ -2,8 +2,8 @@
 
 Two processes on one GPU without MPS take it in turns of a couple of milliseconds, so a decode step beside a long
 prompt waits out the prompt's turn. Under MPS their kernels run side by side, and a cap on the share of the SMs a
-client may use (`CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`) keeps a prompt's large kernels from filling the GPU while
-decode steps wait: each worker then runs near its pace alone (docs/benchmarks.md, "Stop 48").
+client may use (`CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`) keeps a prompt's large kernels from holding every SM while
+decode steps wait. Served, the first tokens come sooner than in turns (docs/benchmarks.md, "Stop 49").
 
 The server is this run's own: started in a private folder (its pipe and log) before the workers, quit after them.
 Only workers given that folder connect to it; every other CUDA process on the node runs as before. It serves the
