@@ -1,7 +1,7 @@
 # Stop 48: Qwen3-0.6B on one GPU, 1P:1D at half the GPU each, served under MPS (`serve --mps`, decode capped at
 # 70% of the SMs) and time-sliced, one bench each on the same machine; MIX=ph (prefill-heavy, rates 8-64) or ls
-# (long-short, 8-32). A third bench, colocated, while time is left. Carry .gpu-deps; `pdcluster plan --validate`
-# runs on the CPU afterwards against the stored profile.
+# (long-short, 8-32). A third bench, colocated, while time is left; RUNS picks among the three (default all). Carry
+# .gpu-deps; `pdcluster plan --validate` runs on the CPU afterwards against the stored profile.
 KEEP=/tmp/stop48
 source docs/gpu_runs/one_gpu_validation.sh
 MIX=${MIX:-ph}
@@ -16,8 +16,9 @@ served() {  # NAME MODE serve-args
   cp $KEEP/$MIX-$1/results.json $OUT/q06-$MIX-$1.json 2>/dev/null
   echo "$MIX $1 done at $SECONDS s"
 }
-served mps disagg --mps
-served slices disagg ""
-[ $(left) -gt 150 ] && served colocated colocated ""
+RUNS=${RUNS:-mps slices colocated}
+[[ " $RUNS " == *" mps "* ]] && served mps disagg --mps
+[[ " $RUNS " == *" slices "* ]] && served slices disagg ""
+[[ " $RUNS " == *" colocated "* ]] && [ $(left) -gt 150 ] && served colocated colocated ""
 kill $watcher
 sort $OUT/apps-$MIX.txt | uniq -c | sort -rn | head -8
