@@ -720,7 +720,7 @@ def test_a_trace_without_rates_is_simulated_as_recorded(tmp_path):
 
 @pytest.mark.parametrize("flags, message", [
     (dict(profile=""), "--profile"),
-    (dict(gpus=1), "--gpus"),
+    (dict(gpus=0), "--gpus"),
     (dict(disagg_policies="always,sometimes"), "--disagg-policies"),
     (dict(placement="random"), "--placement"),
     (dict(workload="trace"), "--trace"),

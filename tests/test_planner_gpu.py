@@ -176,3 +176,35 @@ def test_the_stored_decode_cap_is_the_measured_pair_of_profiles_ratio():
     stored = load_profile(runs.parent.parent.parent / "scripts" / "planner" / "profiles" / "h200-qwen3-0.6b.json")
     assert max(ratios) - min(ratios) < 0.01
     assert stored.mps_cost("decode").alone == pytest.approx(sum(ratios) / len(ratios), abs=0.005)
+
+
+def test_a_plan_of_one_gpu_weighs_colocating_against_sharing_it_in_turns_and_under_mps():
+    """`--gpus 1`: one colocated engine, or 1P:1D at half the GPU each, time-sliced or under MPS, each policy. With
+    a profile whose roles slow nothing under MPS, the MPS layout is the pair on a GPU each at half the blocks, so
+    its first tokens come sooner than in turns; the pick is one of them and is drawn again like any other."""
+    from scripts.planner.config import PlanConfig
+    from scripts.planner.plan import redraw, run_plan
+
+    cfg = PlanConfig(profile="p.json", gpus=1, rates="4,12", num_requests=60, disagg_policies="always,auto", seed=0)
+    plan = run_plan(cfg, [mps_profile(prefill=0.0, decode=0.0)])
+    assert set(plan.results) == {"colocated x1", "1P:1D (0.5 GPU each)", "1P:1D (0.5 GPU each under MPS)",
+                                 "1P:1D (auto, 0.5 GPU each)", "1P:1D (auto, 0.5 GPU each under MPS)"}
+    turns, mps = plan.results["1P:1D (0.5 GPU each)"], plan.results["1P:1D (0.5 GPU each under MPS)"]
+    assert all(m.ttft_p50 < t.ttft_p50 for t, m in zip(turns, mps))
+    assert [p.rate for p in mps] == [4.0, 12.0] and all(p.requests == 60 for p in mps)
+    again = redraw(plan, "1P:1D (0.5 GPU each under MPS)", seed=0)
+    assert [(p.ttft_p50, p.tpot_p90, p.goodput) for p in again] == [(p.ttft_p50, p.tpot_p90, p.goodput) for p in mps]
+    assert plan.routers[1] == {"disagg": 1, "colocated": 1}
+    with pytest.raises(ValueError, match="--gpus"):
+        PlanConfig(profile="p.json", gpus=0)
+
+
+def test_plan_command_of_one_gpu_recommends_one_of_its_layouts():
+    from tests.test_planner import plan_command
+
+    proc = plan_command("--gpus", "1", "--rates", "2", "--num-requests", "30", "--disagg-policies", "always")
+    assert proc.returncode == 0, proc.stderr
+    assert "\n1 GPU; SLO:" in proc.stdout and "between GPUs go over" not in proc.stdout
+    [line] = [line for line in proc.stdout.splitlines() if line.startswith("recommendation: ")]
+    assert any(line.startswith(f"recommendation: {name}: ") for name in
+               ("colocated x1", "1P:1D (0.5 GPU each)", "1P:1D (0.5 GPU each under MPS)"))

@@ -14,8 +14,9 @@ from scripts.planner.config import BENCH_ONLY, MAX_SPLITS, PlanConfig
 
 
 PLAN_DOC = f"""Every split xP:yD of the GPUs (x + y = GPUS; with --profile at TP t, of GPUS / t engines) and as many
-colocated replicas, each split with each of --disagg-policies, simulated at every rate on the bench's workloads (the
-same flags, requests and arrival times as `pdcluster bench`). Where the top rate needs more routers than one
+colocated replicas (one GPU: a colocated engine, or 1P:1D sharing it in turns or under MPS), each split with each
+of --disagg-policies, simulated at every rate on the bench's workloads (the same flags, requests and arrival times
+as `pdcluster bench`). Where the top rate needs more routers than one
 (--router-rps or the measured ceiling; --routers sets them), each router fronts its own shard of the engines with
 its share of the clients, and a layout is predicted from its distinct shards, each simulated alone at its share of
 the rate. Beyond {MAX_SPLITS} distinct splits (or shards), a coarse grid and then halving steps around the best
@@ -60,7 +61,8 @@ def run(args: argparse.Namespace) -> None:
         print(f"profile: {prof.model} on {prof.machine} (tp {prof.tp})" + (f" -- {prof.note}" if prof.note else ""))
     prof = plan.profiles[0]
     slo = cfg.slo()
-    print(f"{cfg.gpus} GPUs; SLO: TTFT <= {slo.ttft:g} s, TPOT <= {slo.tpot:g} s; a layout sustains a rate when "
+    gpus = f"{cfg.gpus} GPU{'s' if cfg.gpus > 1 else ''}"
+    print(f"{gpus}; SLO: TTFT <= {slo.ttft:g} s, TPOT <= {slo.tpot:g} s; a layout sustains a rate when "
           f"{100 * ATTAINMENT:g}% of its requests meet both")
     if plan.capacity:
         print(rates_line(plan))
@@ -75,7 +77,7 @@ def run(args: argparse.Namespace) -> None:
         print(f"({len(plan.results)} layouts simulated; the table shows an even grid of the splits and the best "
               f"three; {'plan.json has' if cfg.out else '--out writes plan.json with'} every one)")
     for p in plan.profiles:
-        if (stand_in := p.cost_transport(ACROSS_GPUS)) != ACROSS_GPUS:
+        if cfg.gpus // p.tp > 1 and (stand_in := p.cost_transport(ACROSS_GPUS)) != ACROSS_GPUS:
             print(f"note: KV handoffs between GPUs go over {ACROSS_GPUS}, costed here as {stand_in}: the profile "
                   f"({p.machine}, tp {p.tp}) has no {ACROSS_GPUS} cost (`pdcluster profile` measures it on two GPUs)")
     if not cfg.trace:

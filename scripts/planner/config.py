@@ -43,7 +43,7 @@ class PlanConfig(BenchConfig):
     profile: str = _opt("", "cost profile JSON (`pdcluster profile`; examples in scripts/planner/profiles/); a "
                             "comma list of profiles of one model at several TP sizes compares them too")
     gpus: int = _opt(8, "GPUs to split between prefill and decode (each split xP:yD, x + y = GPUS, and GPUS "
-                        "colocated replicas)")
+                        "colocated replicas; 1: a colocated engine, or 1P:1D sharing the GPU)")
     disagg_policies: str = _opt("always,auto", "comma list of --disagg-policy values to simulate for each "
                                                "split (always, never, auto: the router's per-request choice)")
     placement: str = _opt("prefix", "the router's placement: prefix or load")
@@ -81,8 +81,8 @@ class PlanConfig(BenchConfig):
                 raise ValueError("plan --validate: one --profile")
         if not 0 < self.tolerance:
             raise ValueError(f"--tolerance: must be > 0, got {self.tolerance}")
-        if self.gpus < 2:
-            raise ValueError(f"--gpus: must be >= 2 (a prefill and a decode GPU), got {self.gpus}")
+        if self.gpus < 1:
+            raise ValueError(f"--gpus: must be >= 1, got {self.gpus}")
         if self.workload not in WORKLOADS:
             raise ValueError(f"--workload: expected one of {', '.join(WORKLOADS)}, got {self.workload!r}")
         if self.arrivals not in ARRIVALS:

@@ -185,6 +185,8 @@ def _plan_tp(plan: Plan, profile: Profile, loads: list[tuple[float, Workload]], 
     """The splits (and colocated) of the GPUs into engines of the profile's TP size, each mode behind the routers
     its top rate needs (`routers_for`)."""
     cfg, n = plan.config, plan.config.gpus // profile.tp
+    if n == 1 and profile.tp == 1:
+        return _plan_one_gpu(plan, profile, loads, slo, progress)
     if n < 2:
         raise ValueError(f"--gpus {cfg.gpus} makes fewer than 2 engines of tp {profile.tp}")
     common = dict(placement=cfg.placement, local_prefill_chunk=cfg.local_prefill_chunk, tp=profile.tp,
@@ -205,6 +207,30 @@ def _plan_tp(plan: Plan, profile: Profile, loads: list[tuple[float, Workload]], 
         shards.layouts.close()
 
 
+def _plan_one_gpu(plan: Plan, profile: Profile, loads: list[tuple[float, Workload]], slo: SLO,
+                  progress: Callable[[str], None] | None = None) -> None:
+    """One GPU: a colocated engine on it, or a prefill and a decode worker sharing it (`serve --gpus-per-worker
+    0.5`), in turns or side by side under MPS (`--mps`, the profile's `mps` costs), each with each policy."""
+    cfg = plan.config
+    common = dict(placement=cfg.placement, local_prefill_chunk=cfg.local_prefill_chunk)
+    plan.routers[profile.tp] = {"disagg": 1, "colocated": 1}
+    shared = [Layout(prefill=1, decode=1, policy=policy, gpus_per_engine=0.5, mps=mps, **common)
+              for policy in cfg.policy_list() for mps in (False, True)]
+    runner = Layouts(jobs(cfg), profile, loads, slo, plan.spares, progress)
+    try:
+        for layout in [*shared, Layout(colocated=1, **common)]:
+            plan.results[str(layout)] = _whole(runner, layout, loads)
+            plan.layouts[str(layout)] = layout
+    finally:
+        runner.close()
+
+
+def _whole(runner: Layouts, layout: Layout, loads: list[tuple[float, Workload]]) -> list[Point]:
+    """`layout` behind one router, simulated at the whole of every rate."""
+    [futures] = runner.start([layout])
+    return [mix(str(layout), rate, [(layout.engines, 1, f.result())]) for (rate, _), f in zip(loads, futures)]
+
+
 def redraw(plan: Plan, name: str, seed: int, slower: float = 0.0) -> list[Point]:
     """Layout `name` of the plan simulated again behind the same routers, on the draw of `seed` (another seed: the
     same flags, other prompts, lengths and arrival times) and on GPUs `slower` slower in every step. How far its
@@ -215,8 +241,14 @@ def redraw(plan: Plan, name: str, seed: int, slower: float = 0.0) -> list[Point]
     profile = next(p for p in plan.profiles if p.tp == layout.tp)
     if slower:
         profile = profile.slower(slower)
-    counts = shards_of(layout, plan.routers[layout.tp][layout.mode])
     loads = plan.loads if seed == plan.config.seed else workloads(dataclasses.replace(plan.config, seed=seed))
+    if layout.gpus_per_engine < 1:  # engines sharing the one GPU
+        runner = Layouts(jobs(plan.config), profile, loads, plan.config.slo(), BlockPool())
+        try:
+            return _whole(runner, layout, loads)
+        finally:
+            runner.close()
+    counts = shards_of(layout, plan.routers[layout.tp][layout.mode])
     shards = Shards(Layouts(jobs(plan.config), profile, loads, plan.config.slo(), BlockPool()),
                     plan.config.gpus // profile.tp, loads)
     try:

@@ -116,12 +116,13 @@ def _reading(s: tuple[float, float, float]) -> str:
 
 
 def table(results: dict[str, list[Point]]) -> str:
-    head = (f"{'layout':<22} {'rate':>7} {'TTFT p50':>9} {'TTFT p90':>9} {'TPOT p50':>9} {'TPOT p90':>9} "
+    width = max([22, *map(len, results)])
+    head = (f"{'layout':<{width}} {'rate':>7} {'TTFT p50':>9} {'TTFT p90':>9} {'TPOT p50':>9} {'TPOT p90':>9} "
             f"{'in SLO':>7} {'goodput':>8} {'refused':>7}")
     lines = [head, "-" * len(head)]
     for name, points in results.items():
         for p in points:
-            lines.append(f"{name:<22} {p.rate:>7g} {_ms(p.ttft_p50)} {_ms(p.ttft_p90)} {_ms(p.tpot_p50)} "
+            lines.append(f"{name:<{width}} {p.rate:>7g} {_ms(p.ttft_p50)} {_ms(p.ttft_p90)} {_ms(p.tpot_p50)} "
                          f"{_ms(p.tpot_p90)} {100 * p.attainment:>6.1f}% {p.goodput:>8.3g} {p.refused:>7}")
     return "\n".join(lines)
 

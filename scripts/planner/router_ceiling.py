@@ -123,7 +123,7 @@ def summary(checks: list[RouterCheck]) -> list[str]:
             top = max(checks, key=lambda c: c.rate / c.ceiling)
             return [f"router: one router carries every rate here (at most {100 * top.rate / top.ceiling:.0f}% of its "
                     f"ceiling, about {top.ceiling:.0f} req/s of {top.tokens:.0f} streamed tokens for {top.mode} with "
-                    f"{top.workers} workers)"]
+                    f"{top.workers} worker{'s' if top.workers != 1 else ''})"]
         for (mode, workers, used), group in groups.items():
             top = max(group, key=lambda c: c.rate)
             who = "one router carries" if used == 1 else (f"{used} routers, each in front of about {top.share(used)} "
