@@ -278,3 +278,26 @@ def test_the_routers_prefix_keys_are_the_keys_the_engine_caches_blocks_under(blo
         committed = [bm.block_hash[b] for b in s.block_table[:full]]
         assert block_keys(tokens, block_size, full) == committed, length
         assert block_keys(tokens, block_size) == committed[:max(0, (len(tokens) - 1) // block_size)], length
+
+
+def test_a_prompts_blocks_are_hashed_once_and_given_keys_not_at_all(monkeypatch):
+    """A prompt is matched against the cache, then committed: its keys (`prompt_keys`) are hashed once for both,
+    and a caller that gives them (the simulator, from the router's) has none hashed; the keys stay those hashing
+    gives, and a block past the prompt (decoded tokens) is hashed as before."""
+    from common.prefix_hash import block_keys, chain_hash
+    calls = []
+    monkeypatch.setattr(bm_module, "chain_hash", lambda prev, tokens: calls.append(1) or chain_hash(prev, tokens))
+    tokens = list(range(100, 118))  # 4 full blocks of 4 and 2 tokens
+    bm, a = BlockManager(16, 4), seq(tokens, "a")
+    assert bm.allocate(a, a.num_tokens)
+    computed(bm, a)
+    assert len(calls) == 4 and a.prompt_keys == block_keys(tokens, 4, 4)
+    a.token_ids += [7, 7]  # decoded: a fifth block fills
+    computed(bm, a)
+    assert len(calls) == 5 and len(a.prompt_keys) == 4 and bm.block_hash[a.block_table[4]] is not None
+    calls.clear()
+    bm2, b = BlockManager(16, 4), seq(tokens, "b")
+    b.prompt_keys = block_keys(tokens, 4, 4)
+    assert bm2.allocate(b, b.num_tokens)
+    computed(bm2, b)
+    assert not calls and [bm2.block_hash[x] for x in b.block_table[:4]] == [bm.block_hash[x] for x in a.block_table[:4]]

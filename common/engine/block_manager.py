@@ -128,7 +128,7 @@ class BlockManager:
                 continue
             prev = self.block_hash[seq.block_table[i - 1]] if i else -1
             tokens = seq.token_ids[i * bs:(i + 1) * bs]
-            h = chain_hash(prev, tokens)
+            h = self._key(seq, i, prev, tokens)
             self.block_hash[b], self.block_tokens[b] = h, tuple(tokens)
             self.hash_to_block.setdefault(h, b)
 
@@ -157,12 +157,25 @@ class BlockManager:
         prev = -1
         for i in range(num_full):
             tokens = seq.token_ids[i * bs:(i + 1) * bs]
-            prev = chain_hash(prev, tokens)
+            prev = self._key(seq, i, prev, tokens)
             b = self.hash_to_block.get(prev)
             if b is None or self.block_tokens[b] != tuple(tokens):
                 break
             hits.append(b)
         return hits
+
+    def _key(self, seq: Sequence, i: int, prev: int, tokens: list[int]) -> int:
+        """`chain_hash(prev, tokens)` of block i of `seq`, taken from (or added to) its `prompt_keys` where it
+        continues their chain inside the prompt: a prompt's tokens never change, so neither do their keys."""
+        keys = seq.prompt_keys
+        n = len(keys)
+        if i <= n and (keys[i - 1] if i else -1) == prev:
+            if i < n:
+                return keys[i]
+            if (i + 1) * self.block_size <= seq.num_prompt_tokens:
+                keys.append(h := chain_hash(prev, tokens))
+                return h
+        return chain_hash(prev, tokens)
 
     def _take_free_blocks(self, n: int) -> list[int]:
         """The n least recently freed blocks (never used ones first), each out of the prefix cache and with one

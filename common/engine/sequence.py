@@ -37,6 +37,9 @@ class Sequence:
         self.num_preemptions = 0
         self.prefill_only = prefill_only  # a prefill worker's: stop after the first token, keep the blocks
         self.sample_ref: tuple[int, int] = (-1, -1)  # (launch id, row) that samples its PENDING token
+        # The chain keys of the prompt's first full blocks (common/prefix_hash.py), as far as known: the block
+        # manager hashes each once (a prompt is matched, then committed); a caller that has them may give them.
+        self.prompt_keys: list[int] = []
 
     def __repr__(self) -> str:
         return (f"Sequence({self.request_id!r}, {self.status.name}, tokens={self.num_tokens}, "

@@ -130,18 +130,28 @@ class SimEngine:
 
     # ---- requests in --------------------------------------------------------------------------------
     def add_prompt(self, rid: str, prompt: list[int], output_len: int, prefill_only: bool,
-                   now: float = 0.0) -> Sequence:
-        seq = sequence(rid, prompt, output_len, prefill_only, self.block_manager.enable_prefix_caching)
+                   now: float = 0.0, keys: list[int] | None = None) -> Sequence:
+        """`keys`: the prompt's chain keys (the router's `PromptKeys.keys`), if known: not hashed again."""
+        seq = self._sequence(rid, prompt, output_len, prefill_only, keys)
         seq.arrival_time = now
         self.scheduler.add(seq)
         return seq
 
-    def reserve(self, rid: str, prompt: list[int], output_len: int) -> Sequence | None:
+    def reserve(self, rid: str, prompt: list[int], output_len: int,
+                keys: list[int] | None = None) -> Sequence | None:
         """Decode side of a handoff: blocks for the prompt, outside the scheduler (LLMEngine.reserve)."""
-        seq = sequence(rid, prompt, output_len, False, self.block_manager.enable_prefix_caching)
+        seq = self._sequence(rid, prompt, output_len, False, keys)
         if not self.block_manager.allocate(seq, seq.num_tokens, use_cache=False):
             return None
         seq.status = SequenceStatus.RESERVED
+        return seq
+
+    def _sequence(self, rid: str, prompt: list[int], output_len: int, prefill_only: bool,
+                  keys: list[int] | None) -> Sequence:
+        caching = self.block_manager.enable_prefix_caching
+        seq = sequence(rid, prompt, output_len, prefill_only, caching)
+        if caching and keys is not None:
+            seq.prompt_keys = keys  # shared: a prompt's every full block has its key, so none is added to them
         return seq
 
     def land(self, seq: Sequence, now: float = 0.0) -> bool:

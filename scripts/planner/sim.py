@@ -365,7 +365,7 @@ class Simulation:
             return True
         engine = self.engines[decode.worker_id]
         self._kick(engine)  # a fast run there takes its blocks before the reservation does
-        seq = engine.reserve(req.rid, ids, req.output_len)
+        seq = engine.reserve(req.rid, ids, req.output_len, req.keys.keys)
         if seq is None:
             return False
         place.placed(decode, req.keys)
@@ -383,7 +383,7 @@ class Simulation:
 
     def _run_on(self, name: str, req: SimRequest, prefill_only: bool) -> None:
         engine = self.engines[name]
-        seq = engine.add_prompt(req.rid, req.attempt_ids, req.output_len, prefill_only, self.now)
+        seq = engine.add_prompt(req.rid, req.attempt_ids, req.output_len, prefill_only, self.now, req.keys.keys)
         if prefill_only:
             req.prefill_seq = Placed(name, seq)
         self._kick(engine)
