@@ -151,7 +151,7 @@ class SimEngine:
         caching = self.block_manager.enable_prefix_caching
         seq = sequence(rid, prompt, output_len, prefill_only, caching)
         if caching and keys is not None:
-            seq.prompt_keys = keys  # shared: a prompt's every full block has its key, so none is added to them
+            seq.prompt_keys = list(keys)  # its own: the block manager may add to them
         return seq
 
     def land(self, seq: Sequence, now: float = 0.0) -> bool:
