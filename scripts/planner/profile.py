@@ -109,6 +109,13 @@ class MpsCost(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # slowdown; 1: as time-sliced). Fitted to served runs (docs/planner.md): a profile runs one process.
     beside: float = 1.0
 
+    def step_seconds(self, seconds: float, host: float) -> float:
+        """A step of `seconds` alone on a GPU of its own, `host` of them launch-bound: its time alone at the share."""
+        if self.alone == 1.0:
+            return seconds
+        host = min(host, seconds)
+        return host + (seconds - host) * self.alone
+
     def check(self, where: str) -> None:
         if not (math.isfinite(self.alone) and self.alone > 0):
             raise ProfileError(f"{where}.alone: must be a finite number > 0, got {self.alone!r}")
