@@ -292,3 +292,21 @@ def test_a_profile_names_a_tree_that_differs_from_its_commit(tmp_path, monkeypat
     assert clean and re.fullmatch(r"[0-9a-f]{7,}", clean)
     (tmp_path / "f.py").write_text("a = 2\n")
     assert run.git_revision() == clean + "+changes"
+
+
+@pytest.mark.parametrize("share, said", [(None, False), ("100", False), ("70", True)])
+def test_a_profile_measured_as_an_mps_client_at_a_share_says_so(monkeypatch, share, said):
+    """Its costs are then that share's: the decode cap's `alone` (Profile.mps) is its ratio to an uncapped one."""
+    import torch
+
+    from types import SimpleNamespace
+
+    from scripts.planner.measure.run import note
+
+    if share is None:
+        monkeypatch.delenv("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", raising=False)
+    else:
+        monkeypatch.setenv("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", share)
+    cfg = SimpleNamespace(quick=False, overlap_scheduling=True, enforce_eager=False)  # the flags `note` reads
+    assert ("as an MPS client at 70% of the SMs" in note(cfg, torch.device("cuda"))) == said
+    assert "MPS" not in note(cfg, torch.device("cpu"))

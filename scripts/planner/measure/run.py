@@ -167,4 +167,7 @@ def note(cfg: ProfileConfig, device: torch.device) -> str:
     if not cfg.overlap_scheduling or cfg.enforce_eager:
         text += ", " + ", ".join(flag for flag, on in (("--no-overlap-scheduling", not cfg.overlap_scheduling),
                                                        ("--enforce-eager", cfg.enforce_eager)) if on)
+    share = os.environ.get("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE")
+    if device.type == "cuda" and share not in (None, "100"):  # its costs are a share's (Profile.mps `alone`)
+        text += f", as an MPS client at {share}% of the SMs"
     return text
