@@ -307,6 +307,12 @@ def test_a_profile_measured_as_an_mps_client_at_a_share_says_so(monkeypatch, sha
         monkeypatch.delenv("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", raising=False)
     else:
         monkeypatch.setenv("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", share)
+    from common.engine.layers.fusion import mps_share
+
     cfg = SimpleNamespace(quick=False, overlap_scheduling=True, enforce_eager=False)  # the flags `note` reads
-    assert ("as an MPS client at 70% of the SMs" in note(cfg, torch.device("cuda"))) == said
-    assert "MPS" not in note(cfg, torch.device("cpu"))
+    mps_share.cache_clear()  # read once a process; this test changes it
+    try:
+        assert ("as an MPS client at 70% of the SMs" in note(cfg, torch.device("cuda"))) == said
+        assert "MPS" not in note(cfg, torch.device("cpu"))
+    finally:
+        mps_share.cache_clear()

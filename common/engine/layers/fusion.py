@@ -2,6 +2,7 @@
 asks for them: an engine on CPU never imports triton, even where it is installed."""
 from __future__ import annotations
 
+import functools
 import importlib
 import os
 from types import ModuleType
@@ -49,6 +50,14 @@ def head_sampler(hidden: torch.Tensor, weight: torch.Tensor) -> ModuleType | Non
     batch on CUDA), else None. Not in a process capped to a share of the SMs under MPS: in the engine's decode graphs
     there it returned tokens beyond the vocabulary, though its kernel alone replays exactly from a graph at that share
     (docs/benchmarks.md, stops 48-49); the head and sampler apart did not."""
-    if os.environ.get("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "100") != "100":
+    if mps_share() is not None:
         return None
     return _serving("head_sampler", hidden, weight)
+
+
+@functools.cache
+def mps_share() -> str | None:
+    """The percent of the SMs this process may use as an MPS client (`serve --mps`), None if not capped; read once,
+    as CUDA reads it at start-up."""
+    share = os.environ.get("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE")
+    return None if share in (None, "100") else share

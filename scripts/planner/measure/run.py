@@ -26,6 +26,7 @@ from pathlib import Path
 import torch
 
 from common.config import ConfigError, EngineConfig
+from common.engine.layers.fusion import mps_share
 from common.engine.llm import LLM
 from common.protocol.kv import DTYPE_BYTES
 from scripts.planner.fit import Fit, fit_costs
@@ -167,7 +168,6 @@ def note(cfg: ProfileConfig, device: torch.device) -> str:
     if not cfg.overlap_scheduling or cfg.enforce_eager:
         text += ", " + ", ".join(flag for flag, on in (("--no-overlap-scheduling", not cfg.overlap_scheduling),
                                                        ("--enforce-eager", cfg.enforce_eager)) if on)
-    share = os.environ.get("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE")
-    if device.type == "cuda" and share not in (None, "100"):  # its costs are a share's (Profile.mps `alone`)
+    if device.type == "cuda" and (share := mps_share()) is not None:  # its costs are a share's (Profile.mps `alone`)
         text += f", as an MPS client at {share}% of the SMs"
     return text
