@@ -208,3 +208,13 @@ def test_plan_command_of_one_gpu_recommends_one_of_its_layouts():
     [line] = [line for line in proc.stdout.splitlines() if line.startswith("recommendation: ")]
     assert any(line.startswith(f"recommendation: {name}: ") for name in
                ("colocated x1", "1P:1D (0.5 GPU each)", "1P:1D (0.5 GPU each under MPS)"))
+
+
+def test_engines_sharing_a_gpu_are_one_shard_behind_one_router_and_take_that_gpus_share_of_the_rate():
+    from scripts.planner.shards import shards_of
+
+    shared = Layout(prefill=1, decode=1, gpus_per_engine=0.5, mps=True)
+    assert shards_of(shared, 1) == {shared: 1} and shared.num_gpus == 1
+    assert Layout(prefill=3, decode=5).num_gpus == 8 and Layout(colocated=4, gpus_per_engine=0.5).num_gpus == 2
+    with pytest.raises(ValueError, match="not split among routers"):
+        shards_of(shared, 2)

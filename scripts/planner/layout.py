@@ -35,6 +35,11 @@ class Layout:
         """Each engine's GPU, engines in launch order (prefill, decode, colocated), as `serve` places them."""
         return pack([self.gpus_per_engine] * self.engines)
 
+    @property
+    def num_gpus(self) -> int:
+        """The GPUs its engines take (engines of the profile's TP size: one each unless they share)."""
+        return len(set(self.gpus()))
+
     def __str__(self) -> str:
         tp = f"tp{self.tp} " if self.tp > 1 else ""
         shared = "" if self.gpus_per_engine >= 1 else f", {self.gpus_per_engine:g} GPU each" + (

@@ -216,19 +216,15 @@ def _plan_one_gpu(plan: Plan, profile: Profile, loads: list[tuple[float, Workloa
     plan.routers[profile.tp] = {"disagg": 1, "colocated": 1}
     shared = [Layout(prefill=1, decode=1, policy=policy, gpus_per_engine=0.5, mps=mps, **common)
               for policy in cfg.policy_list() for mps in (False, True)]
-    runner = Layouts(jobs(cfg), profile, loads, slo, plan.spares, progress)
+    shards = Shards(Layouts(jobs(cfg), profile, loads, slo, plan.spares, progress), 1, loads)
     try:
-        for layout in [*shared, Layout(colocated=1, **common)]:
-            plan.results[str(layout)] = _whole(runner, layout, loads)
+        layouts = {layout: shards_of(layout, 1) for layout in [*shared, Layout(colocated=1, **common)]}
+        shards.start(layouts)
+        for layout, counts in layouts.items():
+            plan.results[str(layout)] = shards.points(layout, counts)
             plan.layouts[str(layout)] = layout
     finally:
-        runner.close()
-
-
-def _whole(runner: Layouts, layout: Layout, loads: list[tuple[float, Workload]]) -> list[Point]:
-    """`layout` behind one router, simulated at the whole of every rate."""
-    [futures] = runner.start([layout])
-    return [mix(str(layout), rate, [(layout.engines, 1, f.result())]) for (rate, _), f in zip(loads, futures)]
+        shards.layouts.close()
 
 
 def redraw(plan: Plan, name: str, seed: int, slower: float = 0.0) -> list[Point]:
@@ -242,12 +238,6 @@ def redraw(plan: Plan, name: str, seed: int, slower: float = 0.0) -> list[Point]
     if slower:
         profile = profile.slower(slower)
     loads = plan.loads if seed == plan.config.seed else workloads(dataclasses.replace(plan.config, seed=seed))
-    if layout.gpus_per_engine < 1:  # engines sharing the one GPU
-        runner = Layouts(jobs(plan.config), profile, loads, plan.config.slo(), BlockPool())
-        try:
-            return _whole(runner, layout, loads)
-        finally:
-            runner.close()
     counts = shards_of(layout, plan.routers[layout.tp][layout.mode])
     shards = Shards(Layouts(jobs(plan.config), profile, loads, plan.config.slo(), BlockPool()),
                     plan.config.gpus // profile.tp, loads)
@@ -274,12 +264,13 @@ class Shards:
     """Each distinct shard simulated once, at its share of every rate, and layouts' points mixed from them."""
 
     def __init__(self, layouts: Layouts, engines: int, loads: list[tuple[float, Workload]]):
+        # `engines`: the plan's engines of a GPU (or of its TP size) each; a shard takes its GPUs' share of the rate
         self.layouts, self.engines, self.loads = layouts, engines, loads
         self.started: dict[Layout, list[Future]] = {}
 
     def start(self, splits: dict[Layout, dict[Layout, int]]) -> None:
         new = [s for s in dict.fromkeys(s for counts in splits.values() for s in counts) if s not in self.started]
-        self.started.update(zip(new, self.layouts.start(new, [s.engines / self.engines for s in new])))
+        self.started.update(zip(new, self.layouts.start(new, [s.num_gpus / self.engines for s in new])))
 
     def points(self, layout: Layout, shards: dict[Layout, int]) -> list[Point]:
         parts = [(shard.engines * count, count, [f.result() for f in self.started[shard]])

@@ -34,8 +34,10 @@ def shard_sizes(engines: int, routers: int) -> list[int]:
 def shards_of(layout: Layout, routers: int) -> dict[Layout, int] | None:
     """The distinct shards of `layout` behind `routers` routers and how many of each; None where some shard would
     lack a prefill or a decode worker (fewer of either than routers)."""
-    if layout.gpus_per_engine < 1:
-        raise ValueError("shards: engines that share GPUs are not split among routers")
+    if layout.gpus_per_engine < 1:  # a shared GPU's engines stay together, behind one router
+        if routers > 1:
+            raise ValueError("shards: engines that share GPUs are not split among routers")
+        return {layout: 1}
     sizes = shard_sizes(layout.engines, routers)
     if layout.colocated:
         shards = [dataclasses.replace(layout, colocated=s) for s in sizes]
