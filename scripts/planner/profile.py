@@ -123,6 +123,9 @@ class MpsCost(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             raise ProfileError(f"{where}.beside: must be a finite number >= 0, got {self.beside!r}")
 
 
+TIME_SLICED = MpsCost()  # engines taking a shared GPU in turns: each at its pace alone, slowed as much by the other
+
+
 class Profile(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     machine: str  # e.g. "1x NVIDIA H200"
     model: str  # e.g. "Qwen3-8B"
@@ -211,7 +214,7 @@ class Profile(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         return self.host_launch_s + (0.0 if graphed else cost.base_s)
 
     def mps_cost(self, role: str) -> MpsCost:
-        return self.mps.get(role) or MpsCost()
+        return self.mps.get(role) or TIME_SLICED
 
     def decode_cost(self, batch: int) -> DecodeCost:
         """The cost of a decode step of `batch` sequences."""

@@ -52,7 +52,7 @@ from scripts.planner.block_pool import BlockPool
 from scripts.planner.engine import SimEngine
 from scripts.planner.gpu import Gpu
 from scripts.planner.layout import Layout
-from scripts.planner.profile import MpsCost, Profile
+from scripts.planner.profile import TIME_SLICED, Profile
 from scripts.planner.sequences import sampling
 from scripts.planner.unshared_prefixes import prefix_index, prompt_keys
 from scripts.planner.workload import Placed, SimRequest, Workload
@@ -213,7 +213,7 @@ class Simulation:
             return
         if gpu.shared:
             launch = 0.0 if engine.batch.decode_only else engine.launch_end - self.now  # an eager step's floor
-            pace = self.profile.mps_cost(engine.role) if self.layout.mps else MpsCost()  # default: time-sliced
+            pace = self.profile.mps_cost(engine.role) if self.layout.mps else TIME_SLICED
             gpu.add(engine, pace.step_seconds(engine.step_time, launch), self.now, launch, pace.beside)
             self._retime(gpu)
         else:
