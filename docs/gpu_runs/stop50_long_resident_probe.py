@@ -11,6 +11,8 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import subprocess
+import sys
 import time
 
 from common.config import EngineConfig
@@ -24,6 +26,9 @@ def batches(short: int, long: int) -> list[tuple[str, list[int]]]:
     return [("8 short", [short] * 8), ("8 short + 1 long", [short] * 8 + [long]), ("1 long", [long]),
             ("24 short", [short] * 24), ("24 short + 1 long", [short] * 24 + [long]),
             ("8 short + 1 third-long", [short] * 8 + [long // 3])]
+
+IDLE_CLIENT = ("import time, torch; x = torch.ones(2**28, device='cuda'); torch.cuda.synchronize(); "
+               "print('idle client up', flush=True); time.sleep(3600)")
 
 
 def decode_steps(llm: LLM, prompts: Prompts, lengths: list[int], steps: int) -> float:
@@ -57,7 +62,14 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--short", type=int, default=400)
     ap.add_argument("--long", type=int, default=6144)
+    ap.add_argument("--idle-client", action="store_true",
+                    help="a second CUDA process (an MPS client when under MPS) holding memory, idle, throughout")
     args = ap.parse_args()
+    idle = None
+    if args.idle_client:
+        idle = subprocess.Popen([sys.executable, "-c", IDLE_CLIENT], env={**__import__("os").environ,
+                                "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "100"}, stdout=subprocess.PIPE, text=True)
+        print(idle.stdout.readline().strip(), flush=True)
     llm = LLM.from_config(EngineConfig(model=args.model, device=args.device, gpu_memory_utilization=0.4))
     prompts = Prompts(llm.engine.config.model_config.vocab_size)
     out = {}
@@ -69,6 +81,8 @@ def main() -> None:
                 print(f"round {r}: {name:>20}: {ms:.3f} ms/step", flush=True)
     finally:
         llm.close()
+        if idle is not None:
+            idle.kill()
     print(json.dumps(out))
 
 
