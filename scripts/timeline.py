@@ -48,7 +48,8 @@ def load(folder: Path) -> dict[str, dict[tuple[str, str], dict]]:
     for path in sorted(folder.glob("*.jsonl")):
         for line in path.read_text().splitlines():
             e = json.loads(line)
-            requests[e["request"]].setdefault((e["role"], e["event"]), e)
+            if "request" in e:  # not a worker's `step`
+                requests[e["request"]].setdefault((e["role"], e["event"]), e)
     return requests
 
 

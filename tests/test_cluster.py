@@ -182,6 +182,12 @@ def test_the_timeline_shows_each_finished_requests_path_in_order(case, cluster, 
         assert times == sorted(times), (r, path)
         if mode == "disagg":
             assert all(x >= 0 for x in parts(r).values())
+    # each worker marks its steps too: those that gave the requests their tokens
+    steps = [json.loads(line) for path in cluster.timeline_dir.glob("*.jsonl")
+             for line in path.read_text().splitlines() if '"event": "step"' in line]
+    assert {e["role"] for e in steps} == ({"prefill", "decode"} if mode == "disagg" else {"colocated"})
+    assert sum(e["seqs"] for e in steps if e["role"] != "prefill") >= 3 * GREEDY["max_tokens"] - 3
+    assert all(e["step_us"] > 0 and e["gpu_us"] == 0 for e in steps)  # no GPU time on the CPU
     timeline_main([str(cluster.timeline_dir)])
     out = capsys.readouterr().out
     assert out.startswith("load point | requests")

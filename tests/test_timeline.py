@@ -86,3 +86,21 @@ def test_the_command_prints_the_step_report_under_each_point(tmp_path, capsys):
     out = capsys.readouterr().out.splitlines()
     assert " | 1 of 1 " in out[1]
     assert out[2].strip().startswith("prefill steps 1: x alone")
+
+
+def test_a_workers_steps_are_marked_without_a_request_and_left_out_of_the_requests(tmp_path):
+    from common.worker.timeline import Timeline
+
+    tl = Timeline(str(tmp_path), "d0", "decode")
+    tl.mark("r0", "received", t=1.0, tokens=12)
+    tl.step(0.0012, 0.00105, 3)
+    tl.flush()
+    lines = [json.loads(line) for line in (tmp_path / "d0.jsonl").read_text().splitlines()]
+    step = lines[1]
+    assert "request" not in step and (step["event"], step["step_us"], step["gpu_us"], step["seqs"]) == \
+        ("step", 1200, 1050, 3)
+    assert step["worker"] == "d0" and step["role"] == "decode" and step["t"] > 0
+    assert list(timeline.load(tmp_path)) == ["r0"]
+    off = Timeline(None, "d0", "decode")
+    off.step(0.001, 0.001, 1)
+    assert not off.on and off._events == []

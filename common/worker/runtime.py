@@ -100,9 +100,13 @@ class Worker:
                 time.sleep(self.faults.claim_seconds("slow_step", self._prompts(), self.config.worker_id))
             started = time.monotonic()
             updated = self.engine.step(idle=self._meanwhile)
-            if self.timeline.on and self.engine.launched is not None:
-                for seq in self.engine.launched.seqs:
-                    self.timeline.first(seq.request_id, "launched", started)
+            if self.timeline.on:
+                if self.engine.launched is not None:
+                    for seq in self.engine.launched.seqs:
+                        self.timeline.first(seq.request_id, "launched", started)
+                step = self.engine.last_step
+                if step.steps:
+                    self.timeline.step(step.seconds, step.gpu_seconds, len(updated))
             return updated
         finally:
             self.liveness.step_ended()

@@ -11,6 +11,8 @@ Events (each with `t`, `worker`, `role`, `request`, `event`):
 - `landed`: the KV is in the reserved blocks and the first token is reported;
 - `finished`.
 Events of one request on two workers are in causal order: each is marked before the message that leads to the next.
+A worker also marks each of its steps, with no request: `step` (`t`: when its batch was collected), with `step_us`
+(since the step before ended), `gpu_us` (its batch's GPU time; 0 off CUDA) and `seqs` (the sequences given a token).
 """
 from __future__ import annotations
 
@@ -41,6 +43,15 @@ class Timeline:
             return
         self._events.append(json.dumps({"t": time.monotonic() if t is None else t, "worker": self.worker_id,
                                         "role": self.role, "request": request_id, "event": event, **fields}))
+        if len(self._events) >= FLUSH_EVERY:
+            self.flush()
+
+    def step(self, seconds: float, gpu_seconds: float, seqs: int) -> None:
+        if self.path is None:
+            return
+        self._events.append(json.dumps({"t": time.monotonic(), "worker": self.worker_id, "role": self.role,
+                                        "event": "step", "step_us": round(seconds * 1e6),
+                                        "gpu_us": round(gpu_seconds * 1e6), "seqs": seqs}))
         if len(self._events) >= FLUSH_EVERY:
             self.flush()
 

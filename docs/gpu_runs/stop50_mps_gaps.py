@@ -24,7 +24,8 @@ def events(folder: str, worker: str) -> dict[int, dict[str, dict]]:
     with open(f"{folder}/{worker}.jsonl") as f:
         for line in f:
             e = json.loads(line)
-            by_request[int(e["request"].rsplit("-", 1)[1])][e["event"]] = e
+            if "request" in e:  # not a `step` (stop 50's later timelines mark those too)
+                by_request[int(e["request"].rsplit("-", 1)[1])][e["event"]] = e
     return by_request
 
 
