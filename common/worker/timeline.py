@@ -39,19 +39,16 @@ class Timeline:
         return self.path is not None
 
     def mark(self, request_id: str, event: str, t: float | None = None, **fields: int) -> None:
-        if self.path is None:
-            return
-        self._events.append(json.dumps({"t": time.monotonic() if t is None else t, "worker": self.worker_id,
-                                        "role": self.role, "request": request_id, "event": event, **fields}))
-        if len(self._events) >= FLUSH_EVERY:
-            self.flush()
+        if self.path is not None:
+            self._write(time.monotonic() if t is None else t, {"request": request_id, "event": event, **fields})
 
     def step(self, seconds: float, gpu_seconds: float, seqs: int) -> None:
-        if self.path is None:
-            return
-        self._events.append(json.dumps({"t": time.monotonic(), "worker": self.worker_id, "role": self.role,
-                                        "event": "step", "step_us": round(seconds * 1e6),
-                                        "gpu_us": round(gpu_seconds * 1e6), "seqs": seqs}))
+        if self.path is not None:
+            self._write(time.monotonic(), {"event": "step", "step_us": round(seconds * 1e6),
+                                           "gpu_us": round(gpu_seconds * 1e6), "seqs": seqs})
+
+    def _write(self, t: float, fields: dict) -> None:
+        self._events.append(json.dumps({"t": t, "worker": self.worker_id, "role": self.role, **fields}))
         if len(self._events) >= FLUSH_EVERY:
             self.flush()
 
