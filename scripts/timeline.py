@@ -12,6 +12,10 @@ Disaggregated (a reservation on a decode worker, then the prompt on a prefill wo
   seat           first token reported -> its first decode step launched on the decode worker
 Colocated (or prefilled by the decode worker itself): only the queue (received -> launched).
 
+Where the workers marked their steps (`step` events), each load point's decode steps too: their GPU time with no
+prompt step in flight, and over that, beside prompt steps (by their longest prompt) and in the milliseconds after a
+prompt step of 4k tokens or more ended.
+
 With `--profile P` (`pdcluster profile`'s JSON for the GPU that served), each load point's prefill steps are set
 against that profile's time for them alone on a GPU: a step from when it had the GPU's queue to itself (its
 launch, or the previous step's end if it was launched while that ran) to its first token, over its time alone
@@ -51,6 +55,19 @@ def load(folder: Path) -> dict[str, dict[tuple[str, str], dict]]:
             if "request" in e:  # not a worker's `step`
                 requests[e["request"]].setdefault((e["role"], e["event"]), e)
     return requests
+
+
+def load_steps(folder: Path) -> list[dict]:
+    """Every worker's `step` events, in time order, each with `start` added: when its batch's GPU work began
+    (collected less its GPU time; off CUDA, less its step time)."""
+    steps = []
+    for path in sorted(folder.glob("*.jsonl")):
+        for line in path.read_text().splitlines():
+            e = json.loads(line)
+            if e.get("event") == "step":
+                e["start"] = e["t"] - (e["gpu_us"] or e["step_us"]) / 1e6
+                steps.append(e)
+    return sorted(steps, key=lambda e: e["t"])
 
 
 def load_points(requests: dict[str, dict], gap: float) -> list[list[dict]]:
@@ -114,6 +131,42 @@ def step_report(point: list[dict], profile: Profile, max_tokens: int | None) -> 
             f"({split}), pace {statistics.median(pace):.2f}")
 
 
+PROMPT_CLASSES = ((1024, "< 1k"), (4096, "1k-4k"), (None, "4k+"))  # a prompt step by its longest prompt
+AFTER_LONG_MS = (5, 10, 20)  # bins of the time since the last 4k+ prompt step ended
+
+
+def prompt_class(longest: int) -> str:
+    return next(name for limit, name in PROMPT_CLASSES if limit is None or longest < limit)
+
+
+def decode_step_report(point: list[dict], steps: list[dict]) -> str | None:
+    """The point's decode steps (decode and colocated workers' `step` events from its first request's start to its
+    last event): their GPU time with no prompt step in flight on a prefill worker, and the others' over that, by the
+    longest prompt of the prompt step beside them, and after a 4k+ prompt step ended (by AFTER_LONG_MS)."""
+    first = min(e["t"] for r in point for e in r.values())
+    last = max(e["t"] for r in point for e in r.values())
+    prompts = prefill_steps(point)
+    long_ends = sorted(end for _, end, p in prompts if prompt_class(max(p)) == "4k+")
+    by: dict[str, list[float]] = defaultdict(list)
+    for e in steps:
+        if e["role"] == "prefill" or not first <= e["start"] <= last:
+            continue
+        beside = [max(p) for start, end, p in prompts if start < e["t"] and e["start"] < end]
+        if beside:
+            key = f"beside {prompt_class(max(beside))}"
+        else:
+            since = [1e3 * (e["start"] - end) for end in long_ends if end <= e["start"]]
+            after = next((ms for ms in AFTER_LONG_MS if since and min(since) < ms), None)
+            key = f"{after} ms after 4k+" if after else "alone"
+        by[key].append(e["t"] - e["start"])
+    if not by.get("alone"):
+        return None
+    alone = statistics.median(by.pop("alone"))
+    order = [f"beside {name}" for _, name in PROMPT_CLASSES] + [f"{ms} ms after 4k+" for ms in AFTER_LONG_MS]
+    cells = ", ".join(f"{key} x{statistics.median(by[key]) / alone:.2f} ({len(by[key])})" for key in order if key in by)
+    return f"decode steps: {1e3 * alone:.3f} ms alone (p50); " + (cells or "none beside a prompt step")
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("folder", type=Path)
@@ -123,7 +176,7 @@ def main(argv: list[str] | None = None) -> None:
                    help="the serving GPU's profile: set each point's prefill steps against their time alone")
     args = p.parse_args(argv)
     profile = load_profile(args.profile) if args.profile else None
-    requests = load(args.folder)
+    requests, steps = load(args.folder), load_steps(args.folder)
     if not requests:
         raise SystemExit(f"{args.folder}: no timeline events (was the cluster served with --timeline-dir?)")
     names = [name for name, _, _ in DISAGG_PARTS]
@@ -148,6 +201,8 @@ def main(argv: list[str] | None = None) -> None:
               + f" | {1e3 * statistics.median(total):.2f} / {1e3 * percentile(total, 90):.2f}")
         if profile is not None:
             print(f"    {step_report(point, profile, args.max_tokens)}")
+        if steps and (line := decode_step_report(point, steps)) is not None:
+            print(f"    {line}")
 
 
 if __name__ == "__main__":
