@@ -39,7 +39,8 @@ class ServeConfig:
                 "GPU; faster for contiguous blocks, slower for scattered 16-token blocks, see docs/benchmarks.md)"})
     timeline_dir: str | None = field(default=None, metadata={
         "help": "write each worker's per-request events (received, launched, prefilled, KV sent and landed, "
-                "finished) to DIR/<worker id>.jsonl; `python -m scripts.timeline DIR` says where the time went"})
+                "finished) and its steps' times to DIR/<worker id>.jsonl; `python -m scripts.timeline DIR` says "
+                "where the time went"})
     mps: bool = field(default=False, metadata={
         "help": "workers that share a GPU (--gpus-per-worker below 1) run as clients of a CUDA MPS server started "
                 "for this run on this node, side by side instead of in turns, each within its --mps-shares"})

@@ -32,6 +32,7 @@ import argparse
 import json
 import statistics
 from collections import defaultdict
+from collections.abc import Iterator
 from pathlib import Path
 
 from scripts.bench_metrics import percentile
@@ -46,27 +47,28 @@ DISAGG_PARTS = [("to prefill", ("decode", "received"), ("prefill", "received")),
                 ("seat", ("decode", "landed"), ("decode", "launched"))]
 
 
+def events(folder: Path) -> Iterator[dict]:
+    """Every event of every worker's file in `folder`."""
+    for path in sorted(folder.glob("*.jsonl")):
+        for line in path.read_text().splitlines():
+            yield json.loads(line)
+
+
 def load(folder: Path) -> dict[str, dict[tuple[str, str], dict]]:
     """request -> (role, event) -> the event (its first, for a request that passed a worker more than once)."""
     requests: dict[str, dict[tuple[str, str], dict]] = defaultdict(dict)
-    for path in sorted(folder.glob("*.jsonl")):
-        for line in path.read_text().splitlines():
-            e = json.loads(line)
-            if "request" in e:  # not a worker's `step`
-                requests[e["request"]].setdefault((e["role"], e["event"]), e)
+    for e in events(folder):
+        if "request" in e:  # not a worker's `step`
+            requests[e["request"]].setdefault((e["role"], e["event"]), e)
     return requests
 
 
 def load_steps(folder: Path) -> list[dict]:
     """Every worker's `step` events, in time order, each with `start` added: when its batch's GPU work began
     (collected less its GPU time; off CUDA, less its step time)."""
-    steps = []
-    for path in sorted(folder.glob("*.jsonl")):
-        for line in path.read_text().splitlines():
-            e = json.loads(line)
-            if e.get("event") == "step":
-                e["start"] = e["t"] - (e["gpu_us"] or e["step_us"]) / 1e6
-                steps.append(e)
+    steps = [e for e in events(folder) if "request" not in e and e["event"] == "step"]
+    for e in steps:
+        e["start"] = e["t"] - (e["gpu_us"] or e["step_us"]) / 1e6
     return sorted(steps, key=lambda e: e["t"])
 
 
