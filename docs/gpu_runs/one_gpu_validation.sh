@@ -8,15 +8,16 @@ mkdir -p $KEEP
 nvidia-smi --query-gpu=name,serial --format=csv,noheader
 N=${N:-150}
 left() { echo $(( ${1:-585} - SECONDS )); }
-bench() {  # MIX MODE flags...: one mode's bench with its timelines
-  local mix=$1 mode=$2; shift 2
+bench() {  # MIX MODE flags...: one mode's bench with its timelines; TAG names a variant (its files MIX-MODE-TAG),
+  # SERVE gives `serve` more flags (e.g. SERVE=--mps)
+  local mix=$1 mode=$2 name=$1-$2${TAG:+-$TAG}; shift 2
   timeout $(left) python -m scripts.cli bench --model /tmp/q06 --device cuda --prefill-workers 1 --decode-workers 1 \
     --gpus-per-worker 0.5 --workers 1 --colocated-gpus-per-worker 1 --num-requests $N --slo-tpot 0.03 \
-    --modes $mode "$@" --out $KEEP/$mix-$mode --serve-args=--timeline-dir=$KEEP/$mix-$mode-timeline 2>&1 \
+    --modes $mode "$@" --out $KEEP/$name "--serve-args=${SERVE:-} --timeline-dir=$KEEP/$name-timeline" 2>&1 \
     | grep -E " ok |rror"
-  cp $KEEP/$mix-$mode/results.json $OUT/q06-$mix-$mode.json 2>/dev/null
-  tar -czf $OUT/q06-$mix-$mode-timeline.tgz -C $KEEP $mix-$mode-timeline 2>/dev/null
-  echo "$mix $mode done at $SECONDS s"
+  cp $KEEP/$name/results.json $OUT/q06-$name.json 2>/dev/null
+  tar -czf $OUT/q06-$name-timeline.tgz -C $KEEP $name-timeline 2>/dev/null
+  echo "$name done at $SECONDS s"
 }
 # the two mixes' flags, as `bench ph MODE $PH --rates ...`
 PH="--input-len 512:2048 --output-len 64:256 --slo-ttft 0.5"
