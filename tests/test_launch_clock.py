@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import pytest
 
+from common.engine.in_flight import InFlight
 from common.engine.launch_clock import LaunchClock
 from common.engine.llm import LLM
 from common.sampling_params import SamplingParams
@@ -51,7 +52,59 @@ def test_prefill_steps_do_not_stretch_the_decode_estimate():
     clock.collected(40 * MS, decode_only=False)  # a long prefill would make the next decode launch late
     assert clock.step_s == pytest.approx(5 * MS)
     clock.collected(6 * MS, decode_only=True)
-    assert 5 * MS < clock.step_s < 6 * MS  # an average that follows slowly changing steps
+    assert 5 * MS < clock.step_s < 6 * MS  # slower steps move it by an average
+
+
+def test_a_faster_step_sets_the_estimate_at_once():
+    """Decode steps beside another engine's long prompt on a shared GPU (MPS) take about three times their time
+    alone. Once the prompt ends, an average that fell slowly from them had the server wait for steps that long: the
+    GPU idle for a dozen steps."""
+    clock = learned(step_ms=2.0)
+    for _ in range(6):
+        clock.collected(6 * MS, decode_only=True)  # beside the prompt
+    clock.collected(2 * MS, decode_only=True)  # the prompt ended
+    assert clock.step_s == pytest.approx(2 * MS)
+    clock.in_flight(started=100.0, decode_only=True)
+    assert clock.delay(100.0 + 2 * MS) == 0.0  # due before a 2 ms step ends, not a 6 ms one
+
+
+class StepEnd:
+    """A CPU stand-in for a step's CUDA events: done once waited for, and timed `gpu_ms` on the GPU."""
+
+    def __init__(self, gpu_ms: float):
+        self.gpu_ms, self.done = gpu_ms, False
+
+    def query(self) -> bool:
+        return self.done
+
+    def synchronize(self) -> None:
+        self.done = True
+
+    def elapsed_time(self, end: StepEnd) -> float:
+        return end.gpu_ms
+
+
+def test_a_finished_step_launches_the_next_however_late_the_clock_said(tiny_qwen3_dir, monkeypatch):
+    ends: list[StepEnd] = []
+
+    def start(tokens, started=None):
+        ends.append(StepEnd(gpu_ms=50.0))  # each step took 50 ms on the "GPU"
+        return InFlight(tokens.clone(), ends[-1], ends[-1])
+
+    monkeypatch.setattr(InFlight, "start", staticmethod(start))
+    llm = LLM(str(tiny_qwen3_dir), device="cpu", kv_cache_memory=64 << 20)
+    try:
+        engine = llm.engine
+        engine.add_request("a", [1, 2, 3], SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True))
+        for _ in range(3):
+            engine.step()
+        assert engine.clock.step_s == pytest.approx(50 * MS)
+        assert engine.step_end() is ends[-1] and not ends[-1].done
+        assert engine.launch_delay() > 10 * MS  # the clock waits for the step in flight
+        ends[-1].done = True  # which ends sooner than the clock said
+        assert engine.launch_delay() == 0.0
+    finally:
+        llm.close()
 
 
 def test_an_engine_without_device_timings_never_delays(tiny_qwen3_dir):

@@ -7,6 +7,12 @@ join N+1. The clock learns how long a decode-only step runs on the GPU (CUDA eve
 takes to build and launch one; the lead is a quarter more than the latter plus a tenth of the step, so a
 slower launch or step than the last ones costs a little GPU idle at worst. Where the host's launch work
 nears the step (a small model), the lead covers the whole step and the clock never waits.
+
+The estimate errs early: a step faster than it sets it at once, a slower one moves it by the average. Launching
+early costs a request that arrives late one step; launching late leaves the GPU idle. Steps beside another engine's
+prompt on a shared GPU (MPS) take several times their time alone, and an average that fell slowly from them kept
+the GPU idle for a dozen steps after the prompt ended. The server also launches as soon as the step in flight has
+finished (`LLMEngine.launch_delay`), however late the clock says.
 """
 from __future__ import annotations
 
@@ -29,7 +35,8 @@ class LaunchClock:
     def collected(self, gpu_s: float | None, decode_only: bool) -> None:
         """A step's tokens are back; `gpu_s`: its GPU time if the device measured it."""
         if decode_only and gpu_s is not None:
-            self.step_s = gpu_s if self.step_s is None else (1 - EMA) * self.step_s + EMA * gpu_s
+            faster = self.step_s is None or gpu_s < self.step_s
+            self.step_s = gpu_s if faster else (1 - EMA) * self.step_s + EMA * gpu_s
 
     def in_flight(self, started: float | None, decode_only: bool) -> None:
         """A step is on the GPU since about `started` (host time) and none is queued behind it: the next

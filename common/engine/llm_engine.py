@@ -211,10 +211,17 @@ class LLMEngine:
 
     def launch_delay(self) -> float:
         """Seconds a server should wait before the next step (taking requests meanwhile): with overlap and
-        late_launch, until just before the GPU finishes the batch in flight (common/engine/launch_clock.py)."""
+        late_launch, until just before the GPU finishes the batch in flight (common/engine/launch_clock.py), and not
+        once it has finished, however late the clock said."""
         if not (self.config.overlap_scheduling and self.config.late_launch) or self._in_flight is None:
             return 0.0
-        return self.clock.delay(time.perf_counter())
+        delay = self.clock.delay(time.perf_counter())
+        finished = self._in_flight[1].event
+        return 0.0 if delay and finished is not None and finished.query() else delay
+
+    def step_end(self) -> torch.cuda.Event | None:
+        """The event the batch in flight's tokens complete (None: nothing in flight, or not on CUDA)."""
+        return self._in_flight[1].event if self._in_flight is not None else None
 
     def _collect(self, batch: ScheduledBatch, in_flight: InFlight, olds: list[int], launch: int,
                  idle: Callable[[torch.cuda.Event], None] | None = None) -> list[Sequence]:
