@@ -144,12 +144,14 @@ def prompt_class(longest: int) -> str:
 def decode_step_report(point: list[dict], steps: list[dict]) -> str | None:
     """The point's decode steps (decode and colocated workers' `step` events from its first request's start to its
     last event): their GPU time with no prompt step in flight on a prefill worker, and the others' over that, by the
-    longest prompt of the prompt step beside them, and after a 4k+ prompt step ended (by AFTER_LONG_MS)."""
+    longest prompt of the prompt step beside them, and after a 4k+ prompt step ended (by AFTER_LONG_MS). Each class
+    also has its steps' intervals (from the step before's end) over their GPU time: above 1, the GPU waited for the
+    worker's host (its launch, or late launch's wait)."""
     first = min(e["t"] for r in point for e in r.values())
     last = max(e["t"] for r in point for e in r.values())
     prompts = prefill_steps(point)
     long_ends = sorted(end for _, end, p in prompts if prompt_class(max(p)) == "4k+")
-    by: dict[str, list[float]] = defaultdict(list)
+    by: dict[str, list[tuple[float, float]]] = defaultdict(list)
     for e in steps:
         if e["role"] == "prefill" or not first <= e["start"] <= last:
             continue
@@ -160,13 +162,20 @@ def decode_step_report(point: list[dict], steps: list[dict]) -> str | None:
             since = [1e3 * (e["start"] - end) for end in long_ends if end <= e["start"]]
             after = next((ms for ms in AFTER_LONG_MS if since and min(since) < ms), None)
             key = f"{after} ms after 4k+" if after else "alone"
-        by[key].append(e["t"] - e["start"])
+        gpu = e["t"] - e["start"]
+        by[key].append((gpu, e["step_us"] / 1e6 / gpu))
     if not by.get("alone"):
         return None
-    alone = statistics.median(by.pop("alone"))
+
+    def medians(key: str) -> tuple[float, float]:
+        return statistics.median(g for g, _ in by[key]), statistics.median(i for _, i in by[key])
+
+    alone, interval = medians("alone")
     order = [f"beside {name}" for _, name in PROMPT_CLASSES] + [f"{ms} ms after 4k+" for ms in AFTER_LONG_MS]
-    cells = ", ".join(f"{key} x{statistics.median(by[key]) / alone:.2f} ({len(by[key])})" for key in order if key in by)
-    return f"decode steps: {1e3 * alone:.3f} ms alone (p50); " + (cells or "none beside a prompt step")
+    cells = ", ".join(f"{key} x{medians(key)[0] / alone:.2f} ({len(by[key])}; interval x{medians(key)[1]:.2f})"
+                      for key in order if key in by)
+    return (f"decode steps: {1e3 * alone:.3f} ms alone (p50; interval x{interval:.2f}); "
+            + (cells or "none beside a prompt step"))
 
 
 def main(argv: list[str] | None = None) -> None:

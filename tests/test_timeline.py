@@ -111,13 +111,14 @@ def test_decode_steps_are_set_against_the_prompt_steps_beside_them_and_the_end_o
     worker's prompt steps: alone (the base), beside one (by its longest prompt), or so long after a 4k+ one ended."""
     write_prefill_steps(tmp_path, [(0.100, 0.110, [6000]), (0.200, 0.203, [300, 200]), (0.300, 0.305, [2000])])
 
-    def step(end: float, gpu_ms: float, role: str = "decode") -> dict:
-        return {"t": end, "worker": f"{role[0]}0", "role": role, "event": "step", "step_us": 0,
-                "gpu_us": round(gpu_ms * 1e3), "seqs": 4}
+    def step(end: float, gpu_ms: float, role: str = "decode", interval_ms: float | None = None) -> dict:
+        return {"t": end, "worker": f"{role[0]}0", "role": role, "event": "step",
+                "step_us": round((interval_ms or gpu_ms) * 1e3), "gpu_us": round(gpu_ms * 1e3), "seqs": 4}
 
     steps = [step(0.140 + 0.01 * i, 1.0) for i in range(5)]  # alone: 1 ms, 29+ ms after the long prompt
     steps += [step(0.106, 3.0),  # beside the 6,000-token prompt
-              step(0.1135, 1.5), step(0.1182, 1.2), step(0.1261, 1.1),  # 2, 7 and 15 ms after it ended
+              step(0.1135, 1.5, interval_ms=3.0), step(0.1182, 1.2), step(0.1261, 1.1),  # 2, 7, 15 ms after it
+              # ended; the first 3 ms after the step before it ended: the GPU waited 1.5 ms for the host
               step(0.2015, 2.0), step(0.303, 1.5),  # beside the short prompts' step, beside the 2,000-token one
               step(0.150, 9.0, role="prefill"), step(0.900, 9.0)]  # a prefill worker's, and one after the point
     (tmp_path / "d0.jsonl").write_text("\n".join(json.dumps(e) for e in steps))
@@ -125,8 +126,9 @@ def test_decode_steps_are_set_against_the_prompt_steps_beside_them_and_the_end_o
     assert [e["start"] for e in loaded[:2]] == pytest.approx([0.103, 0.112])
     (point,) = timeline.load_points(timeline.load(tmp_path), gap=2.0)
     line = timeline.decode_step_report(point, loaded)
-    assert line == ("decode steps: 1.000 ms alone (p50); beside < 1k x2.00 (1), beside 1k-4k x1.50 (1), "
-                    "beside 4k+ x3.00 (1), 5 ms after 4k+ x1.50 (1), 10 ms after 4k+ x1.20 (1), "
-                    "20 ms after 4k+ x1.10 (1)")
+    assert line == ("decode steps: 1.000 ms alone (p50; interval x1.00); beside < 1k x2.00 (1; interval x1.00), "
+                    "beside 1k-4k x1.50 (1; interval x1.00), beside 4k+ x3.00 (1; interval x1.00), "
+                    "5 ms after 4k+ x1.50 (1; interval x2.00), 10 ms after 4k+ x1.20 (1; interval x1.00), "
+                    "20 ms after 4k+ x1.10 (1; interval x1.00)")
     beside_only = [e for e in loaded if e["gpu_us"] != 1000]
     assert timeline.decode_step_report(point, beside_only) is None  # none alone: nothing to set them against
