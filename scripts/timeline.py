@@ -178,6 +178,40 @@ def decode_step_report(point: list[dict], steps: list[dict]) -> str | None:
             + (cells or "none beside a prompt step"))
 
 
+MPS_CLASSES = (512, 1024, 2048, 4096, 8192, None)  # upper ends of the classes of a pair's longest prompt
+MPS_MIN_STEPS = 5  # a class's fewest steps to give a point
+
+
+def mps_points(points: list[list[dict]], steps: list[dict], profile: Profile | None) -> dict[str, list[list]]:
+    """`MpsCost.beside_by_prompt`'s points by role, from runs served under MPS: for each class of the longest prompt
+    of a prompt step, (its median tokens, the median c). Decode: a step wholly inside one prompt step, over the same
+    load point's steps with none in flight, less 1. Prefill (with `profile`): a prompt step's GPU-bound time over the
+    profile's alone, less 1, as if a decode step was in flight throughout (it is, but for the launch between two)."""
+    by: dict[str, dict[int, list[tuple[int, float]]]] = {"decode": defaultdict(list), "prefill": defaultdict(list)}
+
+    def add(role: str, longest: int, c: float) -> None:
+        by[role][next(i for i, top in enumerate(MPS_CLASSES) if top is None or longest < top)].append((longest, c))
+
+    for point in points:
+        first = min(e["t"] for r in point for e in r.values())
+        last = max(e["t"] for r in point for e in r.values())
+        prompts = prefill_steps(point)
+        decodes = [e for e in steps if e["role"] != "prefill" and first <= e["start"] <= last]
+        inside = {id(e): [p for start, end, p in prompts if start < e["t"] and e["start"] < end] for e in decodes}
+        alone = [e["t"] - e["start"] for e in decodes if not inside[id(e)]]
+        for e in decodes if alone else []:
+            within = [p for start, end, p in prompts if start <= e["start"] and e["t"] <= end]
+            if len(inside[id(e)]) == 1 and within:
+                add("decode", max(within[0]), (e["t"] - e["start"]) / statistics.median(alone) - 1)
+        for start, end, p in prompts if profile is not None else []:
+            time_alone, floor = profile.prompt_step(sum(p), [(n, 0) for n in p])
+            if end - start > floor and time_alone > floor:
+                add("prefill", max(p), (end - start - floor) / (time_alone - floor) - 1)
+    return {role: [[round(statistics.median(t for t, _ in cell)), round(statistics.median(c for _, c in cell), 3)]
+                   for _, cell in sorted(classes.items()) if len(cell) >= MPS_MIN_STEPS]
+            for role, classes in by.items()}
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("folder", type=Path)
@@ -185,6 +219,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--gap", type=float, default=2.0, help="seconds without a new request that end a load point")
     p.add_argument("--profile", type=Path, default=None,
                    help="the serving GPU's profile: set each point's prefill steps against their time alone")
+    p.add_argument("--mps-points", action="store_true",
+                   help="a run served under MPS: print each role's `beside_by_prompt` points for a profile's `mps` "
+                        "(prefill's need --profile)")
     args = p.parse_args(argv)
     profile = load_profile(args.profile) if args.profile else None
     requests, steps = load(args.folder), load_steps(args.folder)
@@ -214,6 +251,9 @@ def main(argv: list[str] | None = None) -> None:
             print(f"    {step_report(point, profile, args.max_tokens)}")
         if steps and (line := decode_step_report(point, steps)) is not None:
             print(f"    {line}")
+    if args.mps_points:
+        for role, points in mps_points(load_points(requests, args.gap), steps, profile).items():
+            print(f"mps {role} beside_by_prompt: {json.dumps(points)}")
 
 
 if __name__ == "__main__":

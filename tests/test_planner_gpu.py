@@ -105,6 +105,28 @@ def test_under_mps_each_step_goes_at_its_pace_beside_the_other():
     assert gpu.pace(prefill) == 1.0 and not gpu.beside.get(decode)
 
 
+def test_under_mps_a_steps_c_can_follow_the_longest_prompt_of_the_pair():
+    """`beside_by_prompt`: c read linearly between its points, held beyond them. By hand: a decode step of 4 ms from 0
+    beside a prompt step of one 6,000-token prompt from 0 (10 ms of work): decode c 2.0 there, prefill c 0.2. The
+    decode step goes at 1/3 and ends at 12 ms; the prompt step at 1/1.2 until then (10 ms of its work done), and ends
+    at 12 ms. Beside a 300-token prompt step instead (its 10 ms too), decode c 0.25: it ends at 5 ms."""
+    decode = MpsCost(beside_by_prompt=[(300, 0.25), (6000, 2.0)])
+    prefill = MpsCost(beside_by_prompt=[(300, 0.7), (6000, 0.2)])
+    assert [decode.contention(n) for n in (100, 300, 3150, 6000, 9000)] == pytest.approx([0.25, 0.25, 1.125, 2.0, 2.0])
+    assert MpsCost(beside=0.4).contention(6000) == 0.4
+    for tokens, decode_end in ((6000, 0.012), (300, 0.005)):
+        gpu = Gpu(0, shared=True)
+        p, d = object(), object()
+        gpu.add(p, 0.010, 0.0, beside=prefill.contention, longest=tokens)
+        gpu.add(d, 0.004, 0.0, beside=decode.contention)
+        assert gpu.ends(0.0)[d] == pytest.approx(decode_end)
+    assert gpu.ends(0.0)[p] == pytest.approx(0.010 * 1.7)
+    with pytest.raises(ProfileError, match="tokens must rise"):
+        MpsCost(beside_by_prompt=[(6000, 2.0), (300, 0.25)]).check("mps.decode")
+    with pytest.raises(ProfileError, match="finite number >= 0"):
+        MpsCost(beside_by_prompt=[(300, -1.0)]).check("mps.decode")
+
+
 def mps_profile(alone: float = 1.0, **beside: float):
     mps = {role: MpsCost(alone=alone, beside=c) for role, c in beside.items()}
     return msgspec.structs.replace(make_profile(num_kv_blocks=1000), mps=mps)

@@ -132,3 +132,34 @@ def test_decode_steps_are_set_against_the_prompt_steps_beside_them_and_the_end_o
                     "20 ms after 4k+ x1.10 (1; interval x1.00)")
     beside_only = [e for e in loaded if e["gpu_us"] != 1000]
     assert timeline.decode_step_report(point, beside_only) is None  # none alone: nothing to set them against
+
+
+def test_mps_points_are_each_roles_c_by_the_longest_prompt_of_the_prompt_step(tmp_path):
+    """Under MPS a decode step wholly inside a prompt step takes (1 + c) times the point's decode steps with none in
+    flight: c 0.25 beside 300-token prompts, 2.0 beside 6,000-token ones. A prompt step's GPU-bound time over the
+    profile's alone is 1 + its c. A class of fewer than five steps gives no point."""
+    from tests.test_planner import make_profile
+
+    profile = make_profile()
+    prefill_c, decode_c = {300: 0.7, 6000: 0.2, 1500: 0.0}, {300: 0.25, 6000: 2.0, 1500: 0.0}
+    prompts, decodes, t = [], [], 0.0
+
+    def decode(end: float, c: float = 0.0) -> None:
+        decodes.append({"t": end, "worker": "d0", "role": "decode", "event": "step", "step_us": round(1e3 * (1 + c)),
+                        "gpu_us": round(1e3 * (1 + c))})
+
+    for tokens in [300, 6000] * 6 + [1500]:  # one step of 1,500 tokens: too few for a point
+        alone, floor = profile.prompt_step(tokens, [(tokens, 0)])
+        end = t + floor + (alone - floor) * (1 + prefill_c[tokens])
+        prompts.append((t, end, [tokens]))
+        decode(t + 0.0001 + 1e-3 * (1 + decode_c[tokens]), decode_c[tokens])  # wholly inside
+        decode(end + 0.0002, 5.0)  # overlapping its end: not wholly inside
+        decode(end + 0.0035)  # alone: 1 ms
+        t = end + 0.004
+    write_prefill_steps(tmp_path, prompts)
+    (tmp_path / "d0.jsonl").write_text("\n".join(json.dumps(e) for e in decodes))
+    points = timeline.load_points(timeline.load(tmp_path), gap=2.0)
+    found = timeline.mps_points(points, timeline.load_steps(tmp_path), profile)
+    assert found["decode"] == [[300, pytest.approx(0.25, abs=2e-3)], [6000, pytest.approx(2.0, abs=2e-3)]]
+    assert found["prefill"] == [[300, pytest.approx(0.7, abs=2e-3)], [6000, pytest.approx(0.2, abs=2e-3)]]
+    assert timeline.mps_points(points, timeline.load_steps(tmp_path), None)["prefill"] == []

@@ -19,6 +19,7 @@ an example.
 """
 from __future__ import annotations
 
+import bisect
 import math
 from pathlib import Path
 
@@ -108,6 +109,22 @@ class MpsCost(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # Its GPU-bound work takes (1 + beside) times as long for each other engine's step in flight on its GPU (0: no
     # slowdown; 1: as time-sliced). Fitted to served runs (docs/planner.md): a profile runs one process.
     beside: float = 1.0
+    # Or, where given, that c by the longest prompt of the pair's prompt step (its own, or the other engine's):
+    # points (tokens, c), read linearly between them and held beyond their ends. Measured from served runs' step
+    # times (`python -m scripts.timeline DIR --mps-points`): a long prompt slows a decode step beside it more than a
+    # short one does, and a short prompt beside decode slows more than a long one.
+    beside_by_prompt: list[tuple[int, float]] = msgspec.field(default_factory=list)
+
+    def contention(self, longest: int) -> float:
+        """Its c beside another engine's step, where the pair's longest prompt has `longest` tokens."""
+        points = self.beside_by_prompt
+        if not points:
+            return self.beside
+        i = bisect.bisect_left(points, longest, key=lambda point: point[0])
+        if i == 0 or i == len(points):
+            return points[min(i, len(points) - 1)][1]
+        (t0, c0), (t1, c1) = points[i - 1], points[i]
+        return c0 + (c1 - c0) * (longest - t0) / (t1 - t0)
 
     def step_seconds(self, seconds: float, host: float) -> float:
         """A step of `seconds` alone on a GPU of its own, `host` of them launch-bound: its time alone at the share."""
@@ -121,6 +138,11 @@ class MpsCost(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             raise ProfileError(f"{where}.alone: must be a finite number > 0, got {self.alone!r}")
         if not (math.isfinite(self.beside) and self.beside >= 0):
             raise ProfileError(f"{where}.beside: must be a finite number >= 0, got {self.beside!r}")
+        tokens = [t for t, _ in self.beside_by_prompt]
+        if any(t < 1 for t in tokens) or tokens != sorted(set(tokens)):
+            raise ProfileError(f"{where}.beside_by_prompt: tokens must rise from >= 1, got {tokens}")
+        if not all(math.isfinite(c) and c >= 0 for _, c in self.beside_by_prompt):
+            raise ProfileError(f"{where}.beside_by_prompt: each c must be a finite number >= 0")
 
 
 TIME_SLICED = MpsCost()  # engines taking a shared GPU in turns: each at its pace alone, slowed as much by the other

@@ -214,7 +214,10 @@ class Simulation:
         if gpu.shared:
             launch = 0.0 if engine.batch.decode_only else engine.launch_end - self.now  # an eager step's floor
             pace = self.profile.mps_cost(engine.role) if self.layout.mps else TIME_SLICED
-            gpu.add(engine, pace.step_seconds(engine.step_time, launch), self.now, launch, pace.beside)
+            batch = engine.batch
+            longest = max((seq.num_prompt_tokens for seq in batch.seqs[batch.num_decodes:]), default=0)
+            gpu.add(engine, pace.step_seconds(engine.step_time, launch), self.now, launch,
+                    pace.contention if pace.beside_by_prompt else pace.beside, longest)
             self._retime(gpu)
         else:
             self.push(end, "step", engine, engine.generation)
