@@ -259,17 +259,23 @@ def test_late_launch_waits_for_the_step_in_flight(tmp_path):
         llm.close()
 
 
-def test_a_step_that_ends_before_the_clock_said_launches_the_next_at_once(qwen3_06b_dir):
-    """A clock that takes the step in flight for far longer than it runs (steps were slow beside another engine's
-    prompt on a shared GPU) keeps no server waiting once the step's tokens are done: the GPU would sit idle."""
+def test_a_step_that_ends_before_the_clock_said_launches_the_next_at_once(qwen3_06b_dir, monkeypatch):
+    """In an MPS client, a clock that takes the step in flight for far longer than it runs (steps were slow beside
+    another engine's prompt) keeps no server waiting once the step's tokens are done: the GPU would sit idle. (No MPS
+    server here: the pipe named only makes the engine take itself for a client.)"""
+    from common.engine.device import mps_client
+
+    monkeypatch.setenv("CUDA_MPS_PIPE_DIRECTORY", "/tmp/no-mps-server-here")
+    mps_client.cache_clear()
     llm = LLM(str(qwen3_06b_dir), device="cuda", gpu_memory_utilization=0.3)
+    mps_client.cache_clear()
     try:
         engine = llm.engine
         for i in range(4):
             engine.add_request(f"r{i}", list(range(10 + i, 60 + i)), SamplingParams(max_tokens=16, ignore_eos=True))
         for _ in range(4):
             engine.step()
-        assert engine.step_end() is not None
+        assert engine.early_launch_event() is not None
         engine.clock.step_s = 1.0  # a second a step
         engine.clock.in_flight(time.perf_counter(), decode_only=True)
         torch.cuda.synchronize()

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import pytest
 
+from common.engine.device import mps_client
 from common.engine.in_flight import InFlight
 from common.engine.launch_clock import LaunchClock
 from common.engine.llm import LLM
@@ -11,8 +12,8 @@ from common.sampling_params import SamplingParams
 MS = 1e-3
 
 
-def learned(step_ms: float = 5.0, prep_ms: float = 0.3) -> LaunchClock:
-    clock = LaunchClock()
+def learned(step_ms: float = 5.0, prep_ms: float = 0.3, contended: bool = False) -> LaunchClock:
+    clock = LaunchClock(contended=contended)
     clock.launched(prep_ms * MS)
     clock.collected(step_ms * MS, decode_only=True)
     return clock
@@ -55,17 +56,22 @@ def test_prefill_steps_do_not_stretch_the_decode_estimate():
     assert 5 * MS < clock.step_s < 6 * MS  # slower steps move it by an average
 
 
-def test_a_faster_step_sets_the_estimate_at_once():
-    """Decode steps beside another engine's long prompt on a shared GPU (MPS) take about three times their time
+def test_in_an_mps_client_a_faster_step_sets_the_estimate_at_once():
+    """Decode steps beside another engine's long prompt on a GPU shared through MPS take about three times their time
     alone. Once the prompt ends, an average that fell slowly from them had the server wait for steps that long: the
-    GPU idle for a dozen steps."""
-    clock = learned(step_ms=2.0)
-    for _ in range(6):
-        clock.collected(6 * MS, decode_only=True)  # beside the prompt
-    clock.collected(2 * MS, decode_only=True)  # the prompt ended
-    assert clock.step_s == pytest.approx(2 * MS)
-    clock.in_flight(started=100.0, decode_only=True)
-    assert clock.delay(100.0 + 2 * MS) == 0.0  # due before a 2 ms step ends, not a 6 ms one
+    GPU idle for a dozen steps. Time-sliced (no MPS), the average holds."""
+    for contended in (True, False):
+        clock = learned(step_ms=2.0, contended=contended)
+        for _ in range(6):
+            clock.collected(6 * MS, decode_only=True)  # beside the prompt
+        clock.collected(2 * MS, decode_only=True)  # the prompt ended
+        clock.in_flight(started=100.0, decode_only=True)
+        if contended:
+            assert clock.step_s == pytest.approx(2 * MS)
+            assert clock.delay(100.0 + 2 * MS) == 0.0  # due before a 2 ms step ends, not a 6 ms one
+        else:
+            assert 4 * MS < clock.step_s < 6 * MS
+            assert clock.delay(100.0 + 2 * MS) > 0.0
 
 
 class StepEnd:
@@ -84,35 +90,37 @@ class StepEnd:
         return end.gpu_ms
 
 
-def test_a_finished_step_launches_the_next_however_late_the_clock_said(tiny_qwen3_dir, monkeypatch):
+@pytest.mark.parametrize("mps", [True, False], ids=["mps-client", "time-sliced"])
+def test_in_an_mps_client_a_finished_step_launches_the_next_however_late_the_clock_said(tiny_qwen3_dir, monkeypatch,
+                                                                                         mps):
     ends: list[StepEnd] = []
 
     def start(tokens, started=None):
-        ends.append(StepEnd(gpu_ms=50.0))  # each step took 50 ms on the "GPU"
+        ends.append(StepEnd(gpu_ms=5000.0))  # each step took 5 s on the "GPU" (far more than the CPU's launches)
         return InFlight(tokens.clone(), ends[-1], ends[-1])
 
     monkeypatch.setattr(InFlight, "start", staticmethod(start))
+    if mps:
+        monkeypatch.setenv("CUDA_MPS_PIPE_DIRECTORY", "/tmp/no-mps-server-here")
+    else:
+        monkeypatch.delenv("CUDA_MPS_PIPE_DIRECTORY", raising=False)
+    mps_client.cache_clear()
     llm = LLM(str(tiny_qwen3_dir), device="cpu", kv_cache_memory=64 << 20)
     try:
         engine = llm.engine
+        assert engine.clock.contended == mps
         engine.add_request("a", [1, 2, 3], SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True))
         for _ in range(3):
             engine.step()
-        assert engine.clock.step_s == pytest.approx(50 * MS)
-        assert engine.step_end() is ends[-1] and not ends[-1].done
-        assert engine.launch_delay() > 10 * MS  # the clock waits for the step in flight
+        assert engine.clock.step_s == pytest.approx(5.0)
+        assert engine.launch_delay() > 1.0  # the clock waits for the step in flight
         ends[-1].done = True  # which ends sooner than the clock said
-        assert engine.launch_delay() == 0.0
+        if mps:
+            assert engine.early_launch_event() is ends[-1]
+            assert engine.launch_delay() == 0.0
+        else:
+            assert engine.early_launch_event() is None
+            assert engine.launch_delay() > 1.0
     finally:
         llm.close()
-
-
-def test_an_engine_without_device_timings_never_delays(tiny_qwen3_dir):
-    llm = LLM(str(tiny_qwen3_dir), device="cpu", kv_cache_memory=64 << 20)
-    try:
-        llm.engine.add_request("a", [1, 2, 3], SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True))
-        for _ in range(3):
-            llm.engine.step()
-            assert llm.engine.launch_delay() == 0.0
-    finally:
-        llm.close()
+        mps_client.cache_clear()

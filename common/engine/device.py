@@ -1,5 +1,9 @@
-"""Where the engine runs: the device an `auto` config means on this machine, and the torch dtypes of dtype names."""
+"""Where the engine runs: the device an `auto` config means on this machine, the torch dtypes of dtype names, and
+whether the GPU is shared through an MPS server."""
 from __future__ import annotations
+
+import functools
+import os
 
 import torch
 
@@ -23,3 +27,10 @@ def place(config: EngineConfig) -> EngineConfig:
 
 def torch_dtype(config: EngineConfig) -> torch.dtype:
     return TORCH_DTYPES[config.dtype_name]
+
+
+@functools.cache
+def mps_client() -> bool:
+    """This process is a client of an MPS server (`serve --mps` gives each worker its server's pipe): its kernels run
+    beside another process's on the GPU."""
+    return "CUDA_MPS_PIPE_DIRECTORY" in os.environ

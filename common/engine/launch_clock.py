@@ -8,11 +8,13 @@ takes to build and launch one; the lead is a quarter more than the latter plus a
 slower launch or step than the last ones costs a little GPU idle at worst. Where the host's launch work
 nears the step (a small model), the lead covers the whole step and the clock never waits.
 
-The estimate errs early: a step faster than it sets it at once, a slower one moves it by the average. Launching
-early costs a request that arrives late one step; launching late leaves the GPU idle. Steps beside another engine's
-prompt on a shared GPU (MPS) take several times their time alone, and an average that fell slowly from them kept
-the GPU idle for a dozen steps after the prompt ended. The server also launches as soon as the step in flight has
-finished (`LLMEngine.launch_delay`), however late the clock says.
+A clock in an MPS client (`contended`: `serve --mps` shares the GPU between processes whose kernels run side by
+side) errs early instead: a step faster than the estimate sets it at once, a slower one moves the average, and the
+server launches as soon as the step in flight has ended, however late the clock said (`LLMEngine.launch_delay`).
+There CUDA events time the other process's contention: decode steps beside a long prompt took about three times
+their time alone, and an average that fell slowly from them kept the GPU idle for a dozen steps after the prompt
+ended. Time-sliced, events time only the step's own slices and the average holds; the early clock there served
+long-short at 32 req/s with a higher TPOT (docs/benchmarks.md, "Stop 51").
 """
 from __future__ import annotations
 
@@ -25,6 +27,7 @@ LEAD_STEP_SHARE = 0.1  # ... and this share of the step, against their variation
 
 @dataclass
 class LaunchClock:
+    contended: bool = False  # an MPS client: err early (above)
     step_s: float | None = None  # GPU time of a decode-only step, EMA
     prep_s: float | None = None  # host time to schedule and launch a step, EMA
     deadline: float | None = None  # host time to launch the next step by; None: now
@@ -35,8 +38,8 @@ class LaunchClock:
     def collected(self, gpu_s: float | None, decode_only: bool) -> None:
         """A step's tokens are back; `gpu_s`: its GPU time if the device measured it."""
         if decode_only and gpu_s is not None:
-            faster = self.step_s is None or gpu_s < self.step_s
-            self.step_s = gpu_s if faster else (1 - EMA) * self.step_s + EMA * gpu_s
+            at_once = self.step_s is None or (self.contended and gpu_s < self.step_s)
+            self.step_s = gpu_s if at_once else (1 - EMA) * self.step_s + EMA * gpu_s
 
     def in_flight(self, started: float | None, decode_only: bool) -> None:
         """A step is on the GPU since about `started` (host time) and none is queued behind it: the next

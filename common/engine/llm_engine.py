@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 from common.config import EngineConfig
 from common.engine.block_manager import BlockManager
-from common.engine.device import place
+from common.engine.device import mps_client, place
 from common.engine.in_flight import InFlight
 from common.engine.launch_clock import LaunchClock
 from common.engine.model_runner import ModelRunner
@@ -97,7 +97,7 @@ class LLMEngine:
         self._in_flight: tuple[ScheduledBatch, InFlight, list[int], int] | None = None
         self._launches = 0
         self.launched: ScheduledBatch | None = None  # the batch the last step launched
-        self.clock = LaunchClock()
+        self.clock = LaunchClock(contended=mps_client())
         self._last_step_end: float | None = None  # when the last busy step ended; None after an idle one
         self.warmup: WarmupReport | None = None
         if config.device == "cuda" and config.warmup:
@@ -211,17 +211,20 @@ class LLMEngine:
 
     def launch_delay(self) -> float:
         """Seconds a server should wait before the next step (taking requests meanwhile): with overlap and
-        late_launch, until just before the GPU finishes the batch in flight (common/engine/launch_clock.py), and not
-        once it has finished, however late the clock said."""
+        late_launch, until just before the GPU finishes the batch in flight (common/engine/launch_clock.py); in an
+        MPS client, not once it has finished, however late the clock said."""
         if not (self.config.overlap_scheduling and self.config.late_launch) or self._in_flight is None:
             return 0.0
         delay = self.clock.delay(time.perf_counter())
-        finished = self._in_flight[1].event
+        finished = self.early_launch_event()
         return 0.0 if delay and finished is not None and finished.query() else delay
 
-    def step_end(self) -> torch.cuda.Event | None:
-        """The event the batch in flight's tokens complete (None: nothing in flight, or not on CUDA)."""
-        return self._in_flight[1].event if self._in_flight is not None else None
+    def early_launch_event(self) -> torch.cuda.Event | None:
+        """In an MPS client, the event of the batch in flight's tokens, whose completion ends late launch's wait (a
+        server's loop wakes on it); None elsewhere, with nothing in flight, or off CUDA."""
+        if not self.clock.contended or self._in_flight is None:
+            return None
+        return self._in_flight[1].event
 
     def _collect(self, batch: ScheduledBatch, in_flight: InFlight, olds: list[int], launch: int,
                  idle: Callable[[torch.cuda.Event], None] | None = None) -> list[Sequence]:

@@ -78,8 +78,9 @@ class Worker:
             while not self._stopped.is_set():
                 # take messages until the next step is due (whole ms)
                 timeout = int(self.engine.launch_delay() * 1e3) if self.engine.has_unfinished() else IDLE_POLL_MS
-                if self.engine.has_unfinished() and timeout > 0 and (end := self.engine.step_end()) is not None:
-                    self.wakeup.watch(end)  # a step in flight that ends before the clock said launches the next
+                end = self.engine.early_launch_event() if timeout > 0 else None
+                if end is not None:  # a step in flight that ends before the clock said launches the next
+                    self.wakeup.watch(end)
                 self._poll(timeout)
                 now = time.monotonic()
                 self.tick(now, expire=now >= next_heartbeat)
