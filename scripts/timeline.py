@@ -163,7 +163,7 @@ def decode_step_report(point: list[dict], steps: list[dict]) -> str | None:
             after = next((ms for ms in AFTER_LONG_MS if since and min(since) < ms), None)
             key = f"{after} ms after 4k+" if after else "alone"
         gpu = e["t"] - e["start"]
-        by[key].append((gpu, e["step_us"] / 1e6 / gpu))
+        by[key].append((gpu, e["step_us"] / 1e6 / gpu if gpu > 0 else 1.0))
     if not by.get("alone"):
         return None
 
@@ -172,8 +172,8 @@ def decode_step_report(point: list[dict], steps: list[dict]) -> str | None:
 
     alone, interval = medians("alone")
     order = [f"beside {name}" for _, name in PROMPT_CLASSES] + [f"{ms} ms after 4k+" for ms in AFTER_LONG_MS]
-    cells = ", ".join(f"{key} x{medians(key)[0] / alone:.2f} ({len(by[key])}; interval x{medians(key)[1]:.2f})"
-                      for key in order if key in by)
+    cells = ", ".join(f"{key} x{gpu / alone:.2f} ({len(by[key])}; interval x{waits:.2f})"
+                      for key in order if key in by for gpu, waits in [medians(key)])
     return (f"decode steps: {1e3 * alone:.3f} ms alone (p50; interval x{interval:.2f}); "
             + (cells or "none beside a prompt step"))
 
@@ -199,10 +199,11 @@ def mps_points(points: list[list[dict]], steps: list[dict], profile: Profile | N
         decodes = [e for e in steps if e["role"] != "prefill" and first <= e["start"] <= last]
         inside = {id(e): [p for start, end, p in prompts if start < e["t"] and e["start"] < end] for e in decodes}
         alone = [e["t"] - e["start"] for e in decodes if not inside[id(e)]]
-        for e in decodes if alone else []:
+        base = statistics.median(alone) if alone else None
+        for e in decodes if base else []:
             within = [p for start, end, p in prompts if start <= e["start"] and e["t"] <= end]
             if len(inside[id(e)]) == 1 and within:
-                add("decode", max(within[0]), (e["t"] - e["start"]) / statistics.median(alone) - 1)
+                add("decode", max(within[0]), (e["t"] - e["start"]) / base - 1)
         for start, end, p in prompts if profile is not None else []:
             time_alone, floor = profile.prompt_step(sum(p), [(n, 0) for n in p])
             if end - start > floor and time_alone > floor:
