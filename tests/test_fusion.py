@@ -6,6 +6,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from common.engine.device import mps_share
 from common.engine.layers import fusion
 
 
@@ -32,9 +33,9 @@ def test_the_fused_head_is_left_out_of_a_process_under_an_mps_cap(share, served,
         monkeypatch.delenv("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", raising=False)
     else:
         monkeypatch.setenv("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", share)
-    fusion.mps_share.cache_clear()  # read once a process; this test changes it
+    mps_share.cache_clear()  # read once a process; this test changes it
     try:
         picked = fusion.head_sampler(SimpleNamespace(is_cuda=True), torch.empty(4, 4))
     finally:
-        fusion.mps_share.cache_clear()
+        mps_share.cache_clear()
     assert (picked is module) == served

@@ -34,3 +34,11 @@ def mps_client() -> bool:
     """This process is a client of an MPS server (`serve --mps` gives each worker its server's pipe): its kernels run
     beside another process's on the GPU."""
     return "CUDA_MPS_PIPE_DIRECTORY" in os.environ
+
+
+@functools.cache
+def mps_share() -> str | None:
+    """The percent of the SMs this process may use as an MPS client (`serve --mps`), None if not capped; read once,
+    as CUDA reads it at start-up."""
+    share = os.environ.get("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE")
+    return None if share in (None, "100") else share

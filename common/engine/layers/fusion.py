@@ -2,12 +2,12 @@
 asks for them: an engine on CPU never imports triton, even where it is installed."""
 from __future__ import annotations
 
-import functools
 import importlib
-import os
 from types import ModuleType
 
 import torch
+
+from common.engine.device import mps_share
 
 _loaded: dict[str, ModuleType | None] = {}
 
@@ -53,11 +53,3 @@ def head_sampler(hidden: torch.Tensor, weight: torch.Tensor) -> ModuleType | Non
     if mps_share() is not None:
         return None
     return _serving("head_sampler", hidden, weight)
-
-
-@functools.cache
-def mps_share() -> str | None:
-    """The percent of the SMs this process may use as an MPS client (`serve --mps`), None if not capped; read once,
-    as CUDA reads it at start-up."""
-    share = os.environ.get("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE")
-    return None if share in (None, "100") else share

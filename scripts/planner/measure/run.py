@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 
 from common.config import ConfigError, EngineConfig
-from common.engine.layers.fusion import mps_share
+from common.engine.device import mps_share
 from common.engine.llm import LLM
 from common.protocol.kv import DTYPE_BYTES
 from scripts.planner.fit import Fit, fit_costs
