@@ -139,6 +139,19 @@ def test_decode_workers_and_colocated_replicas_are_pooled_but_not_on_a_shared_gp
     assert not any(isinstance(e, DecodePool) for e in shared.engines.values())
 
 
+def test_a_prompt_whose_last_chunk_is_one_token_gets_its_first_token_as_stepping_gives_it():
+    """Chunked at 64, a prompt of 65 tokens computes its last one alone, in the step that gives its first token: the
+    pool takes it back only after that step (it once took it as decoding, and its first token came when the pool next
+    handed over)."""
+    profile = make_profile()
+    layout = Layout(prefill=1, decode=1, policy="never", local_prefill_chunk=64)
+    base = mixed(120, 30.0, 8)
+    load = dataclasses.replace(base, prompts=[p[:1] * (64 * (1 + i % 3) + 1) for i, p in enumerate(base.prompts)])
+    pooled, stepped = run(profile, layout, load, True), run(profile, layout, load, False)
+    assert pooled.engines["d1"].clock > 0
+    assert_same_times(pooled, stepped)
+
+
 def test_a_pooled_batch_steps_as_its_contexts_grow():
     """Four sequences landed together decode as one batch: each step costs the profile's decode step of the batch at
     its total context, and each finishes at the end of the step that computes its last token."""

@@ -157,7 +157,7 @@ class DecodePool(SimEngine):
         if not self._nothing_to_prefill():
             return None
         decoding = [s for s in sched.running if not self._finishing(s)]
-        if (all(s.num_uncomputed() == 1 and len(s.block_table) <= s.num_computed_tokens // bs + 1 for s in decoding)
+        if (all(_decodes(s) and len(s.block_table) <= s.num_computed_tokens // bs + 1 for s in decoding)
                 and len(decoding) <= sched.max_num_batched_tokens
                 and sum(s.num_computed_tokens + 1 > len(s.block_table) * bs for s in decoding)
                 <= self.block_manager.num_free_blocks):
@@ -181,7 +181,7 @@ class DecodePool(SimEngine):
 
     def _nothing_to_prefill(self) -> bool:
         """Every sequence waiting has landed with its prompt's KV (none to prefill here, none preempted)."""
-        return all(s.num_uncomputed() == 1 for s in self.scheduler.waiting)
+        return all(_decodes(s) for s in self.scheduler.waiting)
 
     def _finishing(self, seq: Sequence) -> bool:
         return seq.token_ids[-1] == PENDING and self.scheduler._pending_is_last(seq)
@@ -272,3 +272,9 @@ class DecodePool(SimEngine):
         self.context = 0
         self.pooled = False
         self.handovers += 1
+
+
+def _decodes(seq: Sequence) -> bool:
+    """Its next step computes one token past its prompt: it has its first token (or one unseen). A prompt whose last
+    chunk is one token also has one to compute, but that step gives its first token, which the pool would not see."""
+    return seq.num_uncomputed() == 1 and len(seq.token_ids) > seq.num_prompt_tokens
