@@ -126,17 +126,32 @@ def test_fast_runs_on_several_engines_give_the_times_of_stepping(layout):
     assert_same_times(bulk, stepped)
 
 
-def test_decode_workers_and_colocated_replicas_are_pooled_but_not_on_a_shared_gpu():
-    """Every engine that decodes is pooled between the prompts it prefills itself (`auto`, `never`, colocated);
-    prefill workers never decode, and engines sharing a GPU step one by one."""
+def test_decode_workers_and_colocated_replicas_are_pooled_and_prefill_workers_are_not():
+    """Every engine that decodes is pooled between the prompts it prefills itself (`auto`, `never`, colocated), on a
+    GPU of its own or one it shares; prefill workers never decode."""
     profile, load = make_profile(), mixed(20, 20.0, 5)
     for layout in (Layout(prefill=1, decode=1), Layout(prefill=1, decode=1, policy="auto"),
-                   Layout(prefill=1, decode=1, policy="never")):
+                   Layout(prefill=1, decode=1, policy="never"), Layout(prefill=1, decode=1, gpus_per_engine=0.5)):
         engines = run(profile, layout, load, True).engines
         assert isinstance(engines["d1"], DecodePool) and not isinstance(engines["p0"], DecodePool)
-    assert all(isinstance(e, DecodePool) for e in run(profile, Layout(colocated=2), load, True).engines.values())
-    shared = run(profile, Layout(prefill=1, decode=1, gpus_per_engine=0.5), load, True)
-    assert not any(isinstance(e, DecodePool) for e in shared.engines.values())
+    for layout in (Layout(colocated=2), Layout(colocated=2, gpus_per_engine=0.5)):
+        assert all(isinstance(e, DecodePool) for e in run(profile, layout, load, True).engines.values())
+
+
+@pytest.mark.parametrize("layout", [Layout(prefill=1, decode=1, gpus_per_engine=0.5),
+                                    Layout(prefill=1, decode=1, policy="auto", gpus_per_engine=0.5, mps=True),
+                                    Layout(prefill=1, decode=1, policy="never", gpus_per_engine=0.5),
+                                    Layout(colocated=2, gpus_per_engine=0.5, mps=True)], ids=str)
+def test_pools_on_a_shared_gpu_give_the_times_of_stepping(layout):
+    """On a GPU two engines share, a pool runs one step at a time (each re-timed as the other engine's steps start
+    and end: scripts/planner/gpu.py), with no walk of its batch: the times of stepping the scheduler. Under MPS with
+    contention by the longest prompt of a pair (the shipped H200 profile's decode)."""
+    profile = load_profile(PROFILES / "h200-qwen3-0.6b.json")
+    assert profile.mps["decode"].beside_by_prompt
+    load = mixed(300, 60.0, 2, shared=True)
+    pooled, stepped = run(profile, layout, load, True), run(profile, layout, load, False)
+    assert sum(e.clock for e in pooled.engines.values() if isinstance(e, DecodePool)) > 1000
+    assert_same_times(pooled, stepped)
 
 
 def test_a_prompt_whose_last_chunk_is_one_token_gets_its_first_token_as_stepping_gives_it():

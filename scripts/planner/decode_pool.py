@@ -10,7 +10,9 @@ the steps that need them begin (a sequence needs a new block every `block_size` 
 sequences by the step, modulo the block size, at which they cross into one); the next to finish come from a heap;
 the step's cost from the batch size and the sum of the contexts, kept as they change. A run of steps (`FastRun`)
 lasts to the next step in which a sequence computes its last token, or until something lands (one step while one
-waits), as SimEngine's fast runs do, and a sequence's tokens are written into it when it finishes.
+waits), as SimEngine's fast runs do, and a sequence's tokens are written into it when it finishes. On a GPU it
+shares with another engine a run is one step (`shared_step`), whose end the GPU re-times as the other's steps start
+and end: no walk of the batch, but no bulk either.
 
 What the scheduler would decide otherwise (scripts/planner/engine.py steps it: common/engine/scheduler.py):
 sequences join in the order they landed, while `max_num_seqs` seats, the token budget and the free blocks allow;
@@ -99,13 +101,19 @@ class DecodePool(SimEngine):
         self._block(self.busy_until, first + self.fast.growth * (k - 1), decode_only=True)
         return self.busy_until
 
+    def shared_step(self, now: float) -> tuple[float, float, int]:
+        if self.fast is None:  # handed to the scheduler
+            return super().shared_step(now)
+        assert self.fast.steps == 1, "a run of several steps on a shared GPU"  # each re-timed as the other's change
+        return self.fast.first, 0.0, 0
+
     def _take_blocks(self, steps: int) -> None:
         self._allocate_to(self.clock + steps)
 
     def finish(self):
         if not self.pooled:
             return super().finish()
-        run, k = self.fast, self.fast.steps
+        run, k, end = self.fast, self.fast.steps, self.busy_until
         self.fast = self.batch = self.busy_until = None
         self._allocate_to(self.clock + k)
         self.busy_seconds += run.elapsed(k)
@@ -120,8 +128,9 @@ class DecodePool(SimEngine):
             self.context -= m.computed(self.clock)
             self._write(m)
             finishers.append(m.seq)
-        # its first step's tokens came back once its second step was launched (a graph replay)
-        return PoolDone(finishers, run.start + run.first + (self.profile.host_launch_s if k > 1 else 0.0))
+        # its first step's tokens came back once its second step was launched (a graph replay); a step alone ends
+        # when it ends (on a shared GPU, later than alone)
+        return PoolDone(finishers, run.start + run.first + self.profile.host_launch_s if k > 1 else end)
 
     def collect(self, done) -> tuple[list[Sequence], float]:
         if not isinstance(done, PoolDone):

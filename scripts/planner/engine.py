@@ -267,6 +267,13 @@ class SimEngine:
         self._block(self.busy_until, self.step_time, batch.decode_only)
         return self.busy_until
 
+    def shared_step(self, now: float) -> tuple[float, float, int]:
+        """The step started at `now`, as a GPU shared with another engine takes it (scripts/planner/gpu.py): its
+        seconds alone, its launch-bound floor (0 for a graph replay) and its longest prompt (0: it only decodes)."""
+        batch = self.batch
+        launch = 0.0 if batch.decode_only else self.launch_end - now
+        return self.step_time, launch, max((s.num_prompt_tokens for s in batch.seqs[batch.num_decodes:]), default=0)
+
     def _block(self, end: float, last_step: float, decode_only: bool, carry: bool = True) -> None:
         """`cutoff` and the blocked span for the step (or a fast run's last step) ending at `end`; with `carry`, a new
         step's: the one before's span is kept (`carried`), as its launch may outlast it."""

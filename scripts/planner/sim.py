@@ -91,7 +91,7 @@ class Simulation:
             name = f"{letter}{i}"
             chunk = layout.local_prefill_chunk if role == "decode" else None
             # Decode batches in aggregate while nothing is prefilled there (scripts/planner/decode_pool.py)
-            pooled = role != "prefill" and fast_forward and not self.gpus[gpu].shared
+            pooled = role != "prefill" and fast_forward
             self.engines[name] = (DecodePool if pooled else SimEngine)(
                 name, role, profile, chunk, fast_forward, workload.shared_prefixes, spares, self.num_blocks)
             self.gpu_of[name] = self.gpus[gpu]
@@ -99,7 +99,8 @@ class Simulation:
                                   num_blocks=self.num_blocks, layout=layout_rec, max_model_len=1 << 30,
                                   vocab_size=1 << 30)
             self.infos[name] = self.registry.register(hello, name.encode())
-        # Engines that may run steps in bulk (not on a shared GPU), shown as of their step in flight (`catch_up`): a
+        # Engines that may run several steps in bulk (not on a shared GPU: there a pool runs one step at a time, each
+        # re-timed as the other engine's start and end), shown as of their step in flight (`catch_up`): a
         # prefill worker's last step is its prompts', never repeated (`SimEngine.start`)
         self.bulk = [e for name, e in self.engines.items()
                      if fast_forward and not self.gpu_of[name].shared and e.role != "prefill"]
@@ -212,11 +213,9 @@ class Simulation:
         if end is None:
             return
         if gpu.shared:
-            launch = 0.0 if engine.batch.decode_only else engine.launch_end - self.now  # an eager step's floor
+            alone, launch, longest = engine.shared_step(self.now)
             pace = self.profile.mps_cost(engine.role) if self.layout.mps else TIME_SLICED
-            batch = engine.batch
-            longest = max((seq.num_prompt_tokens for seq in batch.seqs[batch.num_decodes:]), default=0)
-            gpu.add(engine, pace.step_seconds(engine.step_time, launch), self.now, launch,
+            gpu.add(engine, pace.step_seconds(alone, launch), self.now, launch,
                     pace.contention if pace.beside_by_prompt else pace.beside, longest)
             self._retime(gpu)
         else:
