@@ -128,8 +128,8 @@ class DecodePool(SimEngine):
             self.context -= m.computed(self.clock)
             self._write(m)
             finishers.append(m.seq)
-        # its first step's tokens came back once its second step was launched (a graph replay); a step alone ends
-        # when it ends (on a shared GPU, later than alone)
+        # its first step's tokens came back once its second step was launched (a graph replay); a run of one step's
+        # when it ended (on a shared GPU, as the GPU re-timed it)
         return PoolDone(finishers, run.start + run.first + self.profile.host_launch_s if k > 1 else end)
 
     def collect(self, done) -> tuple[list[Sequence], float]:
