@@ -286,4 +286,4 @@ class DecodePool(SimEngine):
 def _decodes(seq: Sequence) -> bool:
     """Its next step computes one token past its prompt: it has its first token (or one unseen). A prompt whose last
     chunk is one token also has one to compute, but that step gives its first token, which the pool would not see."""
-    return seq.num_uncomputed() == 1 and len(seq.token_ids) > seq.num_prompt_tokens
+    return seq.num_uncomputed() == 1 and seq.num_completion_tokens > 0
