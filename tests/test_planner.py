@@ -18,6 +18,7 @@ from common.sampling_params import SamplingParams
 from common.engine.launch_clock import LEAD_PREP_FACTOR, LEAD_STEP_SHARE
 from scripts.bench_workloads import LengthRange, poisson_arrivals, shared_prefix_mix
 from scripts.planner.block_pool import BlockPool
+from scripts.planner.decode_pool import DecodePool
 from scripts.planner.engine import SimEngine
 from scripts.planner.config import SLO, PlanConfig
 from scripts.planner.plan import run_plan
@@ -153,7 +154,7 @@ def test_a_fixed_batch_finishes_when_its_decode_steps_add_up(fast_forward):
     step times, contexts growing one token a step (stepping one by one and in bulk agree)."""
     profile = make_profile()
     batch, prompt, output = 8, 100, 50
-    engine = SimEngine("d0", "decode", profile, fast_forward=fast_forward)
+    engine = (DecodePool if fast_forward else SimEngine)("d0", "decode", profile)
     for i in range(batch):
         seq = engine.reserve(str(i), list(range(i * 1000, i * 1000 + prompt)), output)
         engine.land(seq)
@@ -168,13 +169,12 @@ def test_a_fixed_batch_finishes_when_its_decode_steps_add_up(fast_forward):
     assert engine.free_blocks == profile.num_kv_blocks
 
 
-@pytest.mark.parametrize("fast_forward", [True, False])
-def test_a_prompt_whose_last_chunk_is_one_token_is_handed_off_once(fast_forward):
+def test_a_prompt_whose_last_chunk_is_one_token_is_handed_off_once():
     """A prefill worker's step of one-token chunks looks decode-only; it is the prompts' last step, not the first
     of a run of decodes (a 32-GPU plan handed such a prompt off once a step, and the decode worker took it thrice)."""
     budget = 256
     profile = make_profile(max_num_batched_tokens=budget)
-    engine = SimEngine("p0", "prefill", profile, fast_forward=fast_forward)
+    engine = SimEngine("p0", "prefill", profile)
     engine.scheduler.add(Sequence("0", list(range(budget + 1)), SamplingParams(max_tokens=50), prefill_only=True))
     handed_off, now, batches = [], 0.0, []
     while (end := engine.start(now)) is not None:
@@ -238,7 +238,7 @@ def test_a_decode_steps_successor_is_scheduled_a_lead_before_it_ends():
     before the step ends (the host's launch work and a tenth of the step), then schedules and launches the next,
     taking no message for the host's launch work, and takes them again while it waits for the step's tokens."""
     profile = make_profile()
-    engine = SimEngine("c0", "colocated", profile, fast_forward=False)
+    engine = SimEngine("c0", "colocated", profile)
     engine.add_prompt("a", list(range(100)), 50, prefill_only=False, now=0.0)
     start = engine.start(0.0)  # a's prompt
     engine.collect(engine.finish())
@@ -262,7 +262,7 @@ def test_a_decode_steps_successor_is_scheduled_only_once_the_host_has_launched_t
     that arrives while the step runs rides the next launch (docs/gpu_runs/stop28_arrival_probe.py: all 40 arrivals
     at each of 1-64 decodes did), not the one after it."""
     profile = make_profile(launch_prep_s=0.005)  # the decode step below is ~6 ms: the lead (~7 ms) covers it
-    engine = SimEngine("c0", "colocated", profile, fast_forward=False)
+    engine = SimEngine("c0", "colocated", profile)
     engine.add_prompt("a", list(range(100)), 50, prefill_only=False, now=0.0)
     start = engine.start(0.0)  # a's prompt
     engine.collect(engine.finish())
@@ -285,7 +285,7 @@ def test_where_the_lead_covers_a_decode_step_the_loop_is_deaf_from_its_start_pas
     launch, as the served timelines show, stop 29). Here that work is longer than the step: a message that comes
     once the next step has started still waits for it, and then for that step's own launch."""
     prep = 0.008
-    engine = SimEngine("c0", "colocated", make_profile(launch_prep_s=prep), fast_forward=False)
+    engine = SimEngine("c0", "colocated", make_profile(launch_prep_s=prep))
     engine.add_prompt("a", list(range(100)), 50, prefill_only=False, now=0.0)
     start = engine.start(0.0)  # a's prompt
     engine.collect(engine.finish())
@@ -316,7 +316,7 @@ def test_fast_forward_changes_no_prediction():
     profile = make_profile()
     load = workload(300, 40.0, 300, 60, seed=2)
     bulk = simulate(profile, Layout(prefill=1, decode=1), load)
-    stepped = simulate(profile, Layout(prefill=1, decode=1), load, fast_forward=False)
+    stepped = simulate(profile, Layout(prefill=1, decode=1), load)
     for a, b in zip(bulk, stepped):
         assert (a.first, a.done) == pytest.approx((b.first, b.done), rel=1e-9)
 

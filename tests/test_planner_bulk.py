@@ -101,17 +101,30 @@ def test_a_pools_check_of_its_blocks_is_its_count_of_crossings_against_the_free_
                 assert pool._blocks_for(start, end) == (pool._crossings(start, end) <= bm.num_free_blocks)
 
 
-def test_a_pool_that_prefills_a_prompt_itself_hands_over_and_takes_its_batch_back():
-    """`auto` sends some prompts to the decode worker to prefill itself: the scheduler steps while it does (prompt
-    chunks beside the decodes), and the pool takes the batch back once only decodes are left (Qwen3-8B's profile,
-    whose prompts `auto` sends there)."""
+def test_a_pool_that_prefills_a_prompt_itself_steps_its_chunks_beside_its_members():
+    """`auto` sends some prompts to the decode worker to prefill itself: the scheduler steps their chunks (the lane)
+    beside the members' decodes, which it does not walk, and the pool keeps its batch (Qwen3-8B's profile, whose
+    prompts `auto` sends there)."""
     profile = load_profile(PROFILES / "h200-qwen3-8b.json")
     load = mixed(300, 30.0, 7)
     pooled = run(profile, Layout(prefill=1, decode=2, policy="auto"), load, True)
     pools = [e for e in pooled.engines.values() if isinstance(e, DecodePool)]
-    assert sum(e.handovers for e in pools) > 0 and sum(e.clock for e in pools) > 0
-    assert sum(e.prefill_tokens_run for e in pools) > 0
+    assert sum(e.handovers for e in pools) == 0 and sum(e.clock for e in pools) > 0
+    assert sum(e.prefill_tokens_run for e in pools) > 0 and sum(e.prompt_steps for e in pools) > 0
     assert_same_times(pooled, run(profile, Layout(prefill=1, decode=2, policy="auto"), load, False))
+
+
+@pytest.mark.parametrize("layout", [Layout(colocated=2), Layout(prefill=1, decode=2, policy="never")], ids=str)
+def test_prompt_chunks_beside_the_members_take_what_their_decodes_leave_of_the_token_budget(layout):
+    """A token budget of 96 a step: each prompt chunk stepped in the lane gets what the members' decodes, which the
+    scheduler does not walk, leave of it, as stepping gives it (chunks shrink as the batch grows)."""
+    profile = make_profile(max_num_batched_tokens=96)
+    load = mixed(200, 50.0, 9)
+    pooled, stepped = run(profile, layout, load, True), run(profile, layout, load, False)
+    pools = [e for e in pooled.engines.values() if isinstance(e, DecodePool)]
+    assert sum(e.prompt_steps for e in pools) > 0 and sum(e.clock for e in pools) > 0
+    assert max(len(e.scheduler.running) for e in stepped.engines.values()) <= 64
+    assert_same_times(pooled, stepped)
 
 
 @pytest.mark.parametrize("layout", [Layout(colocated=3), Layout(prefill=2, decode=2, policy="auto"),

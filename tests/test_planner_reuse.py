@@ -9,7 +9,6 @@ import pytest
 
 import router.admission
 from common.sampling_params import InvalidRequest
-from scripts.planner.decode_pool import DecodePool
 from scripts.planner.engine import SimEngine
 from scripts.planner.layout import Layout
 from scripts.planner.shards import run_percentiles, weighted_percentiles
@@ -29,9 +28,7 @@ def test_every_load_reports_the_schedulers_own_queued_tokens(layout, monkeypatch
 
     def checked(engine: SimEngine, now: float):
         load = report(engine, now)
-        sched = engine.scheduler
-        pooled = isinstance(engine, DecodePool) and engine.pooled
-        assert load.queued_tokens == (sched.waiting_tokens() if pooled else sched.queued_tokens())
+        assert load.queued_tokens == engine.scheduler.queued_tokens()  # a pool's lane holds every prompt chunk
         loads.append(load.queued_requests)
         return load
 

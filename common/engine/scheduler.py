@@ -67,8 +67,11 @@ class Scheduler:
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running)
 
-    def schedule(self) -> ScheduledBatch | None:
-        budget = self.max_num_batched_tokens
+    def schedule(self, running: list[Sequence] | None = None, decoding_apart: int = 0) -> ScheduledBatch | None:
+        """The next step's batch. A caller that steps some running sequences' decodes itself (the planner's
+        simulated decode pool, scripts/planner/decode_pool.py) names the others (`running`, in their order) and
+        how many decode apart: each of those took a token of the budget first, and keeps its seat."""
+        budget = self.max_num_batched_tokens - decoding_apart
         prefill_budget = self.max_prefill_tokens
         # Decodes (one token each, most of a step) and prompt chunks are kept apart as they are scheduled, so the
         # batch comes out decodes first without sorting; this runs every step, over every running sequence.
@@ -76,7 +79,7 @@ class Scheduler:
         chunks: list[tuple[Sequence, int]] = []
         queue: list[Sequence] = []  # served from `head`; a preemption takes the last one still queued
         prompts: list[Sequence] = []  # running ones with prompt tokens left: after the decodes in the queue
-        for s in self.running:
+        for s in self.running if running is None else running:
             if len(s.token_ids) - s.num_computed_tokens > 1:
                 prompts.append(s)
             elif s.token_ids[-1] != PENDING or not self._pending_is_last(s):

@@ -1,9 +1,9 @@
 """An engine that decodes, simulated in aggregate: the steps of a batch that only decodes, run without walking the
 batch.
 
-On a decode worker while its prompts are prefilled elsewhere (`--disagg-policy always`), and between the prompts it
+On a decode worker while its prompts are prefilled elsewhere (`--disagg-policy always`), and beside the prompts it
 prefills itself (`auto`, `never`, and colocated replicas, which prefill every prompt), every step is the same
-decision: each running sequence computes one token, a sequence whose KV has landed joins at the next step, and one
+decision for the sequences that decode: each running sequence computes one token, a sequence whose KV has landed joins at the next step, and one
 leaves after its last token. So this engine keeps no per-step state in its sequences while they run. The pool counts
 steps; a sequence's tokens are what it had when it joined plus the steps since (`Member`); its blocks are taken as
 the steps that need them begin (a sequence needs a new block every `block_size` steps: `by_residue` files the
@@ -16,13 +16,17 @@ and end: no walk of the batch, but no bulk either.
 
 What the scheduler would decide otherwise (scripts/planner/engine.py steps it: common/engine/scheduler.py):
 sequences join in the order they landed, while `max_num_seqs` seats, the token budget and the free blocks allow;
-one that lands after the next step was scheduled (`cutoff`) waits for the step after. Where it would do more than
-that (preempt a sequence for want of blocks, run more decodes than its token budget, prefill a prompt), the pool
-hands its sequences to the scheduler as they stand (`pooled` False) and the engine steps until only decodes are
-left, then takes them back (`_repool`). While a request waits at the router the pool steps one at a time, as the
-router tries again at each stepped engine's step (sim.py `_dispatch`). The router sees the blocks taken by the
-steps begun (SimEngine's `catch_up`, before each placement), as it does of a stepped engine;
-tests/test_planner_bulk.py checks that every request's times are those of stepping one by one.
+one that lands after the next step was scheduled (`cutoff`) waits for the step after. A prompt prefilled here (or
+a sequence recomputed) is the scheduler's to step, in the pool's `lane`: each step of the members is then one step
+beside the scheduler's batch of the lane and of what waits, given the budget and seats the members leave
+(`Scheduler.schedule(lane, len(members))`), so the scheduler never walks the members; a lane sequence joins them
+once it decodes (`_settle`). Where the scheduler would do more (preempt a sequence for want of blocks, run more
+decodes than its token budget), the pool hands its sequences to it as they stand (`pooled` False) and the engine
+steps until the members' decision is the pool's again, then takes them back (`_repool`). While a request waits at
+the router the pool steps one at a time, as the router tries again at each stepped engine's step (sim.py
+`_dispatch`). The router sees the blocks taken by the steps begun (SimEngine's `catch_up`, before each placement),
+as it does of a stepped engine; tests/test_planner_bulk.py checks that every request's times are those of stepping
+one by one.
 """
 from __future__ import annotations
 
@@ -32,7 +36,7 @@ import math
 from dataclasses import dataclass
 
 from common.engine.sequence import PENDING, Sequence, SequenceStatus
-from scripts.planner.engine import SimEngine
+from scripts.planner.engine import Done, SimEngine
 from scripts.planner.fast_run import FastRun
 from scripts.planner.sequences import TOKEN
 
@@ -58,6 +62,15 @@ class PoolDone:
     first_end: float
 
 
+@dataclass
+class MixedDone:
+    """A step of the members beside the scheduler's batch of the lane, ended: that batch's `Done`, and the members
+    that computed their last token in it."""
+
+    step: Done
+    finishers: list[Sequence]
+
+
 class DecodePool(SimEngine):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -70,18 +83,41 @@ class DecodePool(SimEngine):
         self.order = itertools.count()
         self.context = 0  # the members' computed tokens before step `clock`
         self.unresolved: list[tuple[Sequence, int]] = []  # (sequence, index of its unseen token) once unpooled
+        # The running sequences the scheduler steps beside the members, in the order it admitted them: prompts being
+        # prefilled here, and the few that take a decode step before they may join (`_settle`)
+        self.lane: list[Sequence] = []
         self.handovers = 0  # times the pool handed its batch to the scheduler
 
     # ---- runs ---------------------------------------------------------------------------------------
     def start(self, now: float, fast: bool = True) -> float | None:
-        if self.pooled and not self._poolable():
-            self._unpool()
-        elif not self.pooled and (decoding := self._repoolable()) is not None:
-            self._repool(decoding)
+        if self.pooled:
+            self._settle()
+            if not self._poolable():
+                self._unpool()
+        elif (parts := self._repoolable()) is not None:
+            self._repool(*parts)
         if not self.pooled:
             return super().start(now, fast=False)  # one step at a time, as the scheduler decides
         self._allocate_to(self.clock + 1)
+        if self.lane or not self._nothing_to_prefill():
+            return self._start_mixed(now)
         self._admit()
+        return self._start_run(now, fast)
+
+    def _start_mixed(self, now: float) -> float | None:
+        """The members' step beside the scheduler's batch of the lane and of what waits (the members' blocks for it
+        taken first, as the scheduler allocates decodes before it admits): one step."""
+        sched = self.scheduler
+        admitted = len(sched.running)
+        batch = self._schedule(self.lane, len(self.members))
+        self.lane += sched.running[admitted:]
+        if batch is None:
+            return self._start_run(now, fast=False)
+        self.fast = None
+        return self._start_step(now, batch, len(self.members), self.context)
+
+    def _start_run(self, now: float, fast: bool) -> float | None:
+        """A run of the members' steps alone: to the next step in which one computes its last token, if `fast`."""
         if not self.members:
             self.cutoff = self.blocked_from = self.blocked_until = math.inf
             return None
@@ -107,17 +143,54 @@ class DecodePool(SimEngine):
         assert self.fast.steps == 1, "a run of several steps on a shared GPU"  # each re-timed as the other's change
         return self.fast.first, 0.0, 0
 
-    def _take_blocks(self, steps: int) -> None:
-        self._allocate_to(self.clock + steps)
+    def cut(self, now: float) -> float | None:
+        """Something arrived, or wants blocks, during a run: it ends with the step in flight now, whose blocks are
+        taken at once. Returns the new end, or None when the end stays (no run, or its last step is in flight)."""
+        run = self.fast
+        if run is None:
+            return None
+        k = self._take_begun(now)  # what comes next cannot take the blocks of the steps begun
+        if k == run.steps:
+            return None
+        run.steps = k
+        self.generation += 1
+        self.busy_until = run.start + run.elapsed(k)
+        self._block(self.busy_until, run.first + run.growth * (k - 1), decode_only=True, carry=False)
+        return self.busy_until
+
+    def catch_up(self, now: float) -> bool:
+        """Whether the router's view of the engine is older than the step in flight at `now`: a stepped engine is
+        shown as each step starts (its blocks taken, what finished the step before not yet freed). In a run the
+        blocks of the steps begun are then taken, to be shown now."""
+        run = self.fast
+        if run is None or self.shown_steps >= run.steps or now - run.start < run.elapsed(self.shown_steps):
+            return False  # no step has begun since
+        self._take_begun(now)
+        return True
+
+    def _take_begun(self, now: float) -> int:
+        """Takes the blocks of the run's steps begun by `now` (shown to the router once taken); returns how many
+        have begun."""
+        k = self.shown_steps = self.fast.in_flight(now)
+        self._allocate_to(self.clock + k)
+        return k
 
     def finish(self):
         if not self.pooled:
             return super().finish()
+        if self.fast is None:  # a mixed step
+            return MixedDone(super().finish(), self._advance(1))
         run, k, end = self.fast, self.fast.steps, self.busy_until
         self.fast = self.batch = self.busy_until = None
-        self._allocate_to(self.clock + k)
         self.busy_seconds += run.elapsed(k)
         self.steps += k
+        # its first step's tokens came back once its second step was launched (a graph replay); a run of one step's
+        # when it ended (on a shared GPU, as the GPU re-timed it)
+        return PoolDone(self._advance(k), run.start + run.first + self.profile.host_launch_s if k > 1 else end)
+
+    def _advance(self, k: int) -> list[Sequence]:
+        """The members' k steps ended: the sequences that computed their last token in the last of them."""
+        self._allocate_to(self.clock + k)
         self.clock += k
         self.context += len(self.members) * k
         finishers = []
@@ -128,12 +201,10 @@ class DecodePool(SimEngine):
             self.context -= m.computed(self.clock)
             self._write(m)
             finishers.append(m.seq)
-        # its first step's tokens came back once its second step was launched (a graph replay); a run of one step's
-        # when it ended (on a shared GPU, as the GPU re-timed it)
-        return PoolDone(finishers, run.start + run.first + self.profile.host_launch_s if k > 1 else end)
+        return finishers
 
     def collect(self, done) -> tuple[list[Sequence], float]:
-        if not isinstance(done, PoolDone):
+        if isinstance(done, Done):
             return super().collect(done)
         for seq, pos in self.unresolved:  # handed to the scheduler with the run's last token unseen
             if seq.status is SequenceStatus.RUNNING:  # (not preempted meanwhile: then it was dropped)
@@ -142,50 +213,70 @@ class DecodePool(SimEngine):
         for seq in done.finishers:  # resolved now, after the next step was scheduled, as the scheduler does
             seq.token_ids[-1] = TOKEN
             self.scheduler.finish(seq, "length")
+        if isinstance(done, MixedDone):
+            seqs, first_end = super().collect(done.step)
+            return done.finishers + seqs, first_end
         return done.finishers, done.first_end
 
     def _queued_tokens(self) -> int:
-        """Members only decode: none has a prompt chunk left, so the scheduler's walk of them would add nothing."""
-        return self.scheduler.waiting_tokens() if self.pooled else self.scheduler.queued_tokens()
+        """Members only decode: only the lane's prompts have chunks left."""
+        if not self.pooled:
+            return self.scheduler.queued_tokens()
+        return self.scheduler.waiting_tokens() + sum(n for s in self.lane
+                                                     if (n := len(s.token_ids) - s.num_computed_tokens) > 1)
 
     # ---- the pool's own ---------------------------------------------------------------------------------
     def _poolable(self) -> bool:
-        """Whether the next step is the pool's decision: only decodes (nothing waiting to prefill), within the token
-        budget, and a free block for every member that needs one (else the scheduler preempts)."""
-        return (self._nothing_to_prefill()
-                and len(self.members) <= self.scheduler.max_num_batched_tokens
+        """Whether the scheduler would step the members as the pool does: every decode (the members' and the lane's)
+        within the token budget, and a free block for every member that needs one (else it preempts). The lane's
+        decodes need none: a prompt's last token, or a sequence whose table holds its next block already."""
+        lane_decodes = sum(len(s.token_ids) - s.num_computed_tokens == 1 for s in self.lane)
+        return (len(self.members) + lane_decodes <= self.scheduler.max_num_batched_tokens
                 and self._blocks_for(self.clock, self.clock + 1))
 
-    def _repoolable(self) -> list[Sequence] | None:
-        """The running sequences that decode on (not finishing), where the scheduler's batch is the pool's again:
-        nothing waiting to prefill, every one of them decoding (none mid-prompt) with no block beyond the one its
-        next token is in (one recomputed after a preemption may hold more: the pool would count a crossing where its
-        table has the block already), within the token budget, and a block for each that needs one next step. None
-        where it is not."""
+    def _settle(self) -> None:
+        """The lane's sequences that now decode (their prompt done, or landed and admitted) join the members; those
+        finished, or finishing with the token of the step in flight, leave it."""
+        keep = []
+        for s in self.lane:
+            if s.status is not SequenceStatus.RUNNING or self._finishing(s):
+                continue
+            if self._joins(s):
+                self._join(s)
+            else:
+                keep.append(s)
+        self.lane = keep
+
+    def _joins(self, seq: Sequence) -> bool:
+        """Whether a running sequence may be a member: it decodes, and its table holds the blocks of its computed
+        tokens and no more, as the pool counts a member's crossings (one admitted before its first step, whose
+        reservation held its first token's place, or recomputed after a preemption, may hold its next block: it
+        steps in the lane until its tokens reach it)."""
+        return _decodes(seq) and len(seq.block_table) == -(-seq.num_computed_tokens // self.block_manager.block_size)
+
+    def _repoolable(self) -> tuple[list[Sequence], list[Sequence]] | None:
+        """Where the scheduler's batch is the pool's again: the running sequences that may be members (not
+        finishing) and the lane (the others), where they are as `_poolable` asks; None where they are not."""
         sched, bs = self.scheduler, self.block_manager.block_size
-        if not self._nothing_to_prefill():
-            return None
-        decoding = [s for s in sched.running if not self._finishing(s)]
-        if (all(_decodes(s) and len(s.block_table) <= s.num_computed_tokens // bs + 1 for s in decoding)
-                and len(decoding) <= sched.max_num_batched_tokens
+        decoding, lane = [], []
+        for s in sched.running:
+            if not self._finishing(s):
+                (decoding if self._joins(s) else lane).append(s)
+        lane_decodes = sum(len(s.token_ids) - s.num_computed_tokens == 1 for s in lane)
+        if (len(decoding) + lane_decodes <= sched.max_num_batched_tokens
                 and sum(s.num_computed_tokens + 1 > len(s.block_table) * bs for s in decoding)
                 <= self.block_manager.num_free_blocks):
-            return decoding
+            return decoding, lane
         return None
 
-    def _repool(self, decoding: list[Sequence]) -> None:
+    def _repool(self, decoding: list[Sequence], lane: list[Sequence]) -> None:
         """The running sequences that decode on (`_repoolable`) become members again as they stand: each has its
         last step's token still unseen (the scheduler resolves it when it collects that step); those whose unseen
         token is their last finish then, outside the pool."""
+        self.lane = lane
         for seq in decoding:
             self._join(seq)
-        # This step's blocks as the scheduler takes them: for those whose table ends at the token they compute now.
-        # The residues would also give one to a sequence at a block's start whose table already holds that block (one
-        # admitted, not yet stepped, whose reservation held its first token's place)
-        bs = self.block_manager.block_size
-        ok = self.block_manager.append_blocks([m.seq for m in self.members if m.base >= len(m.seq.block_table) * bs])
-        assert ok, "a repooled step without the blocks it counted on"
-        self.allocated = self.clock + 1
+        self.allocated = self.clock  # this step's blocks are still to take
         self.pooled = True
 
     def _nothing_to_prefill(self) -> bool:
@@ -271,11 +362,14 @@ class DecodePool(SimEngine):
 
     def _unpool(self) -> None:
         """The scheduler steps from now on: every member's tokens written into its sequence, the newest unseen until
-        the run that computed it is collected (the scheduler then schedules the next step)."""
+        the run that computed it is collected (the scheduler then schedules the next step). One that joined as this
+        step starts has no token of the pool's: its unseen one is the scheduler's step's, resolved with it."""
         for m in self.members:
             self._write(m)
-            self.unresolved.append((m.seq, m.seq.num_computed_tokens))
+            if m.joined < self.clock:
+                self.unresolved.append((m.seq, m.seq.num_computed_tokens))
         self.members.clear()
+        self.lane = []
         self.ends.clear()
         self.by_residue = [{} for _ in self.by_residue]
         self.context = 0

@@ -16,13 +16,8 @@ step after. From that point the worker takes no message for the host's time to s
 `launch_prep_s`), then takes them again while it waits for the step's tokens (`polls_at`; common/worker/runtime.py
 `Worker._meanwhile`).
 
-Fast-forward: a decode-only batch with nothing waiting repeats identically until a sequence finishes or one
-arrives, so its steps run in bulk (`FastRun`): token counts and blocks advance for all of them at once, the time
-is the sum of their step times, and an arrival (or a reservation wanting blocks) cuts the run at the step then
-in flight. Before the router places a request, it is shown each engine as of its step in flight (`catch_up`: the
-blocks of the steps begun taken), as it sees a stepped engine at each step's start. So every request gets the times
-stepping one by one gives (tests/test_planner_bulk.py; tests/test_planner.py checks that a fixed batch's step times
-add up). A decode worker that prefills nothing runs in aggregate instead (scripts/planner/decode_pool.py).
+Engines that decode run their decodes in aggregate, several steps at once where nothing changes between them
+(scripts/planner/decode_pool.py: `fast`, a run of steps, is theirs); this stepping is theirs when they hand over.
 """
 from __future__ import annotations
 
@@ -38,7 +33,6 @@ from scripts.planner.fast_run import FastRun
 from scripts.planner.profile import Profile
 from scripts.planner.sequences import TOKEN, sequence
 
-MIN_FAST_STEPS = 4  # fewer identical steps than this run one by one
 # How fast a GPU's clock follows its load, the time constant of an engine's `heat`: prompt steps run back to back
 # were slower within their first second, and one after a 0.5 s pause ran as fast as the first (stop 26's probe).
 SUSTAIN_S = 0.5
@@ -50,13 +44,12 @@ class Done:
 
     batch: ScheduledBatch
     olds: list[int]
-    seqs: list[Sequence] | None  # None: still to resolve
     first_end: float
 
 
 class SimEngine:
     def __init__(self, name: str, role: str, profile: Profile, max_prefill_tokens: int | None = None,
-                 fast_forward: bool = True, prefix_caching: bool = True, spares: BlockPool | None = None,
+                 prefix_caching: bool = True, spares: BlockPool | None = None,
                  num_blocks: int | None = None):
         self.name, self.role, self.profile = name, role, profile
         self.block_manager = (spares or BlockPool()).take(num_blocks or profile.num_kv_blocks, profile.block_size,
@@ -65,7 +58,6 @@ class SimEngine:
                                    max_model_len=10**9, eos_token_ids=[])
         if max_prefill_tokens is not None:
             self.scheduler.max_prefill_tokens = max_prefill_tokens
-        self.fast_forward = fast_forward
         self.batch: ScheduledBatch | None = None
         self.olds: list[int] = []
         self.fast: FastRun | None = None
@@ -173,16 +165,17 @@ class SimEngine:
         self.block_manager.free_blocks(seq)
 
     # ---- steps --------------------------------------------------------------------------------------
-    def step_seconds(self, batch: ScheduledBatch) -> float:
-        p = self.profile
-        d = batch.num_decodes
-        seconds = p.host_launch_s + p.decode_cost(d).seconds(d, sum(s.num_computed_tokens for s in batch.seqs[:d]))
+    def step_seconds(self, batch: ScheduledBatch, pooled: int = 0, pooled_context: int = 0) -> float:
+        """`pooled`: decodes beside the batch's (a pool's members, holding `pooled_context` tokens)."""
+        p, d = self.profile, batch.num_decodes
+        decodes, context = d + pooled, pooled_context + sum(s.num_computed_tokens for s in batch.seqs[:d])
+        seconds = p.host_launch_s + p.decode_cost(decodes).seconds(decodes, context)
         tokens = batch.num_new_tokens[d:]
         if tokens:
             padded = p.padded(sum(tokens))
             pc, _ = p.prefill_cost(padded)
             seconds += pc.step_seconds(padded, [(n, s.num_computed_tokens) for s, n in zip(batch.seqs[d:], tokens)])
-            if d:
+            if decodes:
                 seconds += p.mixed_step_s
         return seconds
 
@@ -194,15 +187,16 @@ class SimEngine:
             return self.profile.host_launch_s
         return self.profile.prompt_launch(sum(batch.num_new_tokens[batch.num_decodes:]))
 
-    def _schedule(self) -> ScheduledBatch | None:
-        """The scheduler's next batch from what had arrived by the cutoff (all of it if that gives none)."""
+    def _schedule(self, running: list[Sequence] | None = None, pooled: int = 0) -> ScheduledBatch | None:
+        """The scheduler's next batch from what had arrived by the cutoff (all of it if the step would run nothing);
+        of `running` beside `pooled` decodes stepped apart (Scheduler.schedule), if given."""
         waiting, late = self.scheduler.waiting, []
         while waiting and waiting[-1].arrival_time > self.cutoff:
             late.append(waiting.pop())
-        batch = self.scheduler.schedule()
+        batch = self.scheduler.schedule(running, pooled)
         waiting.extend(reversed(late))
-        if batch is None and late:
-            batch = self.scheduler.schedule()
+        if batch is None and late and not pooled:
+            batch = self.scheduler.schedule(running)
         return batch
 
     def polls_at(self, now: float) -> float:
@@ -240,25 +234,17 @@ class SimEngine:
         return self.lead_prep + LEAD_STEP_SHARE * step
 
     def start(self, now: float, fast: bool = True) -> float | None:
-        """Starts the next step (or fast run, if `fast`), if there is work; returns when it ends."""
+        """Starts the next step, if there is work; returns when it ends. (`fast`: whether a pool may run several
+        steps at once, scripts/planner/decode_pool.py; a step here is one.)"""
         batch = self._schedule()
         if batch is None:
             self.cutoff = self.blocked_from = self.blocked_until = math.inf
             return None
-        if fast and self.fast_forward and batch.decode_only and not self.scheduler.waiting:
-            # A prefill worker's prompt whose last chunk is one token looks like a decode, but that step is its last.
-            k = min(1 if s.prefill_only else s.sampling.max_tokens - s.num_completion_tokens for s in batch.seqs) - 1
-            k = min(k, self._steps_with_blocks(batch, k))
-            if k >= MIN_FAST_STEPS:
-                first = self.step_seconds(batch)
-                growth = self.profile.decode_cost(len(batch.seqs)).per_seq_context_s * len(batch.seqs)
-                self.batch, self.fast = batch, FastRun(now, k, first, growth)
-                self.shown_steps = 1  # the simulation shows the engine to the router once it has started (`_kick`)
-                self.started, self.launch_end = now, now + self.profile.host_launch_s
-                self.busy_until = now + self.fast.elapsed(k)
-                self._block(self.busy_until, first + growth * (k - 1), decode_only=True)
-                return self.busy_until
-        self.step_time = self.step_seconds(batch)
+        return self._start_step(now, batch)
+
+    def _start_step(self, now: float, batch: ScheduledBatch, pooled: int = 0, pooled_context: int = 0) -> float:
+        """One step of `batch` (beside `pooled` decodes stepped apart: `step_seconds`); returns when it ends."""
+        self.step_time = self.step_seconds(batch, pooled, pooled_context)
         if not batch.decode_only:
             self.step_time *= 1 + (self.profile.sustained_prefill_factor - 1) * self._heat_at(now)
         self.started, self.launch_end = now, now + min(self.host_seconds(batch), self.step_time)
@@ -302,70 +288,16 @@ class SimEngine:
         begin = max(end - step, lead)
         return min(max(launched, lead), end), begin, begin + prep
 
-    def _steps_with_blocks(self, batch: ScheduledBatch, k: int) -> int:
-        """At most k, as many steps as the free blocks allow every sequence of the batch (the scheduler
-        allocated this step's already)."""
-        bs, free = self.profile.block_size, self.block_manager.num_free_blocks
-        while k > 0:
-            need = sum(-(-(s.num_computed_tokens + k) // bs) - len(s.block_table) for s in batch.seqs)
-            if need <= free:
-                return k
-            k //= 2
-        return 0
-
     def cut(self, now: float) -> float | None:
-        """Something arrived, or wants blocks, during a fast run: it ends with the step in flight now, whose blocks
-        are taken at once. Returns the new end, or None when the end stays (no fast run, or its last step is in
-        flight)."""
-        run = self.fast
-        if run is None:
-            return None
-        k = self._take_begun(now)  # what comes next cannot take the blocks of the steps begun
-        if k == run.steps:
-            return None
-        run.steps = k
-        self.generation += 1
-        self.busy_until = run.start + run.elapsed(k)
-        self._block(self.busy_until, run.first + run.growth * (k - 1), decode_only=True, carry=False)
-        return self.busy_until
-
-    def catch_up(self, now: float) -> bool:
-        """Whether the router's view of the engine is older than the step in flight at `now`: a stepped engine is
-        shown as each step starts (its blocks taken, what finished the step before not yet freed). In a fast run
-        the blocks of the steps begun are then taken, to be shown now."""
-        run = self.fast
-        if run is None or self.shown_steps >= run.steps or now - run.start < run.elapsed(self.shown_steps):
-            return False  # no step has begun since
-        self._take_begun(now)
-        return True
-
-    def _take_begun(self, now: float) -> int:
-        """Takes the blocks of the fast run's steps begun by `now` (shown to the router once taken); returns how many
-        have begun."""
-        run = self.fast
-        k = self.shown_steps = run.in_flight(now)
-        self._take_blocks(k)
-        return k
-
-    def _take_blocks(self, steps: int) -> None:
-        """The blocks of the fast run's first `steps` steps."""
-        for seq in self.batch.seqs:
-            ok = self.block_manager.allocate(seq, seq.num_computed_tokens + steps)
-            assert ok, "fast run without the blocks it counted on"
+        """Something arrived, or wants blocks: a step runs to its end (a pool's run of steps may end sooner). Returns
+        the new end, or None when the end stays."""
+        return None
 
     def finish(self) -> Done:
-        """The step (or fast run) in flight ended. A fast run's tokens are applied now (none of its sequences
-        finish); a step's wait for `collect`, as the engine with overlapped scheduling schedules and launches its
-        next step before it resolves this one."""
-        batch, run = self.batch, self.fast
-        self.batch, self.fast, self.busy_until = None, None, None
-        if run is not None:
-            self._apply_fast(batch, run.steps)
-            self.busy_seconds += run.elapsed(run.steps)
-            self.steps += run.steps
-            # its first step's tokens came back once its second step was launched (a graph replay)
-            first = run.start + run.first + (self.profile.host_launch_s if run.steps > 1 else 0.0)
-            return Done(batch, [], list(batch.seqs), first)
+        """The step in flight ended. Its tokens wait for `collect`, as the engine with overlapped scheduling schedules
+        and launches its next step before it resolves this one."""
+        batch = self.batch
+        self.batch, self.busy_until = None, None
         self.busy_seconds += self.step_time
         self.steps += 1
         self.prefill_tokens_run += sum(batch.num_new_tokens[batch.num_decodes:])
@@ -375,24 +307,11 @@ class SimEngine:
             heat = self._heat_at(self.started)
             self.heat = 1 - (1 - heat) * math.exp(-(self.step_end - self.started) / SUSTAIN_S)
             self.heat_t = self.step_end
-        return Done(batch, self.olds, None, self.step_end)
+        return Done(batch, self.olds, self.step_end)
 
     def _heat_at(self, now: float) -> float:
         return self.heat * math.exp(-max(0.0, now - self.heat_t) / SUSTAIN_S)
 
     def collect(self, done: Done) -> tuple[list[Sequence], float]:
-        """The sequences that got tokens from the step `done` (resolved now), and when its first step ended (the
-        first token of a sequence that got one)."""
-        if done.seqs is None:
-            done.seqs = self.scheduler.resolve(done.batch, done.olds, [TOKEN] * len(done.batch.seqs))
-        return done.seqs, done.first_end
-
-    def _apply_fast(self, batch: ScheduledBatch, k: int) -> None:
-        """k decode steps on every sequence of the batch: what k rounds of schedule/advance/resolve do to them."""
-        for seq in batch.seqs:
-            old = seq.num_computed_tokens
-            ok = self.block_manager.allocate(seq, old + k)
-            assert ok, "fast run without the blocks it counted on"
-            seq.num_computed_tokens += k
-            seq.token_ids.extend([TOKEN] * k)
-            self.block_manager.commit(seq, old)
+        """The sequences that got tokens from the step `done` (resolved now), and when it ended."""
+        return self.scheduler.resolve(done.batch, done.olds, [TOKEN] * len(done.batch.seqs)), done.first_end

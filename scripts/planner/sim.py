@@ -90,10 +90,10 @@ class Simulation:
         for i, ((role, letter), gpu) in enumerate(zip(roles, layout.gpus())):
             name = f"{letter}{i}"
             chunk = layout.local_prefill_chunk if role == "decode" else None
-            # Decode batches in aggregate while nothing is prefilled there (scripts/planner/decode_pool.py)
+            # Decodes in aggregate, beside the prompts prefilled there (scripts/planner/decode_pool.py)
             pooled = role != "prefill" and fast_forward
             self.engines[name] = (DecodePool if pooled else SimEngine)(
-                name, role, profile, chunk, fast_forward, workload.shared_prefixes, spares, self.num_blocks)
+                name, role, profile, chunk, workload.shared_prefixes, spares, self.num_blocks)
             self.gpu_of[name] = self.gpus[gpu]
             hello = P.WorkerHello(worker_id=name, role=role, model_fingerprint=profile.model or "sim",
                                   num_blocks=self.num_blocks, layout=layout_rec, max_model_len=1 << 30,
