@@ -138,7 +138,7 @@ class DecodePool(SimEngine):
         return self.busy_until
 
     def shared_step(self, now: float) -> tuple[float, float, int]:
-        if self.fast is None:  # handed to the scheduler
+        if self.fast is None:  # a step of the scheduler's batch (beside the members, or handed over)
             return super().shared_step(now)
         assert self.fast.steps == 1, "a run of several steps on a shared GPU"  # each re-timed as the other's change
         return self.fast.first, 0.0, 0
