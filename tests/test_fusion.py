@@ -25,8 +25,9 @@ def test_a_module_serves_only_cuda_inputs_it_fits(pick, name: str, monkeypatch: 
     assert pick(on_cuda, weight) is None
 
 
-@pytest.mark.parametrize("share, served", [(None, True), ("100", True), ("70", False)])
-def test_the_fused_head_is_left_out_of_a_process_under_an_mps_cap(share, served, monkeypatch: pytest.MonkeyPatch):
+@pytest.mark.parametrize("share", [None, "100", "70"])
+def test_the_fused_head_serves_a_process_under_an_mps_cap_too(share, monkeypatch: pytest.MonkeyPatch):
+    """Its graphs once failed there, sharing the decode graphs' memory pool (tests/test_mps_gpu.py runs it capped)."""
     module = SimpleNamespace(fits=lambda x, w: True)
     monkeypatch.setitem(fusion._loaded, "head_sampler", module)
     if share is None:
@@ -38,4 +39,4 @@ def test_the_fused_head_is_left_out_of_a_process_under_an_mps_cap(share, served,
         picked = fusion.head_sampler(SimpleNamespace(is_cuda=True), torch.empty(4, 4))
     finally:
         mps_share.cache_clear()
-    assert (picked is module) == served
+    assert picked is module

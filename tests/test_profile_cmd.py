@@ -307,7 +307,7 @@ def test_a_profile_measured_as_an_mps_client_at_a_share_says_so(monkeypatch, sha
         monkeypatch.delenv("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", raising=False)
     else:
         monkeypatch.setenv("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", share)
-    from common.engine.layers.fusion import mps_share
+    from common.engine.device import mps_share
 
     cfg = SimpleNamespace(quick=False, overlap_scheduling=True, enforce_eager=False)  # the flags `note` reads
     mps_share.cache_clear()  # read once a process; this test changes it

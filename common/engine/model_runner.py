@@ -104,7 +104,7 @@ class ModelRunner:
         ranks, which sample nothing, would have to replay the same graphs in step."""
         if self.world == 1 and fused_kernels() is not None:
             self.sampler_graphs = SamplerGraphs(self.model.sample_one_pass, self.graphs.hidden, self.graphs.sizes)
-            self.sampler_graphs.capture(self.graphs.pool)
+            self.sampler_graphs.capture()
 
     @property
     def num_blocks(self) -> int:

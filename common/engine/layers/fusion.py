@@ -7,7 +7,6 @@ from types import ModuleType
 
 import torch
 
-from common.engine.device import mps_share
 
 _loaded: dict[str, ModuleType | None] = {}
 
@@ -47,9 +46,5 @@ def split_k_gemm(x: torch.Tensor, weight: torch.Tensor) -> ModuleType | None:
 
 def head_sampler(hidden: torch.Tensor, weight: torch.Tensor) -> ModuleType | None:
     """common.engine.layers.head_sampler where it serves the LM head and one-pass sampler of `hidden` (a decode
-    batch on CUDA), else None. Not in a process capped to a share of the SMs under MPS: in the engine's decode graphs
-    there it returned tokens beyond the vocabulary, though its kernel alone replays exactly from a graph at that share
-    (docs/benchmarks.md, stops 48-49); the head and sampler apart did not."""
-    if mps_share() is not None:
-        return None
+    batch on CUDA), else None."""
     return _serving("head_sampler", hidden, weight)
