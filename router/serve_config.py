@@ -44,9 +44,10 @@ class ServeConfig:
     mps: bool = field(default=False, metadata={
         "help": "workers that share a GPU (--gpus-per-worker below 1) run as clients of a CUDA MPS server started "
                 "for this run on this node, side by side instead of in turns, each within its --mps-shares"})
-    mps_shares: str = field(default="decode=70", metadata={
+    mps_shares: str = field(default="decode=50", metadata={
         "help": "with --mps, the share of the SMs each role's workers may use, ROLE=PERCENT,... (others 100): a "
-                "cap on decode keeps a prompt's kernels from holding the SMs its steps wait for"})
+                "cap on decode keeps a prompt's kernels from holding the SMs its steps wait for. A capped worker "
+                "checks its GEMMs first and refuses a share where cuBLAS gets them wrong (60-80 on an H200)"})
 
     def resources(self, role: str) -> dict[str, float]:
         """The custom resources one worker of `role` asks Ray for."""

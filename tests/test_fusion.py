@@ -27,7 +27,9 @@ def test_a_module_serves_only_cuda_inputs_it_fits(pick, name: str, monkeypatch: 
 
 @pytest.mark.parametrize("share", [None, "100", "70"])
 def test_the_fused_head_serves_a_process_under_an_mps_cap_too(share, monkeypatch: pytest.MonkeyPatch):
-    """Its graphs once failed there, sharing the decode graphs' memory pool (tests/test_mps_gpu.py runs it capped)."""
+    """It was kept out of capped processes after its graphs sampled tokens beyond the vocabulary under a 70% cap: the
+    cause was cuBLAS's wrong products at that share, which a capped worker now refuses (common/engine/mps_check.py;
+    tests/test_mps_gpu.py runs it capped)."""
     module = SimpleNamespace(fits=lambda x, w: True)
     monkeypatch.setitem(fusion._loaded, "head_sampler", module)
     if share is None:

@@ -11,9 +11,10 @@ from common.config import EngineConfig
 from common.engine.attention.choice import create_backend
 from common.engine.context import forward_context
 from common.engine.cuda_graph import GraphRunner, block_table_width
-from common.engine.device import torch_dtype
+from common.engine.device import mps_share, torch_dtype
 from common.engine.in_flight import InFlight
 from common.engine.kv_pool import KVPool
+from common.engine.mps_check import check_under_cap
 from common.engine.layers.fusion import fused_kernels
 from common.engine.layers.sampler import SamplingBatch, sample, seeded_generators
 from common.engine.loader import init_dummy_weights, load_weights
@@ -64,6 +65,8 @@ class ModelRunner:
             init_dummy_weights(self.model, config.seed)
         else:
             load_weights(self.model, config.model, show_progress=rank == 0)
+        if self.device.type == "cuda":
+            check_under_cap(self.model, config.max_num_batched_tokens, mps_share())
         attn_layers = self.model.attention_layers()
         self.backend = create_backend(config.attention_backend, self.device, attn_layers[0].num_kv_heads)
         for layer in attn_layers:
@@ -104,7 +107,7 @@ class ModelRunner:
         ranks, which sample nothing, would have to replay the same graphs in step."""
         if self.world == 1 and fused_kernels() is not None:
             self.sampler_graphs = SamplerGraphs(self.model.sample_one_pass, self.graphs.hidden, self.graphs.sizes)
-            self.sampler_graphs.capture()
+            self.sampler_graphs.capture(self.graphs.pool)
 
     @property
     def num_blocks(self) -> int:

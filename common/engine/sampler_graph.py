@@ -6,7 +6,7 @@ replay. Only the one-pass sampler is captured (`SamplingBatch.one_pass`: greedy 
 top-p); other steps run the head and the sampler eagerly on the decode graph's hidden states.
 
 The logits, where the head writes them (a batch of up to 64 rows never does: layers/head_sampler.py), stay inside
-the graphs' memory pool: only the sampled tokens, a static buffer shared by every bucket, outlive a replay. A step
+the graph's memory pool: only the sampled tokens, a static buffer shared by every bucket, outlive a replay. A step
 reads them before the next replay overwrites them, in stream order.
 """
 from __future__ import annotations
@@ -37,18 +37,13 @@ class SamplerGraphs:
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
 
     @torch.inference_mode()
-    def capture(self) -> None:
-        """Into a memory pool of their own, shared among them (a step replays one), not the decode graphs' pool:
-        there, in a process capped to a share of the SMs under MPS, the LM head's per-tile results came back
-        overwritten with a bf16 tensor's NaNs and a token beyond the vocabulary was sampled (docs/benchmarks.md, stops
-        48 and 53)."""
-        pool = None
+    def capture(self, pool) -> None:
+        """Into the decode graphs' pool (`pool`): a step replays them one after the other, never side by side."""
         for bs in reversed(self.sizes):
             self._forward(bs)  # warm-up outside the graph: Triton compilation
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=pool):
                 self._forward(bs)
-            pool = graph.pool()
             self.graphs[bs] = graph
         torch.cuda.synchronize()
         log.info("captured the LM head and sampler for batch sizes %s", self.sizes)

@@ -1,6 +1,6 @@
-# Stop 53: the GPU tests of this stop's engine changes (the scheduler's `schedule(running, decoding_apart)`; the LM head
-# and sampler's graphs in a pool of their own, the fused head let into MPS-capped processes), `generate` capped and
-# uncapped on this tree, and the decode step against the roofline. Carry .gpu-deps.
+# Stop 53: the GPU tests of the scheduler's `schedule(running, decoding_apart)` and of the fused head let into
+# MPS-capped processes (at first with the LM head and sampler's graphs in a pool of their own, a change later undone),
+# `generate` capped and uncapped, and the decode step against the roofline. Carry .gpu-deps.
 source docs/gpu_runs/stop48_mps_client.sh
 git log --oneline -1 2>/dev/null
 timeout $(left 330) python -m pytest -q -p no:cacheprovider -m gpu tests/test_mps_gpu.py tests/test_head_sampler.py \

@@ -1,5 +1,6 @@
 """Stop 53: patches for `gen` (stop48_mps_client.sh's PATCH) that test why the fused LM head and sampler's CUDA graph
-returns tokens beyond the vocabulary in a process capped to an MPS share of the SMs (docs/benchmarks.md, stop 48)."""
+returns tokens beyond the vocabulary in a process capped to an MPS share of the SMs (docs/benchmarks.md, stop 48).
+The answer, found after (stop53_mps_gemms.sh): cuBLAS's products are wrong at that share."""
 from __future__ import annotations
 
 import torch
