@@ -3,14 +3,14 @@ batch.
 
 On a decode worker while its prompts are prefilled elsewhere (`--disagg-policy always`), and beside the prompts it
 prefills itself (`auto`, `never`, and colocated replicas, which prefill every prompt), every step is the same
-decision for the sequences that decode: each running sequence computes one token, a sequence whose KV has landed joins at the next step, and one
-leaves after its last token. So this engine keeps no per-step state in its sequences while they run. The pool counts
-steps; a sequence's tokens are what it had when it joined plus the steps since (`Member`); its blocks are taken as
-the steps that need them begin (a sequence needs a new block every `block_size` steps: `by_residue` files the
-sequences by the step, modulo the block size, at which they cross into one); the next to finish come from a heap;
-the step's cost from the batch size and the sum of the contexts, kept as they change. A run of steps (`FastRun`)
-lasts to the next step in which a sequence computes its last token, or until something lands (one step while one
-waits), as SimEngine's fast runs do, and a sequence's tokens are written into it when it finishes. On a GPU it
+decision for the sequences that decode: each computes one token, a sequence whose KV has landed joins at the next
+step, and one leaves after its last token. So this engine keeps no per-step state in its sequences while they run.
+The pool counts steps; a sequence's tokens are what it had when it joined plus the steps since (`Member`); its
+blocks are taken as the steps that need them begin (a sequence needs a new block every `block_size` steps:
+`by_residue` files the sequences by the step, modulo the block size, at which they cross into one); the next to
+finish come from a heap; the step's cost from the batch size and the sum of the contexts, kept as they change. A run
+of steps (`FastRun`) lasts to the next step in which a sequence computes its last token, or until something lands
+(one step while one waits), and a sequence's tokens are written into it when it finishes. On a GPU it
 shares with another engine a run is one step (`shared_step`), whose end the GPU re-times as the other's steps start
 and end: no walk of the batch, but no bulk either.
 
