@@ -52,39 +52,43 @@ class LengthRange:
 _WORD = 32  # bits in one output of the generator (Mersenne Twister)
 
 
-def random_prompt(rng: random.Random, length: int, vocab_size: int) -> list[int]:
+def random_prompt(rng: random.Random, length: int, vocab_size: int, ids: bool = True) -> list[int]:
     """`length` draws of `rng.randrange(vocab_size)`, the same ids from the same state: randrange draws
     `vocab_size.bit_length()` bits until they fall below it, done here in batches of as many draws as ids are
-    missing (never more, so the generator ends where randrange's would), at C speed."""
+    missing (never more, so the generator ends where randrange's would), at C speed. Without `ids`, as many stand-ins
+    (0) after the same draws: for the planner, where only a prompt's length counts (prompts sharing no block), the
+    cost of making each id an int saved."""
     if vocab_size < 1:
         raise ValueError(f"a vocabulary of {vocab_size} token ids: expected at least 1")
-    bits, ids = vocab_size.bit_length(), []
-    while len(ids) < length:
-        ids += _draws_below(rng, bits, length - len(ids), vocab_size)
-    return ids
+    bits, drawn = vocab_size.bit_length(), []
+    while len(drawn) < length:
+        drawn += _draws_below(rng, bits, length - len(drawn), vocab_size) if ids else \
+            itertools.repeat(0, _draws_below(rng, bits, length - len(drawn), vocab_size, count=True))
+    return drawn
 
 
-def _draws_below(rng: random.Random, bits: int, n: int, below: int) -> list[int]:
-    """Those of `n` draws of `rng.getrandbits(bits)` that are below `below`. Up to 32 bits, a draw is the top `bits`
-    of one 32-bit word of the generator, and one `getrandbits(32 * n)` gives the same n words (the first lowest):
-    drawn in one call, split and filtered as an array."""
+def _draws_below(rng: random.Random, bits: int, n: int, below: int, count: bool = False) -> list[int] | int:
+    """Those of `n` draws of `rng.getrandbits(bits)` that are below `below` (with `count`, how many). Up to 32 bits, a
+    draw is the top `bits` of one 32-bit word of the generator, and one `getrandbits(32 * n)` gives the same n words
+    (the first lowest): drawn in one call, split and filtered as an array."""
     if bits > _WORD:
-        return [r for r in map(rng.getrandbits, itertools.repeat(bits, n)) if r < below]
+        kept = [r for r in map(rng.getrandbits, itertools.repeat(bits, n)) if r < below]
+        return len(kept) if count else kept
     words = np.frombuffer(rng.getrandbits(_WORD * n).to_bytes(4 * n, "little"), dtype="<u4") >> (_WORD - bits)
-    return words[words < below].tolist()
+    return int(np.count_nonzero(words < below)) if count else words[words < below].tolist()
 
 
 # ---- synthetic mixes ----------------------------------------------------------------------------
 def random_requests(rng: random.Random, n: int, vocab_size: int, input_len: LengthRange,
-                    output_len: LengthRange) -> list[BenchRequest]:
-    """Fixed or uniform prompt and output lengths."""
-    return [BenchRequest(random_prompt(rng, input_len.sample(rng), vocab_size), output_len.sample(rng))
+                    output_len: LengthRange, ids: bool = True) -> list[BenchRequest]:
+    """Fixed or uniform prompt and output lengths (`ids`: random_prompt's)."""
+    return [BenchRequest(random_prompt(rng, input_len.sample(rng), vocab_size, ids), output_len.sample(rng))
             for _ in range(n)]
 
 
 def long_short_mix(rng: random.Random, n: int, vocab_size: int, input_len: LengthRange, output_len: LengthRange,
                    long_input_len: LengthRange, long_output_len: LengthRange,
-                   long_fraction: float) -> list[BenchRequest]:
+                   long_fraction: float, ids: bool = True) -> list[BenchRequest]:
     """`round(n * long_fraction)` long-prompt/short-answer requests at random positions among ordinary ones.
 
     Long prefills stall a colocated engine's decodes; this is the mix where disaggregation should pay.
@@ -93,7 +97,7 @@ def long_short_mix(rng: random.Random, n: int, vocab_size: int, input_len: Lengt
     requests = []
     for i in range(n):
         ins, outs = (long_input_len, long_output_len) if i in longs else (input_len, output_len)
-        requests.append(BenchRequest(random_prompt(rng, ins.sample(rng), vocab_size), outs.sample(rng)))
+        requests.append(BenchRequest(random_prompt(rng, ins.sample(rng), vocab_size, ids), outs.sample(rng)))
     return requests
 
 
@@ -230,10 +234,11 @@ def read_trace(path: str | Path, start: float = 0.0) -> list[TraceEntry]:
     return kept
 
 
-def trace_requests(rng: random.Random, entries: list[TraceEntry], vocab_size: int) -> list[BenchRequest]:
-    """The trace's requests with random prompts; arrivals start at 0."""
+def trace_requests(rng: random.Random, entries: list[TraceEntry], vocab_size: int,
+                   ids: bool = True) -> list[BenchRequest]:
+    """The trace's requests with random prompts (`ids`: random_prompt's); arrivals start at 0."""
     t0 = entries[0].arrival
-    return [BenchRequest(random_prompt(rng, e.input_len, vocab_size), e.output_len, e.arrival - t0)
+    return [BenchRequest(random_prompt(rng, e.input_len, vocab_size, ids), e.output_len, e.arrival - t0)
             for e in entries]
 
 

@@ -103,23 +103,25 @@ def load_points(cfg: BenchConfig, trace: list[TraceEntry] | None) -> list[LoadPo
 
 
 def build_requests(cfg: BenchConfig, rng: random.Random, n: int, vocab: int,
-                   trace: list[TraceEntry] | None) -> list[BenchRequest]:
+                   trace: list[TraceEntry] | None, ids: bool = True) -> list[BenchRequest]:
+    """Without `ids`, prompts that share no block hold stand-in ids (bench_workloads.random_prompt); shared
+    prefixes keep theirs."""
     if trace is not None:
-        return W.trace_requests(rng, trace[:n], vocab)
+        return W.trace_requests(rng, trace[:n], vocab, ids)
     ins, outs = cfg.lengths("input_len"), cfg.lengths("output_len")
     if cfg.workload == "long-short":
         return W.long_short_mix(rng, n, vocab, ins, outs, cfg.lengths("long_input_len"),
-                                cfg.lengths("long_output_len"), cfg.long_fraction)
+                                cfg.lengths("long_output_len"), cfg.long_fraction, ids)
     if cfg.workload == "shared-prefix":
         return W.shared_prefix_mix(rng, n, vocab, cfg.prefix_len, cfg.prefix_count(), ins, outs)
-    return W.random_requests(rng, n, vocab, ins, outs)
+    return W.random_requests(rng, n, vocab, ins, outs, ids)
 
 
 def point_requests(cfg: BenchConfig, index: int, n: int, vocab: int,
-                   trace: list[TraceEntry] | None) -> list[BenchRequest]:
+                   trace: list[TraceEntry] | None, ids: bool = True) -> list[BenchRequest]:
     """Load point `index`'s requests, from a seed of their own (`pdcluster plan` and `plan --validate` draw the
-    same)."""
-    return build_requests(cfg, random.Random(f"{cfg.seed}:{index}"), n, vocab, trace)
+    same, without `ids`: build_requests)."""
+    return build_requests(cfg, random.Random(f"{cfg.seed}:{index}"), n, vocab, trace, ids)
 
 
 def arrivals(cfg: BenchConfig, point: LoadPoint, index: int, requests: list[BenchRequest]) -> list[float]:

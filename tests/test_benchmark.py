@@ -25,7 +25,7 @@ from scripts.bench_metrics import SLO, Dist, RequestRecord, percentile, summariz
 from scripts.bench_plots import PLOTS
 from scripts.bench_report import markdown, write_report
 from scripts.benchmark import (UNLOADED, BenchConfig, LoadPoint, arrivals, bench_cluster, build_requests, load_points,
-                               run_benchmark, run_point)
+                               point_requests, run_benchmark, run_point)
 from scripts.cli import main as cli_main
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -137,6 +137,31 @@ def test_random_prompts_are_the_ids_randrange_draws(vocab):
         assert a.random() == b.random()
     with pytest.raises(ValueError, match="vocabulary of 0"):
         W.random_prompt(random.Random(0), 5, 0)
+
+
+@pytest.mark.parametrize("vocab", [1, 2, 257, 151936, 2**32 + 5])
+def test_stand_in_prompts_leave_the_generator_where_drawn_ids_do(vocab):
+    """The planner draws prompts that share no block without their ids: as many stand-ins, after the same draws."""
+    for seed, length in [(0, 0), (1, 1), (2, 37), (3, 4096)]:
+        a, b = random.Random(seed), random.Random(seed)
+        assert W.random_prompt(a, length, vocab, ids=False) == [0] * len(W.random_prompt(b, length, vocab))
+        assert a.random() == b.random()
+
+
+@pytest.mark.parametrize("workload", ["random", "long-short", "shared-prefix"])
+def test_a_load_point_drawn_without_ids_has_the_lengths_and_arrivals_of_one_drawn_with_them(workload):
+    """What the planner simulates of the bench's load points: the same lengths, outputs and arrival times; a
+    shared-prefix workload keeps its ids (its blocks are shared by them)."""
+    cfg = BenchConfig(out="unused", model="unused", workload=workload, rates="20", input_len="50:300",
+                      output_len="4:40", prefix_len=64, num_requests=60)
+    point = LoadPoint("rate", 20.0)
+    real, stand = point_requests(cfg, 0, 60, 1000, None), point_requests(cfg, 0, 60, 1000, None, ids=False)
+    assert [(len(r.prompt_ids), r.output_len) for r in stand] == [(len(r.prompt_ids), r.output_len) for r in real]
+    assert arrivals(cfg, point, 0, stand) == arrivals(cfg, point, 0, real)
+    if workload == "shared-prefix":
+        assert [r.prompt_ids for r in stand] == [r.prompt_ids for r in real]
+    else:
+        assert all(set(r.prompt_ids) == {0} for r in stand) and any(set(r.prompt_ids) != {0} for r in real)
 
 
 def test_long_short_mix_has_the_exact_share_of_long_requests():

@@ -75,7 +75,8 @@ def test_the_rates_reckoning_and_the_first_load_point_share_one_draw(monkeypatch
                      disagg_policies="always", slower_gpus=0.0)
     drawn = []
     draw = planner.point_requests
-    monkeypatch.setattr(planner, "point_requests", lambda cfg, i, *rest: drawn.append(i) or draw(cfg, i, *rest))
+    monkeypatch.setattr(planner, "point_requests",
+                        lambda cfg, i, *rest, **kw: drawn.append(i) or draw(cfg, i, *rest, **kw))
     plan = run_plan(cfg, [profile])
     assert sorted(drawn) == [0, 1, 2, 3]
     fresh = workloads(plan.config)

@@ -63,7 +63,7 @@ def workloads(cfg: PlanConfig, first: list[BenchRequest] | None = None) -> list[
     out = []
     for i, point in enumerate(points):
         vocab = cfg.vocab_size or DEFAULT_VOCAB
-        requests = first if i == 0 and first is not None else point_requests(cfg, i, n, vocab, trace)
+        requests = first if i == 0 and first is not None else point_requests(cfg, i, n, vocab, trace, ids=False)
         times = arrivals(cfg, point, i, requests)
         given = point.kind == "trace" or bool(requests and requests[0].arrival is not None)
         cv = None if given else cfg.burstiness if cfg.arrivals == "gamma" else 1.0
@@ -168,7 +168,8 @@ def run_plan(cfg: PlanConfig, profiles: list[Profile] | None = None,
 
 def first_requests(cfg: PlanConfig) -> list[BenchRequest]:
     """The first load point's requests, of a workload drawn (not a trace): the same whatever the rates."""
-    return point_requests(cfg, 0, cfg.num_requests or DEFAULT_REQUESTS, cfg.vocab_size or DEFAULT_VOCAB, None)
+    return point_requests(cfg, 0, cfg.num_requests or DEFAULT_REQUESTS, cfg.vocab_size or DEFAULT_VOCAB, None,
+                          ids=False)
 
 
 def rates_for(cfg: PlanConfig, profiles: list[Profile], requests: list[BenchRequest] | None = None) -> Capacity:
