@@ -60,10 +60,15 @@ def random_prompt(rng: random.Random, length: int, vocab_size: int, ids: bool = 
     cost of making each id an int saved."""
     if vocab_size < 1:
         raise ValueError(f"a vocabulary of {vocab_size} token ids: expected at least 1")
-    bits, drawn = vocab_size.bit_length(), []
+    bits = vocab_size.bit_length()
+    if not ids:
+        kept = 0
+        while kept < length:
+            kept += _draws_below(rng, bits, length - kept, vocab_size, count=True)
+        return [0] * length
+    drawn = []
     while len(drawn) < length:
-        drawn += _draws_below(rng, bits, length - len(drawn), vocab_size) if ids else \
-            itertools.repeat(0, _draws_below(rng, bits, length - len(drawn), vocab_size, count=True))
+        drawn += _draws_below(rng, bits, length - len(drawn), vocab_size)
     return drawn
 
 
