@@ -14,10 +14,10 @@ from common.engine.cuda_graph import GraphRunner, block_table_width
 from common.engine.device import mps_share, torch_dtype
 from common.engine.in_flight import InFlight
 from common.engine.kv_pool import KVPool
-from common.engine.mps_check import check_under_cap
 from common.engine.layers.fusion import fused_kernels
 from common.engine.layers.sampler import SamplingBatch, sample, seeded_generators
 from common.engine.loader import init_dummy_weights, load_weights
+from common.engine.mps_check import check_under_cap
 from common.engine.models.llama import CausalLM
 from common.engine.prefill_graph import MAX_SEQS, PrefillGraphRunner, prefill_graph_sizes
 from common.engine.sampler_graph import SamplerGraphs

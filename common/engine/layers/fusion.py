@@ -7,7 +7,6 @@ from types import ModuleType
 
 import torch
 
-
 _loaded: dict[str, ModuleType | None] = {}
 
 
