@@ -37,6 +37,14 @@ def tiny_qwen3_dir(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def qwen3_06b_dir(tmp_path_factory) -> Path:
+    """Qwen3-0.6B's shapes with random bf16 weights (the GPU tests' model)."""
+    from scripts.model_prep import prepare_random
+
+    return prepare_random("qwen3-0.6b", tmp_path_factory.mktemp("models") / "qwen3-0.6b", seed=0, dtype="bfloat16")
+
+
+@pytest.fixture(scope="session")
 def tiny_llama_dir(tmp_path_factory) -> Path:
     from scripts.model_prep import prepare_random
 

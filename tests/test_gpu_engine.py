@@ -27,13 +27,6 @@ GREEDY = SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True)
 
 
 @pytest.fixture(scope="module")
-def qwen3_06b_dir(tmp_path_factory):
-    from scripts.model_prep import prepare_random
-
-    return prepare_random("qwen3-0.6b", tmp_path_factory.mktemp("m") / "qwen3-0.6b", seed=0, dtype="bfloat16")
-
-
-@pytest.fixture(scope="module")
 def smollm2_shapes_dir(tmp_path_factory):
     from scripts.model_prep import prepare_random
 

@@ -16,13 +16,6 @@ from common.sampling_params import SamplingParams
 pytestmark = pytest.mark.gpu
 
 
-@pytest.fixture(scope="module")
-def qwen3_06b_dir(tmp_path_factory):
-    from scripts.model_prep import prepare_random
-
-    return prepare_random("qwen3-0.6b", tmp_path_factory.mktemp("m") / "qwen3-0.6b", seed=0, dtype="bfloat16")
-
-
 def varied_load(llm: LLM, seed: int = 0) -> int:
     """Requests arriving in waves while earlier ones decode; returns the number of steps run."""
     rng = random.Random(seed)

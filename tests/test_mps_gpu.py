@@ -21,13 +21,6 @@ pytestmark = pytest.mark.gpu
 REPO = Path(__file__).resolve().parent.parent
 
 
-@pytest.fixture(scope="module")
-def qwen3_06b_dir(tmp_path_factory):
-    from scripts.model_prep import prepare_random
-
-    return prepare_random("qwen3-0.6b", tmp_path_factory.mktemp("m") / "qwen3-0.6b", seed=0, dtype="bfloat16")
-
-
 def generate(model: Path, env: dict[str, str], prompts: list[str], *flags: str) -> list[list[int]] | str:
     """`pdcluster generate` in a process of its own (an MPS client's share is read as CUDA starts), greedy, its
     warm-up and graphs included: each prompt's tokens, or the error line it stopped on."""

@@ -230,9 +230,12 @@ class DecodePool(SimEngine):
         """Whether the scheduler would step the members as the pool does: every decode (the members' and the lane's)
         within the token budget, and a free block for every member that needs one (else it preempts). The lane's
         decodes need none: a prompt's last token, or a sequence whose table holds its next block already."""
-        lane_decodes = sum(len(s.token_ids) - s.num_computed_tokens == 1 for s in self.lane)
-        return (len(self.members) + lane_decodes <= self.scheduler.max_num_batched_tokens
-                and self._blocks_for(self.clock, self.clock + 1))
+        return self._within_budget(len(self.members), self.lane) and self._blocks_for(self.clock, self.clock + 1)
+
+    def _within_budget(self, members: int, lane: list[Sequence]) -> bool:
+        """Whether the members' decodes and the lane's fit the token budget, as the scheduler takes decodes first."""
+        lane_decodes = sum(len(s.token_ids) - s.num_computed_tokens == 1 for s in lane)
+        return members + lane_decodes <= self.scheduler.max_num_batched_tokens
 
     def _settle(self) -> None:
         """The lane's sequences that now decode (their prompt done, or landed and admitted) join the members; those
@@ -262,8 +265,7 @@ class DecodePool(SimEngine):
         for s in sched.running:
             if not self._finishing(s):
                 (decoding if self._joins(s) else lane).append(s)
-        lane_decodes = sum(len(s.token_ids) - s.num_computed_tokens == 1 for s in lane)
-        if (len(decoding) + lane_decodes <= sched.max_num_batched_tokens
+        if (self._within_budget(len(decoding), lane)
                 and sum(s.num_computed_tokens + 1 > len(s.block_table) * bs for s in decoding)
                 <= self.block_manager.num_free_blocks):
             return decoding, lane
