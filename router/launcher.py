@@ -67,12 +67,18 @@ class WorkerActor:
         if gpu_ids and os.environ.get(NOSET_CUDA_VISIBLE_DEVICES) == "1":
             see_node_gpus(gpu_ids)
         config.device_index = int(gpu_ids[0]) if gpu_ids else 0
-        self.worker = worker_class(role)(config, engine_config)
+        try:
+            self.worker = worker_class(role)(config, engine_config)
+        except ConfigError as e:  # raised by `ready`: Ray keeps a task's exception, and logs no traceback for it
+            self.worker, self.refusal = None, e
 
     def ready(self) -> str:
+        if self.worker is None:
+            raise self.refusal
         return self.worker.config.worker_id
 
     def run(self) -> None:
+        self.ready()
         self.worker.run()
 
     def stop(self) -> None:
@@ -252,17 +258,39 @@ class Cluster:
             ).remote(role, config, engine_config)
         self.actors.update(actors)
         try:
-            ids = ray.get([a.ready.remote() for a in actors.values()], timeout=s.startup_timeout)
+            ids = self._loaded(actors, {worker_id: role for worker_id, role, _ in plan})
         except ray.exceptions.GetTimeoutError:
-            for worker_id, actor in actors.items():
-                ray.kill(actor)
-                self.actors.pop(worker_id, None)
             raise RuntimeError(f"{', '.join(actors)} did not load within {s.startup_timeout:g} s: does some node "
                                f"have the resources they ask for ({plan[0][1]}: {s.resources(plan[0][1]) or 'none'}"
                                f", {gpus:g} GPUs, 1 CPU)?") from None
         log.info("workers loaded: %s", ", ".join(ids))
         self.runs.update({wid: a.run.remote() for wid, a in actors.items()})
         return ids
+
+    def _loaded(self, actors: dict, roles: dict[str, str]) -> list[str]:
+        """Waits for `actors` to load; their ids. Where one does not load in time, fails, or refuses to start (its
+        ConfigError, then one line naming it), every one of them is killed first."""
+        import time
+
+        import ray
+
+        deadline = time.monotonic() + self.serve_config.startup_timeout
+        ready = {worker_id: actor.ready.remote() for worker_id, actor in actors.items()}
+        try:
+            ids = []
+            for worker_id, ref in ready.items():
+                try:
+                    ids.append(ray.get(ref, timeout=max(0.0, deadline - time.monotonic())))
+                except ray.exceptions.RayTaskError as e:
+                    if isinstance(e.cause, ConfigError):
+                        raise ConfigError(f"{roles[worker_id]} worker {worker_id}: {e.cause}") from None
+                    raise
+            return ids
+        except BaseException:
+            for worker_id, actor in actors.items():
+                ray.kill(actor)
+                self.actors.pop(worker_id, None)
+            raise
 
     def remove_worker(self, worker_id: str, timeout: float = 30.0) -> None:
         """Stops a (drained) worker: it leaves its loop and closes its sockets, then its actor goes."""

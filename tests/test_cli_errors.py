@@ -110,3 +110,20 @@ def test_flags_explain_themselves():
     assert bad.returncode == 2 and "invalid choice: 'LOUD'" in bad.stderr
     prep = pdcluster("prepare-model", "--help").stdout
     assert "qwen3-8b" in prep and "tiny-qwen3" in prep
+
+
+def test_a_worker_that_refuses_to_start_under_ray_is_its_one_line_reason(tiny_qwen3_dir):
+    """A worker's ConfigError in its init (cuda asked for, the worker placed without a GPU where torch sees none)
+    stops `serve` with that worker's line, not Ray's error around it nor the worker's traceback."""
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU: the worker would start")
+    proc = pdcluster("serve", "--model", str(tiny_qwen3_dir), "--device", "cuda", "--gpus-per-worker", "0",
+                     "--prefill-workers", "0", "--prefill-gpu-memory-utilization", "0.5",
+                     "--decode-gpu-memory-utilization", "0.5", "--bind", f"tcp://127.0.0.1:{free_port()}",
+                     timeout=180)
+    lines = proc.stderr.splitlines()
+    assert proc.returncode == 2 and lines[-1] == ("pdcluster: error: decode worker d0: device: cuda asked for but "
+                                                  "torch sees no CUDA device"), proc.stderr
+    assert "ActorDiedError" not in proc.stderr and "Traceback" not in proc.stderr and "RayTaskError" not in proc.stderr
