@@ -2,10 +2,10 @@
 # measured from served step times. On a fresh machine: its profile by this tree; then both mixes as 1P:1D under
 # `serve --mps` with the workers' timelines; `scripts.timeline --mps-points` prints each role's points against the
 # machine's profile. `plan --validate` then runs on this machine (CPU) with this machine's profile and points.
-# Carry .gpu-deps.
-KEEP=/tmp/stop51
+# Carry .gpu-deps. MPS_POINTS_KEEP: another folder kept between calls; PROFILE=0: the profile there already.
+KEEP=${MPS_POINTS_KEEP:-/tmp/stop51}
 source docs/gpu_runs/one_gpu_validation.sh
-profile
+[ "${PROFILE:-1}" = 0 ] || profile
 TAG=mps SERVE=--mps bench ph disagg $PH --rates 8,16,32,64
 TAG=mps SERVE=--mps bench ls disagg $LS --rates 8,16,24,32
 for mix in ph ls; do

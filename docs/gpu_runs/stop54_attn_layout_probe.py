@@ -19,26 +19,16 @@ from pathlib import Path
 
 import torch
 import triton
-import triton.language as tl
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common.engine.attention import torch_ops, triton_ops  # noqa: E402
 from scripts.bench_gpu import graph_us  # noqa: E402
+from stop29_attn_read_probe import _read_kernel  # noqa: E402 (stop 29's contiguous read)
 
 LAYERS, PAGE, HKV, HQ, D = 28, 16, 8, 16, 128
 BATCH, CONTEXT = 64, 1024
 dev = torch.device("cuda")
-
-
-@triton.jit
-def _read_kernel(src_ptr, sink_ptr, n, BLOCK: tl.constexpr):
-    base = tl.program_id(0).to(tl.int64) * BLOCK * 4
-    acc = tl.zeros([BLOCK], dtype=tl.int32)
-    for i in range(4):
-        offs = base + i * BLOCK + tl.arange(0, BLOCK)
-        acc += tl.load(src_ptr + offs, mask=offs < n, other=0)
-    if tl.sum(acc) == 0x5EED1234:
-        tl.store(sink_ptr, 0)
 
 
 def pools(num_blocks: int) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:

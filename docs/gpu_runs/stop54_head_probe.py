@@ -26,7 +26,9 @@ import triton
 import triton.language as tl
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common.engine.layers import fused, head_sampler  # noqa: E402
+from stop46_head_sampler_probe import graph_us  # noqa: E402 (stop 46's timing, to compare with its figures)
 
 VOCAB, HIDDEN = 151936, 1024
 
@@ -99,26 +101,6 @@ def head_one(h, w, temps, seeds, out=None, tma: bool = False, noise: bool = True
         BLOCK_N=block_n, BLOCK_K=block_k, TMA=tma, NOISE=noise, EARLY=early, ROUNDS=rounds, num_warps=warps,
         num_stages=stages)
     return fused.first_best(best, best_idx, out)
-
-
-def graph_us(fn, launches: int = 20, reps: int = 20) -> float:
-    fn()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(launches):
-            fn()
-    graph.replay()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    times = []
-    for _ in range(reps):
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3 / launches)
-    return sorted(times)[len(times) // 2]
 
 
 def inputs(rows: int, seed: int = 0, device: str = "cuda", vocab: int = VOCAB, hidden: int = HIDDEN):
