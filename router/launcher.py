@@ -8,6 +8,7 @@ import os
 import signal
 import sys
 from pathlib import Path
+from typing import Any
 
 from common import faults
 from common.config import ConfigError, EngineConfig
@@ -67,13 +68,14 @@ class WorkerActor:
         if gpu_ids and os.environ.get(NOSET_CUDA_VISIBLE_DEVICES) == "1":
             see_node_gpus(gpu_ids)
         config.device_index = int(gpu_ids[0]) if gpu_ids else 0
+        self.worker, self.refusal = None, None
         try:
             self.worker = worker_class(role)(config, engine_config)
         except ConfigError as e:  # raised by `ready`: Ray keeps a task's exception, and logs no traceback for it
-            self.worker, self.refusal = None, e
+            self.refusal = e
 
     def ready(self) -> str:
-        if self.worker is None:
+        if self.refusal is not None:
             raise self.refusal
         return self.worker.config.worker_id
 
@@ -82,7 +84,8 @@ class WorkerActor:
         self.worker.run()
 
     def stop(self) -> None:
-        self.worker.stop()
+        if self.worker is not None:
+            self.worker.stop()
 
 
 def worker_class(role: str) -> type:
@@ -267,7 +270,7 @@ class Cluster:
         self.runs.update({wid: a.run.remote() for wid, a in actors.items()})
         return ids
 
-    def _loaded(self, actors: dict, roles: dict[str, str]) -> list[str]:
+    def _loaded(self, actors: dict[str, Any], roles: dict[str, str]) -> list[str]:
         """Waits for `actors` to load; their ids. Where one does not load in time, fails, or refuses to start (its
         ConfigError, then one line naming it), every one of them is killed first."""
         import time
