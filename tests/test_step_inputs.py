@@ -70,6 +70,22 @@ def test_pack_then_unpack_gives_the_scheduled_step():
     assert (attn.num_decodes, attn.num_seqs, attn.decode_only, attn.prefix_cached) == (2, 3, False, True)
 
 
+def test_a_one_token_row_after_a_prompt_chunk_keeps_its_place():
+    """A prompt whose last token is computed alone (a chunk of one) after another prompt's chunk: the one-token rows
+    and the chunks' tokens go in as scheduled, whichever way each is packed."""
+    d = seq([5, 6, PENDING], 2, [1], ref=(3, 4))  # a decode whose input is row 4 of launch 3's tokens
+    p = seq(list(range(40, 49)), 0, [5, 7, 2])  # a whole 9-token prompt
+    q = seq(list(range(60, 65)), 4, [9, 6])  # the last of a 5-token prompt, alone: position 4, block 6, offset 0
+    step = pack_step(ScheduledBatch([d, p, q], [1, 9, 1]), BLOCK, launch=3, plan=no_plan)
+    assert (step.header.num_tokens, step.header.num_decodes) == (11, 1)
+    inputs = unpack_step(step.header, step.payload)
+    assert inputs.input_ids.tolist() == [PENDING] + list(range(40, 49)) + [64]
+    assert inputs.positions.tolist() == [2] + list(range(9)) + [4]
+    assert inputs.attn.slot_mapping.tolist() == [4 + 2, 20, 21, 22, 23, 28, 29, 30, 31, 8, 24]
+    assert inputs.attn.query_start_loc.tolist() == [0, 1, 10, 11] and inputs.logits_indices.tolist() == [0, 9, 10]
+    assert step.pending.tensor().tolist() == [[0], [4]]
+
+
 def test_a_pending_input_from_another_launch_is_refused():
     batch = ScheduledBatch([seq([1, 2, PENDING], 2, [6], ref=(6, 0))], [1])
     with pytest.raises(AssertionError, match="not from the last step"):

@@ -138,48 +138,61 @@ def pack_step(batch: ScheduledBatch, block_size: int, launch: int, plan: Planner
     decodes)`: the token count a step with prefills runs at (ModelRunner._pad); the padding tokens store nothing
     (slot -1) and are no sequence's, so attention and the logits never read them."""
     bs = block_size
-    ids, positions, slots = [], [], []
-    seq_lens, qsl = [], [0]
-    dst, src = [], []
     width = max(len(seq.block_table) for seq in batch.seqs)
     tables = np.zeros((len(batch.seqs), width), np.int64)
+    # A prompt's tokens go in as one array each; a run of one-token rows (decodes) as plain ints, cheaper for one.
+    ids: list[np.ndarray] = []
+    positions: list[np.ndarray] = []
+    one_ids: list[int] = []
+    one_positions: list[int] = []
+    seq_lens, qsl = [], [0]
+    dst, src = [], []
+
+    def end_run() -> None:
+        if one_ids:
+            ids.append(np.asarray(one_ids, np.int64))
+            positions.append(np.asarray(one_positions, np.int64))
+            one_ids.clear()
+            one_positions.clear()
     for i, (seq, n) in enumerate(zip(batch.seqs, batch.num_new_tokens)):
         start, end = seq.num_computed_tokens, seq.num_computed_tokens + n
-        table = seq.block_table
-        tables[i, :len(table)] = table
-        if n == 1:  # a decode: plain ints beat numpy for one token
-            if seq.token_ids[start] == PENDING:
+        tables[i, :len(seq.block_table)] = seq.block_table
+        if n == 1:
+            token = seq.token_ids[start]
+            if token == PENDING:
                 last, row = seq.sample_ref
                 assert last == launch, f"{seq}: its pending token is not from the last step"
-                dst.append(len(ids))
+                dst.append(qsl[-1])
                 src.append(row)
-            ids.append(seq.token_ids[start])
-            positions.append(start)
-            slots.append(table[start // bs] * bs + start % bs)
+            one_ids.append(token)
+            one_positions.append(start)
         else:
-            ids.extend(seq.token_ids[start:end])
-            pos = np.arange(start, end)
-            positions.extend(pos.tolist())
-            slots.extend((tables[i, pos // bs] * bs + pos % bs).tolist())
+            end_run()
+            ids.append(np.asarray(seq.token_ids[start:end], np.int64))
+            positions.append(np.arange(start, end, dtype=np.int64))
         seq_lens.append(end)
         qsl.append(qsl[-1] + n)
+    end_run()
+    num_new = np.asarray(batch.num_new_tokens)
+    pos = np.concatenate(positions)
+    slots = tables[np.repeat(np.arange(len(batch.seqs)), num_new), pos // bs] * bs + pos % bs
+    ids_arr = np.concatenate(ids)
     nd = batch.num_decodes
     if pad is not None and not batch.decode_only:
-        extra = pad(len(ids), batch.num_decodes) - len(ids)
-        ids.extend([0] * extra)
-        positions.extend([0] * extra)
-        slots.extend([-1] * extra)
+        extra = pad(len(ids_arr), nd) - len(ids_arr)
+        ids_arr = np.concatenate([ids_arr, np.zeros(extra, np.int64)])
+        pos = np.concatenate([pos, np.zeros(extra, np.int64)])
+        slots = np.concatenate([slots, np.full(extra, -1, np.int64)])
     prefill_q = batch.num_new_tokens[nd:]
     table = plan(seq_lens[:nd], batch.decode_only) if nd else None
     planned = np.zeros(0, np.int64) if table is None else table.ravel()
     header = StepHeader(
-        num_tokens=len(ids), num_seqs=len(seq_lens), table_width=width, num_decodes=nd,
+        num_tokens=len(ids_arr), num_seqs=len(seq_lens), table_width=width, num_decodes=nd,
         max_query_len=max(batch.num_new_tokens), max_seq_len=max(seq_lens),
         prefix_cached=any(l > n for l, n in zip(seq_lens[nd:], prefill_q)),
         max_prefill_query_len=max(prefill_q, default=0), plan_size=planned.size)
     qsl_arr = np.asarray(qsl)
-    payload = _join([np.asarray(ids), np.asarray(positions), np.asarray(slots), qsl_arr, np.asarray(seq_lens),
-                     tables.ravel(), qsl_arr[1:] - 1, planned])
+    payload = _join([ids_arr, pos, slots, qsl_arr, np.asarray(seq_lens), tables.ravel(), qsl_arr[1:] - 1, planned])
     return PackedStep(header, torch.from_numpy(payload), PendingRows(dst, src) if dst else None)
 
 
