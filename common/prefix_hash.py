@@ -10,16 +10,16 @@ import xxhash
 
 def chain_hash(prev: int, tokens: Sequence[int]) -> int:
     """Hash of a full block given the hash of the block before it (-1 for the first)."""
-    return _chain_hash_bytes(prev, _token_bytes(tokens))
+    return chain_hash_bytes(prev, token_bytes(tokens))
 
 
-def _token_bytes(tokens: Sequence[int]) -> bytes:
+def token_bytes(tokens: Sequence[int]) -> bytes:
     """The tokens as the hash reads them, 8 bytes each (signed, in the machine's order, as numpy's int64)."""
     return array("q", tokens).tobytes()
 
 
-def _chain_hash_bytes(prev: int, block: bytes) -> int:
-    """`chain_hash` of a block given as `_token_bytes`."""
+def chain_hash_bytes(prev: int, block: bytes) -> int:
+    """`chain_hash` of a block given as `token_bytes`: a run of blocks converted once, then sliced."""
     data = prev.to_bytes(8, "little", signed=True) + block
     return xxhash.xxh3_64_intdigest(data) & 0x7FFF_FFFF_FFFF_FFFF
 
@@ -33,10 +33,10 @@ def reusable_blocks(num_tokens: int, block_size: int) -> int:
 def block_keys(token_ids: Sequence[int], block_size: int, num_blocks: int | None = None) -> list[int]:
     """The chain keys of a prompt's first `num_blocks` full blocks (default: the reusable ones)."""
     n = reusable_blocks(len(token_ids), block_size) if num_blocks is None else num_blocks
-    data = _token_bytes(token_ids[:n * block_size])  # converted once, for all the blocks
+    data = token_bytes(token_ids[:n * block_size])  # converted once, for all the blocks
     width = 8 * block_size
     keys, prev = [], -1
     for i in range(n):
-        prev = _chain_hash_bytes(prev, data[i * width:(i + 1) * width])
+        prev = chain_hash_bytes(prev, data[i * width:(i + 1) * width])
         keys.append(prev)
     return keys

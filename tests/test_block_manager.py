@@ -92,7 +92,7 @@ def test_full_prefix_hit_keeps_last_token_for_recompute():
 
 
 def test_hash_collision_does_not_reuse_a_block(monkeypatch):
-    monkeypatch.setattr(bm_module, "chain_hash", lambda prev, tokens: 42)
+    monkeypatch.setattr(bm_module, "chain_hash_bytes", lambda prev, block: 42)
     bm = BlockManager(16, 4)
     a = seq([1, 2, 3, 4, 5], "a")
     bm.allocate(a, a.num_tokens)
@@ -254,10 +254,10 @@ def test_a_blocks_tokens_are_hashed_as_eight_byte_signed_integers():
     """The bytes the keys hash: each token a signed 64-bit integer in the machine's order, as numpy lays out int64."""
     import numpy as np
 
-    from common.prefix_hash import _token_bytes
+    from common.prefix_hash import token_bytes
     for tokens in ([], [0], [1, 2, 3], [151_935, 7, -1, (1 << 63) - 1, -(1 << 63)], list(range(300, 316))):
-        assert _token_bytes(tokens) == np.asarray(tokens, dtype=np.int64).tobytes()
-    assert _token_bytes(np.arange(5, dtype=np.int64)) == np.arange(5, dtype=np.int64).tobytes()
+        assert token_bytes(tokens) == np.asarray(tokens, dtype=np.int64).tobytes()
+    assert token_bytes(np.arange(5, dtype=np.int64)) == np.arange(5, dtype=np.int64).tobytes()
 
 
 @pytest.mark.parametrize("block_size", [1, 4, 16])
@@ -284,9 +284,10 @@ def test_a_prompts_blocks_are_hashed_once_and_given_keys_not_at_all(monkeypatch)
     """A prompt is matched against the cache, then committed: its keys (`prompt_keys`) are hashed once for both,
     and a caller that gives them (the simulator, from the router's) has none hashed; the keys stay those hashing
     gives, and a block past the prompt (decoded tokens) is hashed as before."""
-    from common.prefix_hash import block_keys, chain_hash
+    from common.prefix_hash import block_keys, chain_hash_bytes
     calls = []
-    monkeypatch.setattr(bm_module, "chain_hash", lambda prev, tokens: calls.append(1) or chain_hash(prev, tokens))
+    monkeypatch.setattr(bm_module, "chain_hash_bytes",
+                        lambda prev, block: calls.append(1) or chain_hash_bytes(prev, block))
     tokens = list(range(100, 118))  # 4 full blocks of 4 and 2 tokens
     bm, a = BlockManager(16, 4), seq(tokens, "a")
     assert bm.allocate(a, a.num_tokens)

@@ -3,7 +3,7 @@ from __future__ import annotations
 from collections import OrderedDict, deque
 
 from common.engine.sequence import Sequence
-from common.prefix_hash import chain_hash, reusable_blocks
+from common.prefix_hash import chain_hash_bytes, reusable_blocks, token_bytes
 
 
 class BlockManager:
@@ -25,7 +25,7 @@ class BlockManager:
         self.enable_prefix_caching = enable_prefix_caching
         self.ref_counts = [0] * num_blocks
         self.block_hash: list[int | None] = [None] * num_blocks
-        self.block_tokens: list[tuple[int, ...] | None] = [None] * num_blocks
+        self.block_tokens: list[bytes | None] = [None] * num_blocks  # as token_bytes: a hash match checks them
         self.hash_to_block: dict[int, int] = {}
         # The free blocks, least recently freed first: those never used yet (`unused_from` on), then `free`. A
         # prefix cache hit takes a block out of its middle (an ordered dict); without the cache, blocks leave only
@@ -122,14 +122,18 @@ class BlockManager:
         if not self.enable_prefix_caching:
             return
         bs = self.block_size
-        for i in range(old_computed // bs, seq.num_computed_tokens // bs):
+        first, end = old_computed // bs, seq.num_computed_tokens // bs
+        if first >= end:
+            return
+        data, width = token_bytes(seq.token_ids[first * bs:end * bs]), 8 * bs  # converted once, sliced a block
+        for i in range(first, end):
             b = seq.block_table[i]
             if self.block_hash[b] is not None:
                 continue
             prev = self.block_hash[seq.block_table[i - 1]] if i else -1
-            tokens = seq.token_ids[i * bs:(i + 1) * bs]
-            h = self._key(seq, i, prev, tokens)
-            self.block_hash[b], self.block_tokens[b] = h, tuple(tokens)
+            block = data[(i - first) * width:(i - first + 1) * width]
+            h = self._key(seq, i, prev, block)
+            self.block_hash[b], self.block_tokens[b] = h, block
             self.hash_to_block.setdefault(h, b)
 
     def clear_cache(self) -> None:
@@ -153,19 +157,22 @@ class BlockManager:
             return []
         bs = self.block_size
         num_full = reusable_blocks(seq.num_tokens, bs)  # the last prompt token is always recomputed
+        data, width = b"", 8 * bs
         hits: list[int] = []
         prev = -1
         for i in range(num_full):
-            tokens = seq.token_ids[i * bs:(i + 1) * bs]
-            prev = self._key(seq, i, prev, tokens)
+            if i == len(data) // width:  # the first block alone (most prompts miss there), then the others at once
+                data = token_bytes(seq.token_ids[:(num_full if i else 1) * bs])
+            block = data[i * width:(i + 1) * width]
+            prev = self._key(seq, i, prev, block)
             b = self.hash_to_block.get(prev)
-            if b is None or self.block_tokens[b] != tuple(tokens):
+            if b is None or self.block_tokens[b] != block:
                 break
             hits.append(b)
         return hits
 
-    def _key(self, seq: Sequence, i: int, prev: int, tokens: list[int]) -> int:
-        """`chain_hash(prev, tokens)` of block i of `seq`, taken from (or added to) its `prompt_keys` where it
+    def _key(self, seq: Sequence, i: int, prev: int, block: bytes) -> int:
+        """`chain_hash_bytes(prev, block)` of block i of `seq`, taken from (or added to) its `prompt_keys` where it
         continues their chain inside the prompt: a prompt's tokens never change, so neither do their keys."""
         keys = seq.prompt_keys
         n = len(keys)
@@ -173,9 +180,9 @@ class BlockManager:
             if i < n:
                 return keys[i]
             if (i + 1) * self.block_size <= seq.num_prompt_tokens:
-                keys.append(h := chain_hash(prev, tokens))
+                keys.append(h := chain_hash_bytes(prev, block))
                 return h
-        return chain_hash(prev, tokens)
+        return chain_hash_bytes(prev, block)
 
     def _take_free_blocks(self, n: int) -> list[int]:
         """The n least recently freed blocks (never used ones first), each out of the prefix cache and with one
