@@ -154,6 +154,7 @@ def pack_step(batch: ScheduledBatch, block_size: int, launch: int, plan: Planner
             positions.append(np.asarray(one_positions, np.int64))
             one_ids.clear()
             one_positions.clear()
+
     for i, (seq, n) in enumerate(zip(batch.seqs, batch.num_new_tokens)):
         start, end = seq.num_computed_tokens, seq.num_computed_tokens + n
         tables[i, :len(seq.block_table)] = seq.block_table
