@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import random
 import time
+import timeit
 from collections.abc import Callable
 
 from common.engine.block_manager import BlockManager
@@ -27,13 +28,7 @@ VOCAB = 150_000
 
 
 def best_ms(fn: Callable[[], object], number: int, repeat: int) -> float:
-    times = []
-    for _ in range(repeat):
-        start = time.perf_counter()
-        for _ in range(number):
-            fn()
-        times.append((time.perf_counter() - start) / number)
-    return min(times) * 1e3
+    return min(timeit.repeat(fn, number=number, repeat=repeat)) / number * 1e3
 
 
 def sequence(rid: str, rng: random.Random, tokens: int, computed: int, first_block: int) -> Sequence:
