@@ -24,7 +24,11 @@ queued (the one-GPU disaggregated runs), `pace` is what the two engines got of t
 sharing reads it (steps on a GPU of their own: 1 / slowdown instead): 2 x GPU-bound time alone / GPU-bound time
 there; 1 is what scripts/planner/gpu.py's processor sharing assumes.
 
-    python -m scripts.timeline DIR [--max-tokens N] [--gap S] [--profile P]
+With `--mps-points` (a run served under MPS), the points of a profile's `mps` costs: each role's c by the longest
+prompt of a pair (`beside_by_prompt`) and, with `--profile`, prefill's factor on it by the decode rows beside a
+prompt step (`beside_by_rows`).
+
+    python -m scripts.timeline DIR [--max-tokens N] [--gap S] [--profile P] [--mps-points]
 """
 from __future__ import annotations
 
@@ -213,6 +217,46 @@ def mps_points(points: list[list[dict]], steps: list[dict], profile: Profile | N
             for role, classes in by.items()}
 
 
+ROWS_BASE = 8  # a prompt step beside fewer decode rows than this sets its prompt class's c (rows' factor 1)
+ROWS_CLASSES = (8, 16, 24, 32, 40, 48, 56, None)  # upper ends of the classes of a decode step's rows
+
+
+def decode_rows(start: float, end: float, decodes: list[dict]) -> float:
+    """The decode rows beside a prompt step from `start` to `end`: the decode steps' rows over their overlap with it,
+    weighted by its length (0: none overlaps)."""
+    spans = [(min(e["t"], end) - max(e["start"], start), e.get("seqs", 0)) for e in decodes
+             if e["start"] < end and start < e["t"]]
+    busy = sum(span for span, _ in spans)
+    return sum(span * rows for span, rows in spans) / busy if busy > 0 else 0.0
+
+
+def mps_rows_points(points: list[list[dict]], steps: list[dict], profile: Profile) -> list[list]:
+    """Prefill's `MpsCost.beside_by_rows` points from a run served under MPS: each prompt step's c (as `mps_points`
+    reads it) over the median c of its prompt class's steps beside fewer than ROWS_BASE decode rows, by the decode
+    rows beside it; for each class of rows, (its median rows, the median factor)."""
+    by_prompt: dict[int, list[tuple[float, float]]] = defaultdict(list)
+    for point in points:
+        first = min(e["t"] for r in point for e in r.values())
+        last = max(e["t"] for r in point for e in r.values())
+        decodes = [e for e in steps if e["role"] != "prefill" and first <= e["start"] <= last and e.get("seqs", 0)]
+        for start, end, p in prefill_steps(point):
+            time_alone, floor = profile.prompt_step(sum(p), [(n, 0) for n in p])
+            rows = decode_rows(start, end, decodes)
+            if end - start > floor and time_alone > floor and rows > 0:
+                c = (end - start - floor) / (time_alone - floor) - 1
+                by_prompt[next(i for i, top in enumerate(MPS_CLASSES) if top is None or max(p) < top)].append((rows, c))
+    by_rows: dict[int, list[tuple[float, float]]] = defaultdict(list)
+    for cell in by_prompt.values():
+        base = [c for rows, c in cell if rows < ROWS_BASE]
+        if len(base) < MPS_MIN_STEPS or statistics.median(base) <= 0:
+            continue
+        for rows, c in cell:
+            by_rows[next(i for i, top in enumerate(ROWS_CLASSES) if top is None or rows < top)].append(
+                (rows, c / statistics.median(base)))
+    return [[round(statistics.median(r for r, _ in cell)), round(statistics.median(f for _, f in cell), 3)]
+            for _, cell in sorted(by_rows.items()) if len(cell) >= MPS_MIN_STEPS]
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("folder", type=Path)
@@ -222,7 +266,7 @@ def main(argv: list[str] | None = None) -> None:
                    help="the serving GPU's profile: set each point's prefill steps against their time alone")
     p.add_argument("--mps-points", action="store_true",
                    help="a run served under MPS: print each role's `beside_by_prompt` points for a profile's `mps` "
-                        "(prefill's need --profile)")
+                        "(prefill's need --profile), and with --profile prefill's `beside_by_rows`")
     args = p.parse_args(argv)
     profile = load_profile(args.profile) if args.profile else None
     requests, steps = load(args.folder), load_steps(args.folder)
@@ -253,8 +297,11 @@ def main(argv: list[str] | None = None) -> None:
         if steps and (line := decode_step_report(point, steps)) is not None:
             print(f"    {line}")
     if args.mps_points:
-        for role, points in mps_points(load_points(requests, args.gap), steps, profile).items():
-            print(f"mps {role} beside_by_prompt: {json.dumps(points)}")
+        points = load_points(requests, args.gap)
+        for role, found in mps_points(points, steps, profile).items():
+            print(f"mps {role} beside_by_prompt: {json.dumps(found)}")
+        if profile is not None:
+            print(f"mps prefill beside_by_rows: {json.dumps(mps_rows_points(points, steps, profile))}")
 
 
 if __name__ == "__main__":

@@ -127,6 +127,48 @@ def test_under_mps_a_steps_c_can_follow_the_longest_prompt_of_the_pair():
         MpsCost(beside_by_prompt=[(300, -1.0)]).check("mps.decode")
 
 
+def test_under_mps_a_steps_c_can_grow_with_the_decode_rows_of_the_pair():
+    """`beside_by_rows`: a factor on c by the rows of the pair's decode step (whichever engine's), read as the prompt
+    points are; none: 1. By hand: a prompt step of 10 ms of work (c 0.35 by prompt) beside a decode step of 42 rows
+    (factor 1 at 12 rows, 1.8 at 52: 1.6 at 42) goes at 1 / (1 + 0.35 x 1.6) while the decode step runs; beside one
+    of 4 rows, at 1 / 1.35. The decode step's own c reads the same rows (its own), scaled by its role's factor."""
+    prefill = MpsCost(beside_by_prompt=[(1600, 0.35), (6000, 0.17)], beside_by_rows=[(12, 1.0), (52, 1.8)])
+    assert prefill.by_step and MpsCost(beside_by_rows=[(8, 2.0)]).by_step and not MpsCost(beside=0.3).by_step
+    assert [prefill.contention(1000, r) for r in (0, 12, 42, 52, 64)] == pytest.approx(
+        [0.35, 0.35, 0.35 * 1.6, 0.35 * 1.8, 0.35 * 1.8])
+    assert MpsCost(beside=0.4, beside_by_rows=[(12, 1.0), (52, 1.8)]).contention(6000, 52) == pytest.approx(0.72)
+    assert MpsCost(beside_by_prompt=[(300, 0.25)]).contention(300, 64) == 0.25
+    for rows, c in ((42, 0.35 * 1.6), (4, 0.35)):
+        gpu = Gpu(0, shared=True)
+        p, d = object(), object()
+        gpu.add(p, 0.010, 0.0, beside=prefill.contention, longest=1000)
+        gpu.add(d, 1.0, 0.0, beside=0.0, rows=rows)  # decoding throughout
+        assert gpu.pace(p) == pytest.approx(1 / (1 + c))
+        assert gpu.ends(0.0)[p] == pytest.approx(0.010 * (1 + c))
+    with pytest.raises(ProfileError, match="rows must rise"):
+        MpsCost(beside_by_rows=[(52, 1.8), (12, 1.0)]).check("mps.prefill")
+    with pytest.raises(ProfileError, match="each factor must be a finite number >= 0"):
+        MpsCost(beside_by_rows=[(12, float("nan"))]).check("mps.prefill")
+
+
+def test_a_prefill_workers_steps_under_mps_take_longer_beside_a_larger_decode_batch():
+    """1P:1D under MPS, the same requests: with prefill's c growing with the decode rows beside it, the prompt
+    steps beside a busy decode worker take longer, so first tokens come later; with the factor 1 throughout, the
+    predictions are those without it."""
+    base = {"prefill": MpsCost(beside=0.35), "decode": MpsCost(beside=0.5)}
+    grown = dict(base, prefill=MpsCost(beside=0.35, beside_by_rows=[(1, 1.0), (8, 3.0)]))
+    flat = dict(base, prefill=MpsCost(beside=0.35, beside_by_rows=[(1, 1.0)]))
+    layout = Layout(prefill=1, decode=1, gpus_per_engine=0.5, mps=True)
+    wl = workload(60, 40.0, 1000, 64, seed=3)
+
+    def ttfts(mps: dict) -> list[float]:
+        requests = Simulation(msgspec.structs.replace(make_profile(num_kv_blocks=1000), mps=mps), layout, wl).run()
+        return [r.first - r.arrival for r in requests]
+
+    assert ttfts(flat) == pytest.approx(ttfts(base))
+    assert sum(ttfts(grown)) > 1.05 * sum(ttfts(base))
+
+
 def mps_profile(alone: float = 1.0, **beside: float):
     mps = {role: MpsCost(alone=alone, beside=c) for role, c in beside.items()}
     return msgspec.structs.replace(make_profile(num_kv_blocks=1000), mps=mps)

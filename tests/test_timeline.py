@@ -163,3 +163,32 @@ def test_mps_points_are_each_roles_c_by_the_longest_prompt_of_the_prompt_step(tm
     assert found["decode"] == [[300, pytest.approx(0.25, abs=2e-3)], [6000, pytest.approx(2.0, abs=2e-3)]]
     assert found["prefill"] == [[300, pytest.approx(0.7, abs=2e-3)], [6000, pytest.approx(0.2, abs=2e-3)]]
     assert timeline.mps_points(points, timeline.load_steps(tmp_path), None)["prefill"] == []
+
+
+def test_mps_rows_points_are_prefills_c_by_the_decode_rows_beside_it_over_its_prompt_class_at_few_rows(tmp_path):
+    """Prompt steps of one class (1,500 tokens) beside decode steps of 4 rows take c 0.3 over the profile's alone,
+    beside 40 rows c 0.6: the factor by rows is 1 at 4 and 2 at 40. A step's rows are its decode steps' rows
+    weighted by their overlap with it. A class with fewer than five steps at few rows gives no factor."""
+    from tests.test_planner import make_profile
+
+    profile = make_profile()
+    prompts, decodes, t = [], [], 0.0
+    for tokens, rows, c in [(1500, 4, 0.3)] * 6 + [(1500, 40, 0.6)] * 6 + [(6000, 40, 0.1)] * 6:
+        alone, floor = profile.prompt_step(tokens, [(tokens, 0)])
+        end = t + floor + (alone - floor) * (1 + c)
+        prompts.append((t, end, [tokens]))
+        decodes.append({"t": end, "worker": "d0", "role": "decode", "event": "step", "seqs": rows,
+                        "step_us": 1, "gpu_us": round(1e6 * (end - t))})  # beside it throughout
+        t = end + 0.004
+    write_prefill_steps(tmp_path, prompts)
+    (tmp_path / "d0.jsonl").write_text("\n".join(json.dumps(e) for e in decodes))
+    points = timeline.load_points(timeline.load(tmp_path), gap=2.0)
+    assert timeline.mps_rows_points(points, timeline.load_steps(tmp_path), profile) == [
+        [4, pytest.approx(1.0, abs=2e-3)], [40, pytest.approx(2.0, abs=2e-3)]]
+    steps = timeline.load_steps(tmp_path)
+    assert timeline.decode_rows(steps[0]["start"], steps[0]["t"], steps) == pytest.approx(4.0)
+    few, many = steps[5], steps[6]  # 4 rows, then 40
+    half = (few["start"] + few["t"]) / 2
+    a, b = few["t"] - half, many["t"] - many["start"]  # their overlaps with a span from half of one to the other's end
+    assert timeline.decode_rows(half, many["t"], steps) == pytest.approx((4 * a + 40 * b) / (a + b))
+    assert timeline.decode_rows(steps[-1]["t"] + 1, steps[-1]["t"] + 2, steps) == 0.0

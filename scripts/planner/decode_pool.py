@@ -137,11 +137,11 @@ class DecodePool(SimEngine):
         self._block(self.busy_until, first + self.fast.growth * (k - 1), decode_only=True)
         return self.busy_until
 
-    def shared_step(self, now: float) -> tuple[float, float, int]:
+    def shared_step(self, now: float) -> tuple[float, float, int, int]:
         if self.fast is None:  # a step of the scheduler's batch (beside the members, or handed over)
             return super().shared_step(now)
         assert self.fast.steps == 1, "a run of several steps on a shared GPU"  # each re-timed as the other's change
-        return self.fast.first, 0.0, 0
+        return self.fast.first, 0.0, 0, len(self.members)
 
     def cut(self, now: float) -> float | None:
         """Something arrived, or wants blocks, during a run: it ends with the step in flight now, whose blocks are

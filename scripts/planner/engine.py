@@ -65,6 +65,7 @@ class SimEngine:
         self.busy_until: float | None = None  # end of the step (or fast run) in flight
         self.generation = 0  # bumped when a fast run is cut: its old end event is stale
         self.step_time = self.step_end = 0.0
+        self.rows = 0  # the decode rows of the step in flight
         self.started = self.launch_end = 0.0  # when the step in flight began, and when its launch ends
         self.busy_seconds = 0.0
         # The engine's recent share of time in prompt steps (an exponential average, SUSTAIN_S), as of `heat_t`:
@@ -249,16 +250,19 @@ class SimEngine:
             self.step_time *= 1 + (self.profile.sustained_prefill_factor - 1) * self._heat_at(now)
         self.started, self.launch_end = now, now + min(self.host_seconds(batch), self.step_time)
         self.batch, self.olds = batch, self.scheduler.advance(batch)
+        self.rows = batch.num_decodes + pooled
         self.busy_until = self.step_end = now + self.step_time
         self._block(self.busy_until, self.step_time, batch.decode_only)
         return self.busy_until
 
-    def shared_step(self, now: float) -> tuple[float, float, int]:
+    def shared_step(self, now: float) -> tuple[float, float, int, int]:
         """The step started at `now`, as a GPU shared with another engine takes it (scripts/planner/gpu.py): its
-        seconds alone, its launch-bound floor (0 for a graph replay) and its longest prompt (0: it only decodes)."""
+        seconds alone, its launch-bound floor (0 for a graph replay), its longest prompt (0: it only decodes) and its
+        decode rows."""
         batch = self.batch
         launch = 0.0 if batch.decode_only else self.launch_end - now
-        return self.step_time, launch, max((s.num_prompt_tokens for s in batch.seqs[batch.num_decodes:]), default=0)
+        longest = max((s.num_prompt_tokens for s in batch.seqs[batch.num_decodes:]), default=0)
+        return self.step_time, launch, longest, self.rows
 
     def _block(self, end: float, last_step: float, decode_only: bool, carry: bool = True) -> None:
         """`cutoff` and the blocked span for the step (or a fast run's last step) ending at `end`; with `carry`, a new

@@ -10,14 +10,15 @@ the other's); then its compute, shared. A step's end moves whenever another engi
 Under MPS (`serve --mps`, `Layout.mps`) their kernels run side by side, each process within its share of the SMs:
 a step's GPU-bound work takes `alone` times its cost (the share's cap) and (1 + c) times as long for each other step
 in flight there, both of its role's `Profile.mps` (c = `beside`: 0, no slowdown; 1, as time-sliced; or c by the
-longest prompt of the pair, `MpsCost.contention`). A KV copy there does not wait for the other engine's step.
+longest prompt of the pair and the rows of its decode step, `MpsCost.contention`). A KV copy there does not wait for
+the other engine's step.
 """
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-Contention = Callable[[int], float]  # the longest prompt of a pair of steps -> c
+Contention = Callable[[int, int], float]  # a pair of steps' longest prompt and decode rows -> c
 
 
 @dataclass(eq=False)
@@ -29,13 +30,16 @@ class Gpu:
     since: float = 0.0  # when `work` and `host` were last brought up to date
     beside: dict = field(default_factory=dict)  # engine -> its c (or Contention): 1 time-sliced, less under MPS
     longest: dict = field(default_factory=dict)  # engine -> the longest prompt of its step in flight (0: decodes)
+    rows: dict = field(default_factory=dict)  # engine -> the decode rows of its step in flight
 
     def pace(self, engine: object) -> float:
         """The pace of `engine`'s GPU-bound work now, as a share of its pace alone."""
-        beside, mine = self.beside.get(engine, 1.0), self.longest.get(engine, 0)
+        beside = self.beside.get(engine, 1.0)
         if not callable(beside):
             return 1.0 / (1.0 + beside * (len(self.work) - 1))
-        return 1.0 / (1.0 + sum(beside(max(mine, self.longest[other])) for other in self.work if other is not engine))
+        longest, rows = self.longest.get(engine, 0), self.rows.get(engine, 0)
+        return 1.0 / (1.0 + sum(beside(max(longest, self.longest[other]), max(rows, self.rows[other]))
+                                for other in self.work if other is not engine))
 
     def advance(self, now: float) -> None:
         dt = now - self.since
@@ -49,15 +53,16 @@ class Gpu:
         self.since = now
 
     def add(self, engine: object, seconds: float, now: float, host_seconds: float = 0.0,
-            beside: float | Contention = 1.0, longest: int = 0) -> None:
+            beside: float | Contention = 1.0, longest: int = 0, rows: int = 0) -> None:
         """`engine` starts a step of `seconds` alone: first `host_seconds` of launch-bound work at its own pace,
         then the rest at its pace beside the other steps in flight (`beside`: its c, or its c by the longest prompt
-        of a pair; `longest`: this step's)."""
+        and decode rows of a pair; `longest`, `rows`: this step's)."""
         self.advance(now)
         self.host[engine] = min(host_seconds, seconds)
         self.work[engine] = seconds - self.host[engine]
         self.beside[engine] = beside
         self.longest[engine] = longest
+        self.rows[engine] = rows
 
     def remove(self, engine: object, now: float) -> None:
         self.advance(now)
@@ -65,6 +70,7 @@ class Gpu:
         self.host.pop(engine, None)
         self.beside.pop(engine, None)
         self.longest.pop(engine, None)
+        self.rows.pop(engine, None)
 
     def ends(self, now: float) -> dict[object, float]:
         """When each step in flight ends if none starts or ends before."""

@@ -114,17 +114,20 @@ class MpsCost(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # times (`python -m scripts.timeline DIR --mps-points`): a long prompt slows a decode step beside it more than a
     # short one does, and a short prompt beside decode slows more than a long one.
     beside_by_prompt: list[tuple[int, float]] = msgspec.field(default_factory=list)
+    # And a factor on that c by the rows of the pair's decode step (its own, or the other engine's): points (rows,
+    # factor), read the same way; none: 1. Measured the same way: a prompt step slows more beside a larger decode batch.
+    beside_by_rows: list[tuple[int, float]] = msgspec.field(default_factory=list)
 
-    def contention(self, longest: int) -> float:
-        """Its c beside another engine's step, where the pair's longest prompt has `longest` tokens."""
-        points = self.beside_by_prompt
-        if not points:
-            return self.beside
-        i = bisect.bisect_left(points, longest, key=lambda point: point[0])
-        if i == 0 or i == len(points):
-            return points[min(i, len(points) - 1)][1]
-        (t0, c0), (t1, c1) = points[i - 1], points[i]
-        return c0 + (c1 - c0) * (longest - t0) / (t1 - t0)
+    @property
+    def by_step(self) -> bool:
+        """Whether c depends on the pair of steps (`contention`), not only on `beside`."""
+        return bool(self.beside_by_prompt or self.beside_by_rows)
+
+    def contention(self, longest: int, rows: int = 0) -> float:
+        """Its c beside another engine's step, where the pair's longest prompt has `longest` tokens and its decode
+        step `rows` rows."""
+        c = _read(self.beside_by_prompt, longest) if self.beside_by_prompt else self.beside
+        return c * _read(self.beside_by_rows, rows) if self.beside_by_rows else c
 
     def step_seconds(self, seconds: float, host: float) -> float:
         """A step of `seconds` alone on a GPU of its own, `host` of them launch-bound: its time alone at the share."""
@@ -138,11 +141,23 @@ class MpsCost(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             raise ProfileError(f"{where}.alone: must be a finite number > 0, got {self.alone!r}")
         if not (math.isfinite(self.beside) and self.beside >= 0):
             raise ProfileError(f"{where}.beside: must be a finite number >= 0, got {self.beside!r}")
-        tokens = [t for t, _ in self.beside_by_prompt]
-        if any(t < 1 for t in tokens) or tokens != sorted(set(tokens)):
-            raise ProfileError(f"{where}.beside_by_prompt: tokens must rise from >= 1, got {tokens}")
-        if not all(math.isfinite(c) and c >= 0 for _, c in self.beside_by_prompt):
-            raise ProfileError(f"{where}.beside_by_prompt: each c must be a finite number >= 0")
+        for name, x_name, y_name, low in (("beside_by_prompt", "tokens", "c", 1),
+                                          ("beside_by_rows", "rows", "factor", 0)):
+            points = getattr(self, name)
+            xs = [x for x, _ in points]
+            if any(x < low for x in xs) or xs != sorted(set(xs)):
+                raise ProfileError(f"{where}.{name}: {x_name} must rise from >= {low}, got {xs}")
+            if not all(math.isfinite(y) and y >= 0 for _, y in points):
+                raise ProfileError(f"{where}.{name}: each {y_name} must be a finite number >= 0")
+
+
+def _read(points: list[tuple[int, float]], x: int) -> float:
+    """`points` (x, y) at `x`: linear between them, held beyond their ends."""
+    i = bisect.bisect_left(points, x, key=lambda point: point[0])
+    if i == 0 or i == len(points):
+        return points[min(i, len(points) - 1)][1]
+    (x0, y0), (x1, y1) = points[i - 1], points[i]
+    return y0 + (y1 - y0) * (x - x0) / (x1 - x0)
 
 
 TIME_SLICED = MpsCost()  # engines taking a shared GPU in turns: each at its pace alone, slowed as much by the other

@@ -213,10 +213,10 @@ class Simulation:
         if end is None:
             return
         if gpu.shared:
-            alone, launch, longest = engine.shared_step(self.now)
+            alone, launch, longest, rows = engine.shared_step(self.now)
             pace = self.profile.mps_cost(engine.role) if self.layout.mps else TIME_SLICED
             gpu.add(engine, pace.step_seconds(alone, launch), self.now, launch,
-                    pace.contention if pace.beside_by_prompt else pace.beside, longest)
+                    pace.contention if pace.by_step else pace.beside, longest, rows)
             self._retime(gpu)
         else:
             self.push(end, "step", engine, engine.generation)
