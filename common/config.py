@@ -148,8 +148,9 @@ class EngineConfig:
     enforce_eager: bool = _opt(False, "never use CUDA graphs")
     cuda_graph_max_bs: int | None = _opt(None, "largest decode batch that replays a CUDA graph (default: "
                                                "max_num_seqs, at most 512; 0: decode steps run eagerly)")
-    prefill_graph_max_tokens: int = _opt(2048, "prompt steps of up to this many tokens (after padding) replay a CUDA "
-                                               "graph instead of an eager forward's launches; 0: none")
+    prefill_graph_max_tokens: int | None = _opt(None, "prompt steps of up to this many tokens (after padding) replay "
+                                                      "a CUDA graph instead of an eager forward's launches (default: "
+                                                      "the whole step budget); 0: none")
     overlap_scheduling: bool = _opt(True, "schedule step N+1 while the device runs step N")
     late_launch: bool = _opt(True, "with overlap, a server launches step N+1 just before step N ends (not as soon "
                                    "as N is queued), so requests arriving meanwhile join N+1 (launch_clock.py)")

@@ -30,3 +30,15 @@ def test_graph_limits_take_zero_for_none_and_refuse_negatives(tiny_qwen3_dir, na
     assert getattr(EngineConfig(model=str(tiny_qwen3_dir), **{name: 0}), name) == 0
     with pytest.raises(ConfigError, match=f"{name}: must be 0 or more, got -1"):
         EngineConfig(model=str(tiny_qwen3_dir), **{name: -1})
+
+
+def test_prompt_graphs_cover_the_whole_step_budget_by_default(tiny_qwen3_dir):
+    """An eager prompt step holds its worker's loop for the host's launches (docs/benchmarks.md, stop 56): by default
+    every step size replays a graph."""
+    from common.engine.prefill_graph import prefill_graph_sizes
+    from common.engine.step_sizes import token_buckets
+
+    cfg = EngineConfig(model=str(tiny_qwen3_dir)).on_device("cuda")
+    assert cfg.prefill_graph_max_tokens is None
+    assert prefill_graph_sizes(cfg.max_num_batched_tokens, cfg.prefill_graph_max_tokens) == token_buckets(
+        cfg.max_num_batched_tokens)
