@@ -17,7 +17,7 @@ import threading
 import time
 import traceback
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
 
@@ -63,12 +63,14 @@ def startup_heap_frozen() -> Iterator[None]:
 
 
 class GcPauses:
-    """Seconds spent in full (oldest-generation) collections since `start`; `stop` detaches it."""
+    """Seconds spent in full (oldest-generation) collections since `start`; `stop` detaches it. `on_pause`, if given,
+    is called after each with its seconds."""
 
-    def __init__(self) -> None:
+    def __init__(self, on_pause: Callable[[float], None] | None = None) -> None:
         self.count = 0
         self.seconds = 0.0
         self.longest = 0.0
+        self.on_pause = on_pause
         self._began: float | None = None
 
     def start(self) -> GcPauses:
@@ -89,6 +91,8 @@ class GcPauses:
             self.count += 1
             self.seconds += pause
             self.longest = max(self.longest, pause)
+            if self.on_pause is not None:
+                self.on_pause(pause)
             self._began = None
 
 

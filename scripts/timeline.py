@@ -24,6 +24,9 @@ queued (the one-GPU disaggregated runs), `pace` is what the two engines got of t
 sharing reads it (steps on a GPU of their own: 1 / slowdown instead): 2 x GPU-bound time alone / GPU-bound time
 there; 1 is what scripts/planner/gpu.py's processor sharing assumes.
 
+Where the workers marked pauses of their own processes (a full garbage collection, the timeline's own write) or a KV
+send's own time, each load point's count and longest.
+
 With `--mps-points` (a run served under MPS), the points of a profile's `mps` costs: each role's c by the longest
 prompt of a pair (`beside_by_prompt`) and, with `--profile`, prefill's factor on it by the decode rows beside a
 prompt step (`beside_by_rows`).
@@ -74,6 +77,30 @@ def load_steps(folder: Path) -> list[dict]:
     for e in steps:
         e["start"] = e["t"] - (e["gpu_us"] or e["step_us"]) / 1e6
     return sorted(steps, key=lambda e: e["t"])
+
+
+PAUSES = {"gc_pause": "gc", "flush_pause": "timeline flush"}  # a worker's own pauses (common/worker/timeline.py)
+
+
+def load_pauses(folder: Path) -> list[dict]:
+    """Every worker's marked pauses of its own process, in time order."""
+    return sorted((e for e in events(folder) if e["event"] in PAUSES), key=lambda e: e["t"])
+
+
+def pause_report(point: list[dict], pauses: list[dict]) -> str | None:
+    """The point's pauses of the workers' own processes, by kind (count and longest), and its KV sends' own time
+    (`kv_sent`'s `send_us`, p99 and longest), where any were marked."""
+    first = min(e["t"] for r in point for e in r.values())
+    last = max(e["t"] for r in point for e in r.values())
+    cells = []
+    for kind, name in PAUSES.items():
+        us = [e["us"] for e in pauses if e["event"] == kind and first <= e["t"] <= last]
+        if us:
+            cells.append(f"{name} {len(us)} (longest {max(us) / 1e3:.1f} ms)")
+    sends = [r[("prefill", "kv_sent")]["send_us"] for r in point if "send_us" in r.get(("prefill", "kv_sent"), {})]
+    if sends:
+        cells.append(f"kv send p99 {percentile(sends, 99) / 1e3:.2f} ms (longest {max(sends) / 1e3:.1f})")
+    return "pauses: " + ", ".join(cells) if cells else None
 
 
 def load_points(requests: dict[str, dict], gap: float) -> list[list[dict]]:
@@ -269,7 +296,7 @@ def main(argv: list[str] | None = None) -> None:
                         "(prefill's need --profile), and with --profile prefill's `beside_by_rows`")
     args = p.parse_args(argv)
     profile = load_profile(args.profile) if args.profile else None
-    requests, steps = load(args.folder), load_steps(args.folder)
+    requests, steps, pauses = load(args.folder), load_steps(args.folder), load_pauses(args.folder)
     if not requests:
         raise SystemExit(f"{args.folder}: no timeline events (was the cluster served with --timeline-dir?)")
     names = [name for name, _, _ in DISAGG_PARTS]
@@ -295,6 +322,8 @@ def main(argv: list[str] | None = None) -> None:
         if profile is not None:
             print(f"    {step_report(point, profile, args.max_tokens)}")
         if steps and (line := decode_step_report(point, steps)) is not None:
+            print(f"    {line}")
+        if (line := pause_report(point, pauses)) is not None:
             print(f"    {line}")
     if args.mps_points:
         points = load_points(requests, args.gap)

@@ -32,6 +32,13 @@ def test_full_collections_are_timed_and_younger_ones_are_not():
         pauses.stop()
     gc.collect()
     assert pauses.count == 2
+    seen: list[float] = []
+    told = GcPauses(on_pause=seen.append).start()
+    try:
+        gc.collect()
+    finally:
+        told.stop()
+    assert len(seen) == 1 and seen[0] == told.longest > 0
 
 
 def test_a_frozen_startup_heap_is_not_scanned_by_a_full_collection_while_serving():

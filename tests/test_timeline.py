@@ -192,3 +192,43 @@ def test_mps_rows_points_are_prefills_c_by_the_decode_rows_beside_it_over_its_pr
     a, b = few["t"] - half, many["t"] - many["start"]  # their overlaps with a span from half of one to the other's end
     assert timeline.decode_rows(half, many["t"], steps) == pytest.approx((4 * a + 40 * b) / (a + b))
     assert timeline.decode_rows(steps[-1]["t"] + 1, steps[-1]["t"] + 2, steps) == 0.0
+
+
+def test_a_workers_own_pauses_are_marked_from_the_threshold_and_reported_by_load_point(tmp_path, capsys):
+    """A full collection while the timeline watches is a `gc_pause`; a write to its file from `pause_s` on is a
+    `flush_pause`, written with the next flush; a KV send's own time rides on `kv_sent`. The report gives each load
+    point's count and longest, and the sends' p99."""
+    import gc
+
+    from common.worker.timeline import Timeline
+
+    tl = Timeline(str(tmp_path), "p0", "prefill", pause_s=0.0)
+    tl.mark("r0", "received", t=0.0, tokens=10)
+    tl.watch_gc()
+    gc.collect(0)  # not a full collection: no mark
+    gc.collect()
+    tl.unwatch_gc()
+    gc.collect()  # no longer watched
+    tl.mark("r0", "launched", t=0.001)
+    tl.mark("r0", "prefilled", t=0.002)
+    tl.mark("r0", "kv_sent", t=0.003, send_us=250_000)
+    tl.flush()  # its own pause is held for the next flush
+    tl.mark("r0", "finished", t=0.004)
+    tl.flush()
+    lines = [json.loads(line) for line in (tmp_path / "p0.jsonl").read_text().splitlines()]
+    assert [e["event"] for e in lines if "request" not in e] == ["gc_pause", "flush_pause"]
+    assert all(e["us"] >= 0 and e["worker"] == "p0" for e in lines if "request" not in e)
+    pauses = timeline.load_pauses(tmp_path)
+    for e in pauses:
+        e["t"] = 0.001  # within the load point (their clock is the process's; the requests' here are made up)
+    point = list(timeline.load(tmp_path).values())
+    report = timeline.pause_report(point, pauses)
+    assert report.startswith("pauses: gc 1 (longest") and "timeline flush 1" in report
+    assert "kv send p99 250.00 ms (longest 250.0)" in report
+    quiet = Timeline(str(tmp_path / "q"), "p1", "prefill")  # the default threshold: a fast flush is no pause
+    quiet.mark("r1", "received", t=0.0)
+    quiet.flush()
+    quiet.mark("r1", "finished", t=0.1)
+    quiet.flush()
+    assert all("request" in json.loads(line) for line in (tmp_path / "q" / "p1.jsonl").read_text().splitlines())
+    assert timeline.pause_report(list(timeline.load(tmp_path / "q").values()), []) is None

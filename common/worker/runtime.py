@@ -65,7 +65,11 @@ class Worker:
     # ---- the loop -----------------------------------------------------------------------------------
     def run(self) -> None:
         with startup_heap_frozen():
-            self._run()
+            self.timeline.watch_gc()
+            try:
+                self._run()
+            finally:
+                self.timeline.unwatch_gc()
 
     def _run(self) -> None:
         self.send(self.hello())

@@ -12,7 +12,10 @@ Events (each with `t`, `worker`, `role`, `request`, `event`):
 - `finished`.
 Events of one request on two workers are in causal order: each is marked before the message that leads to the next.
 A worker also marks each of its steps, with no request: `step` (`t`: when its batch was collected), with `step_us`
-(since the step before ended), `gpu_us` (its batch's GPU time; 0 off CUDA) and `seqs` (the sequences given a token).
+(since the step before ended), `gpu_us` (its batch's GPU time; 0 off CUDA) and `seqs` (the sequences given a token);
+and the pauses of its own process that hold its loop, with `us` (`t`: when the pause ended), from PAUSE_S on:
+`gc_pause`, a full collection of the garbage collector; `flush_pause`, this timeline's own write to its file.
+A prefill worker's `kv_sent` has `send_us`, the transport's part of the handoff.
 """
 from __future__ import annotations
 
@@ -20,17 +23,21 @@ import json
 import os
 import time
 
+from common.stalls import GcPauses
+
 FLUSH_EVERY = 512  # events held in memory before they are written (the worker also flushes at each heartbeat)
+PAUSE_S = 0.005  # a shorter pause of the process is not marked
 
 
 class Timeline:
     """Off (every call a no-op) unless given a folder."""
 
-    def __init__(self, folder: str | None, worker_id: str, role: str):
-        self.worker_id, self.role = worker_id, role
+    def __init__(self, folder: str | None, worker_id: str, role: str, pause_s: float = PAUSE_S):
+        self.worker_id, self.role, self.pause_s = worker_id, role, pause_s
         self.path = os.path.join(folder, f"{worker_id}.jsonl") if folder else None
         self._events: list[str] = []
         self._once: dict[str, set[str]] = {}  # request -> events `first` has marked
+        self._gc: GcPauses | None = None
         if self.path:
             os.makedirs(folder, exist_ok=True)
 
@@ -68,6 +75,25 @@ class Timeline:
     def flush(self) -> None:
         if self.path is None or not self._events:
             return
+        began = time.monotonic()
         with open(self.path, "a") as f:
             f.write("\n".join(self._events) + "\n")
         self._events.clear()
+        self._pause("flush_pause", time.monotonic() - began)  # written with the next flush
+
+    def watch_gc(self) -> None:
+        """Mark the garbage collector's full collections (`gc_pause`) until `unwatch_gc`."""
+        if self.path is not None and self._gc is None:
+            self._gc = GcPauses(on_pause=lambda seconds: self._pause("gc_pause", seconds)).start()
+
+    def unwatch_gc(self) -> None:
+        if self._gc is not None:
+            self._gc.stop()
+            self._gc = None
+
+    def _pause(self, event: str, seconds: float) -> None:
+        """A pause of `seconds` that ended now, held, not written: a flush from here would pause again (or write from
+        inside a collection)."""
+        if seconds >= self.pause_s:
+            self._events.append(json.dumps({"t": time.monotonic(), "worker": self.worker_id, "role": self.role,
+                                            "event": event, "us": round(seconds * 1e6)}))
