@@ -150,7 +150,7 @@ class EngineConfig:
                                                "max_num_seqs, at most 512; 0: decode steps run eagerly)")
     prefill_graph_max_tokens: int | None = _opt(None, "prompt steps of up to this many tokens (after padding) replay "
                                                       "a CUDA graph instead of an eager forward's launches (default: "
-                                                      "the whole step budget); 0: none")
+                                                      "the step budget, up to 8192); 0: none")
     overlap_scheduling: bool = _opt(True, "schedule step N+1 while the device runs step N")
     late_launch: bool = _opt(True, "with overlap, a server launches step N+1 just before step N ends (not as soon "
                                    "as N is queued), so requests arriving meanwhile join N+1 (launch_clock.py)")

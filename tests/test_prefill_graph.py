@@ -29,7 +29,8 @@ def test_graph_sizes_are_the_padded_step_sizes_up_to_the_limit():
     assert prefill_graph_sizes(8192, 2048) == [n for n in token_buckets(8192) if n <= 2048]
     assert prefill_graph_sizes(8192, 2048)[-1] == 2048 and prefill_graph_sizes(8192, 0) == []
     assert prefill_graph_sizes(300, 4096) == token_buckets(300)  # the budget's own size is a bucket
-    assert prefill_graph_sizes(8192, None) == token_buckets(8192)  # the default: every step size
+    assert prefill_graph_sizes(8192, None) == token_buckets(8192)  # the default: every step size ...
+    assert prefill_graph_sizes(16384, None) == [n for n in token_buckets(16384) if n <= 8192]  # ... up to 8192
 
 
 def with_prefill_graphs(llm: LLM, monkeypatch: pytest.MonkeyPatch, max_tokens: int, max_seqs: int) -> list:

@@ -1,6 +1,6 @@
 """CUDA graphs of prompt steps: the model's forward over prompts alone, captured once per padded token count up to
-`prefill_graph_max_tokens` (by default the whole step budget), so that a prompt step costs its GPU time rather than
-an eager forward's host work (a Python call and a launch for each of a dozen kernels in every layer).
+`prefill_graph_max_tokens` (by default the step budget, up to DEFAULT_MAX_TOKENS), so that a prompt step costs its GPU
+time rather than an eager forward's host work (a Python call and a launch for each of a dozen kernels in every layer).
 
 A graph is captured at upper bounds that the attention kernels take as such (docs/design.md, "Kernel contracts"):
 T tokens (the bucket, `step_sizes.padded_tokens`), MAX_SEQS sequences, a longest prompt of T tokens. A replayed
@@ -29,12 +29,18 @@ FRESH, CACHED = "fresh", "cached"
 MAX_SEQS = 32
 
 
+# Prompt graphs by default: up to this many tokens, or the step budget if smaller. Past the graphs a prompt step runs
+# eagerly, its host launching each layer's kernels one by one for longer than a small model's GPU takes to run them,
+# and its worker's loop takes no message meanwhile; past this size the GPU's work is longer than that launch on any
+# model, while each graph's memory pool grows with its size.
+DEFAULT_MAX_TOKENS = 8192
+
+
 def prefill_graph_sizes(max_num_batched_tokens: int, max_tokens: int | None) -> list[int]:
     """The padded token counts a prompt graph is captured for: every bucket a step with prefills can be padded to,
-    up to `max_tokens` (None: all of them). Past the graphs a prompt step runs eagerly, its host launching each
-    layer's kernels one by one for longer than a small model's GPU takes to run them, and its worker's loop takes no
-    message meanwhile."""
-    return [n for n in token_buckets(max_num_batched_tokens) if max_tokens is None or n <= max_tokens]
+    up to `max_tokens` (None: DEFAULT_MAX_TOKENS)."""
+    limit = DEFAULT_MAX_TOKENS if max_tokens is None else max_tokens
+    return [n for n in token_buckets(max_num_batched_tokens) if n <= limit]
 
 
 class PrefillGraphRunner:
