@@ -90,8 +90,7 @@ def load_pauses(folder: Path) -> list[dict]:
 def pause_report(point: list[dict], pauses: list[dict]) -> str | None:
     """The point's pauses of the workers' own processes, by kind (count and longest), and its KV sends' own time
     (`kv_sent`'s `send_us`, p99 and longest), where any were marked."""
-    first = min(e["t"] for r in point for e in r.values())
-    last = max(e["t"] for r in point for e in r.values())
+    first, last = span(point)
     cells = []
     for kind, name in PAUSES.items():
         us = [e["us"] for e in pauses if e["event"] == kind and first <= e["t"] <= last]
@@ -101,6 +100,17 @@ def pause_report(point: list[dict], pauses: list[dict]) -> str | None:
     if sends:
         cells.append(f"kv send p99 {percentile(sends, 99) / 1e3:.2f} ms (longest {max(sends) / 1e3:.1f})")
     return "pauses: " + ", ".join(cells) if cells else None
+
+
+def span(point: list[dict]) -> tuple[float, float]:
+    """A load point's first and last event."""
+    times = [e["t"] for r in point for e in r.values()]
+    return min(times), max(times)
+
+
+def class_of(x: float, tops: tuple[int | None, ...]) -> int:
+    """The index of the first class whose upper end (None: none) is above `x`."""
+    return next(i for i, top in enumerate(tops) if top is None or x < top)
 
 
 def load_points(requests: dict[str, dict], gap: float) -> list[list[dict]]:
@@ -178,8 +188,7 @@ def decode_step_report(point: list[dict], steps: list[dict]) -> str | None:
     longest prompt of the prompt step beside them, and after a 4k+ prompt step ended (by AFTER_LONG_MS). Each class
     also has its steps' intervals (from the step before's end) over their GPU time: above 1, the GPU waited for the
     worker's host (its launch, or late launch's wait)."""
-    first = min(e["t"] for r in point for e in r.values())
-    last = max(e["t"] for r in point for e in r.values())
+    first, last = span(point)
     prompts = prefill_steps(point)
     long_ends = sorted(end for _, end, p in prompts if prompt_class(max(p)) == "4k+")
     by: dict[str, list[tuple[float, float]]] = defaultdict(list)
@@ -221,11 +230,10 @@ def mps_points(points: list[list[dict]], steps: list[dict], profile: Profile | N
     by: dict[str, dict[int, list[tuple[int, float]]]] = {"decode": defaultdict(list), "prefill": defaultdict(list)}
 
     def add(role: str, longest: int, c: float) -> None:
-        by[role][next(i for i, top in enumerate(MPS_CLASSES) if top is None or longest < top)].append((longest, c))
+        by[role][class_of(longest, MPS_CLASSES)].append((longest, c))
 
     for point in points:
-        first = min(e["t"] for r in point for e in r.values())
-        last = max(e["t"] for r in point for e in r.values())
+        first, last = span(point)
         prompts = prefill_steps(point)
         decodes = [e for e in steps if e["role"] != "prefill" and first <= e["start"] <= last]
         inside = {id(e): [p for start, end, p in prompts if start < e["t"] and e["start"] < end] for e in decodes}
@@ -263,23 +271,21 @@ def mps_rows_points(points: list[list[dict]], steps: list[dict], profile: Profil
     rows beside it; for each class of rows, (its median rows, the median factor)."""
     by_prompt: dict[int, list[tuple[float, float]]] = defaultdict(list)
     for point in points:
-        first = min(e["t"] for r in point for e in r.values())
-        last = max(e["t"] for r in point for e in r.values())
+        first, last = span(point)
         decodes = [e for e in steps if e["role"] != "prefill" and first <= e["start"] <= last and e.get("seqs", 0)]
         for start, end, p in prefill_steps(point):
             time_alone, floor = profile.prompt_step(sum(p), [(n, 0) for n in p])
             rows = decode_rows(start, end, decodes)
             if end - start > floor and time_alone > floor and rows > 0:
                 c = (end - start - floor) / (time_alone - floor) - 1
-                by_prompt[next(i for i, top in enumerate(MPS_CLASSES) if top is None or max(p) < top)].append((rows, c))
+                by_prompt[class_of(max(p), MPS_CLASSES)].append((rows, c))
     by_rows: dict[int, list[tuple[float, float]]] = defaultdict(list)
     for cell in by_prompt.values():
         base = [c for rows, c in cell if rows < ROWS_BASE]
         if len(base) < MPS_MIN_STEPS or statistics.median(base) <= 0:
             continue
         for rows, c in cell:
-            by_rows[next(i for i, top in enumerate(ROWS_CLASSES) if top is None or rows < top)].append(
-                (rows, c / statistics.median(base)))
+            by_rows[class_of(rows, ROWS_CLASSES)].append((rows, c / statistics.median(base)))
     return [[round(statistics.median(r for r, _ in cell)), round(statistics.median(f for _, f in cell), 3)]
             for _, cell in sorted(by_rows.items()) if len(cell) >= MPS_MIN_STEPS]
 
