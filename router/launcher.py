@@ -7,11 +7,13 @@ import logging
 import os
 import signal
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
 from common import faults
 from common.config import ConfigError, EngineConfig
+from common.startup import Startup
 from common.worker.config import WorkerConfig
 from kvtransfer.choice import available_transports
 from kvtransfer.errors import TransferError
@@ -59,6 +61,7 @@ class WorkerActor:
     def __init__(self, role: str, config: WorkerConfig, engine_config: EngineConfig):
         import ray
 
+        self.began = time.time()  # the launcher counts its wait for the actor's process up to here
         logging.basicConfig(stream=sys.stderr, level=logging.INFO,
                             format=f"%(asctime)s %(levelname)s {config.worker_id}: %(message)s")
         config.node_id = ray.get_runtime_context().get_node_id()  # its Ray node's: pairs across nodes see it
@@ -68,16 +71,22 @@ class WorkerActor:
         if gpu_ids and os.environ.get(NOSET_CUDA_VISIBLE_DEVICES) == "1":
             see_node_gpus(gpu_ids)
         config.device_index = int(gpu_ids[0]) if gpu_ids else 0
-        self.worker, self.refusal = None, None
+        self.worker, self.refusal, self.startup = None, None, Startup()
         try:
-            self.worker = worker_class(role)(config, engine_config)
+            with self.startup.timed("imports"):
+                cls = worker_class(role)
+            start = time.monotonic()
+            self.worker = cls(config, engine_config)
+            self.startup.extend(self.worker.engine.startup)
+            self.startup.add("worker", time.monotonic() - start - self.worker.engine.startup.seconds)
         except ConfigError as e:  # raised by `ready`: Ray keeps a task's exception, and logs no traceback for it
             self.refusal = e
 
-    def ready(self) -> str:
+    def ready(self) -> tuple[float, Startup]:
+        """When this actor began (wall clock), and how long each part of its start took since."""
         if self.refusal is not None:
             raise self.refusal
-        return self.worker.config.worker_id
+        return self.began, self.startup
 
     def run(self) -> None:
         self.ready()
@@ -247,7 +256,7 @@ class Cluster:
 
         s, e = self.serve_config, self.engine_config
         gpus = s.gpus_per_worker * e.tensor_parallel_size if e.device == "cuda" else 0
-        actors = {}
+        actors, launched = {}, time.time()
         for worker_id, role, engine_config in plan:
             config = WorkerConfig(worker_id=worker_id, router_address=self.router.worker_address,
                                   host=self.router_config.worker_host, kv_transports=self.kv_transports,
@@ -261,34 +270,34 @@ class Cluster:
             ).remote(role, config, engine_config)
         self.actors.update(actors)
         try:
-            ids = self._loaded(actors, {worker_id: role for worker_id, role, _ in plan})
+            ids = self._loaded(actors, {worker_id: role for worker_id, role, _ in plan}, launched)
         except ray.exceptions.GetTimeoutError:
             raise RuntimeError(f"{', '.join(actors)} did not load within {s.startup_timeout:g} s: does some node "
                                f"have the resources they ask for ({plan[0][1]}: {s.resources(plan[0][1]) or 'none'}"
                                f", {gpus:g} GPUs, 1 CPU)?") from None
-        log.info("workers loaded: %s", ", ".join(ids))
         self.runs.update({wid: a.run.remote() for wid, a in actors.items()})
         return ids
 
-    def _loaded(self, actors: dict[str, Any], roles: dict[str, str]) -> list[str]:
-        """Waits for `actors` to load; their ids. Where one does not load in time, fails, or refuses to start (its
-        ConfigError, then one line naming it), every one of them is killed first."""
-        import time
-
+    def _loaded(self, actors: dict[str, Any], roles: dict[str, str], launched: float) -> list[str]:
+        """Waits for `actors` (asked for at `launched`, wall clock) to load, logging how long each took; their ids.
+        Where one does not load in time, fails, or refuses to start (its ConfigError, one line), all are killed."""
         import ray
 
         deadline = time.monotonic() + self.serve_config.startup_timeout
         ready = {worker_id: actor.ready.remote() for worker_id, actor in actors.items()}
         try:
-            ids = []
             for worker_id, ref in ready.items():
                 try:
-                    ids.append(ray.get(ref, timeout=max(0.0, deadline - time.monotonic())))
+                    began, startup = ray.get(ref, timeout=max(0.0, deadline - time.monotonic()))
                 except ray.exceptions.RayTaskError as e:
                     if isinstance(e.cause, ConfigError):
                         raise ConfigError(f"{roles[worker_id]} worker {worker_id}: {e.cause}") from None
                     raise
-            return ids
+                shown = Startup()
+                shown.add("Ray actor", began - launched)  # Ray starting its process
+                shown.extend(startup)
+                log.info("%s (%s) ready in %s", worker_id, roles[worker_id], shown.summary())
+            return list(ready)
         except BaseException:
             for worker_id, actor in actors.items():
                 ray.kill(actor)
@@ -315,22 +324,26 @@ class Cluster:
         await asyncio.get_running_loop().run_in_executor(None, self.remove_worker, worker_id)
 
     async def serve(self, stop: asyncio.Event) -> None:
-        loop = asyncio.get_running_loop()
-        self.router = Router(self.router_config)
-        self.router.scaling.scaler = self
-        http = self.http_server()
+        loop, startup = asyncio.get_running_loop(), Startup()
+        with startup.timed("router"):
+            self.router = Router(self.router_config)
+            self.router.scaling.scaler = self
+            http = self.http_server()
         why = "stopped"
         try:
             if http is not None:  # answers (503 on /health, `unavailable` on requests) while the workers load
                 await http.start()
-            self.start_ray()
+            with startup.timed("Ray"):
+                self.start_ray()
             # After ray.init, which installs a SIGTERM handler of its own that aborts the process.
             for sig in (signal.SIGINT, signal.SIGTERM):
                 loop.add_signal_handler(sig, stop.set)
-            if not await self._start_workers_unless(stop):
-                why = "interrupted while the workers were starting"
-                return
-            log.info("serving on %s (%s mode)", self.router_config.bind, self.router_config.mode)
+            with startup.timed("workers"):
+                if not await self._start_workers_unless(stop):
+                    why = "interrupted while the workers were starting"
+                    return
+            log.info("serving on %s (%s mode), ready in %s", self.router_config.bind, self.router_config.mode,
+                     startup.summary())
             await self.router.serve(stop)
             why = "asked to stop"
         except BaseException as exc:

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import time
 
 import msgpack
@@ -68,6 +69,25 @@ def test_greedy_output_equals_offline_generate(case, cluster, expected):
             assert g.timings.queued <= g.timings.reserved < g.timings.ttft
         else:
             assert g.timings.reserved is None
+
+
+def test_the_log_says_how_long_each_worker_and_the_whole_start_took(case, cluster):
+    text = cluster.log_path.read_text(errors="replace")
+    seconds = r"(\d+\.\d) s"
+    workers = re.findall(rf"(\w+) \((\w+)\) ready in {seconds} \(([^)]*)\)", text)
+    roles = {"disagg": [("p0", "prefill"), ("d0", "decode")], "colocated": [("c0", "colocated")]}[case[1]]
+    assert [(w, role) for w, role, _, _ in workers] == roles, text
+    serving = re.search(rf"serving on \S+ \({case[1]} mode\), ready in {seconds} \(router {seconds}, Ray {seconds}, "
+                        rf"workers {seconds}\)", text)
+    assert serving, text
+    total, *parts = map(float, serving.groups())
+    assert sum(parts) == pytest.approx(total, abs=0.2)
+    for _, _, took, phases in workers:
+        named = dict((name, float(s)) for name, s in re.findall(rf"([\w -]+?) {seconds}(?:, |$)", phases))
+        # On a CPU: no CUDA graphs and no kernel warm-up; each worker loads within the launcher's wait for them all.
+        assert list(named) == ["Ray actor", "imports", "model", "KV pool", "worker"], phases
+        assert sum(named.values()) == pytest.approx(float(took), abs=0.3)
+        assert float(took) <= parts[2] + 0.1
 
 
 def test_streamed_deltas_arrive_in_order_and_join_to_the_result(cluster, expected):

@@ -100,8 +100,10 @@ class LLMEngine:
         self.clock = LaunchClock(contended=mps_client())
         self._last_step_end: float | None = None  # when the last busy step ended; None after an idle one
         self.warmup: WarmupReport | None = None
+        self.startup = self.runner.startup  # how long each part of starting took (common/startup.py)
         if config.device == "cuda" and config.warmup:
-            self.warmup = warm_up(self)
+            with self.startup.timed("warm-up"):
+                self.warmup = warm_up(self)
 
     def reset_after_warmup(self) -> None:
         """Leaves no trace of warm-up requests: no cached prefix, no step in the totals."""

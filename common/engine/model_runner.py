@@ -28,6 +28,7 @@ from common.engine.step_inputs import (HEADER_SIZE, STOP, PackedStep, StepHeader
 from common.engine.step_sizes import padded_tokens
 from common.engine.upload import upload
 from common.protocol import KVLayout
+from common.startup import Startup
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +43,22 @@ class ModelRunner:
     def __init__(self, config: EngineConfig, rank: int = 0, init_method: str | None = None):
         self.config = config
         self.rank, self.world = rank, config.tensor_parallel_size
+        self.graphs: GraphRunner | None = None  # decode steps'
+        self.sampler_graphs: SamplerGraphs | None = None  # decode steps' LM head and one-pass sampler
+        self.prefill_graphs: PrefillGraphRunner | None = None  # prompt steps'
+        self._launches = 0
+        self._last_tokens: torch.Tensor | None = None
+        self.startup = Startup()
+        with self.startup.timed("model"):
+            self._load_model(init_method)
+        with self.startup.timed("KV pool"):
+            self._make_kv_pool()
+        if config.device == "cuda" and not config.enforce_eager and self.backend.supports_graphs:
+            self._capture_graphs()
+
+    def _load_model(self, init_method: str | None) -> None:
+        """The device, the tensor-parallel group, the model with its weights and its attention backend."""
+        config, rank = self.config, self.rank
         mc = config.model_config
         if config.device == "cuda":
             self.device = torch.device("cuda", rank)
@@ -71,36 +88,36 @@ class ModelRunner:
         self.backend = create_backend(config.attention_backend, self.device, attn_layers[0].num_kv_heads)
         for layer in attn_layers:
             layer.backend = self.backend
-        self.graphs: GraphRunner | None = None  # decode steps'
-        self.sampler_graphs: SamplerGraphs | None = None  # decode steps' LM head and one-pass sampler
-        self.prefill_graphs: PrefillGraphRunner | None = None  # prompt steps'
         self.pads_steps = self.device.type == "cuda"  # steps with prefills run at a padded token count (_pad)
-        self._launches = 0
-        self._last_tokens: torch.Tensor | None = None
         self._copy_stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
+
+    def _make_kv_pool(self) -> None:
+        """As many KV blocks as the memory left for them holds (`_num_kv_blocks`), each layer given its caches."""
+        config, attn_layers = self.config, self.model.attention_layers()
+        mc = config.model_config
         self.layout = KVLayout(block_size=config.block_size, num_layers=mc.num_layers,
                                num_kv_heads=attn_layers[0].num_kv_heads, head_dim=mc.head_dim, dtype=config.dtype_name)
         self.kv_pool = KVPool(self.layout, self._num_kv_blocks(), self.device)
         for i, layer in enumerate(attn_layers):
             layer.k_cache, layer.v_cache = self.kv_pool.k_cache(i), self.kv_pool.v_cache(i)
-        if config.device == "cuda" and not config.enforce_eager and self.backend.supports_graphs:
-            self._capture_graphs()
 
     def _capture_graphs(self) -> None:
         cfg = self.config
         max_len = min(cfg.max_model_len, self.num_blocks * cfg.block_size)
         max_bs = cfg.max_num_seqs if cfg.cuda_graph_max_bs is None else min(cfg.max_num_seqs, cfg.cuda_graph_max_bs)
         if max_bs:
-            self.graphs = GraphRunner(self.model, self.backend, max_bs, max_len, cfg.block_size,
-                                      cfg.model_config.hidden_size, self.dtype, self.device)
-            self.graphs.capture()
-            self._capture_sampler_graphs()
+            with self.startup.timed("decode graphs"):
+                self.graphs = GraphRunner(self.model, self.backend, max_bs, max_len, cfg.block_size,
+                                          cfg.model_config.hidden_size, self.dtype, self.device)
+                self.graphs.capture()
+                self._capture_sampler_graphs()
         sizes = prefill_graph_sizes(cfg.max_num_batched_tokens, cfg.prefill_graph_max_tokens)
         if sizes and self.backend.supports_prefill_graphs(self.dtype):
-            self.prefill_graphs = PrefillGraphRunner(
-                self.model, sizes, min(MAX_SEQS, cfg.max_num_seqs), block_table_width(max_len, cfg.block_size),
-                max_len, cfg.model_config.hidden_size, self.dtype, self.device)
-            self.prefill_graphs.capture()
+            with self.startup.timed("prompt graphs"):
+                self.prefill_graphs = PrefillGraphRunner(
+                    self.model, sizes, min(MAX_SEQS, cfg.max_num_seqs), block_table_width(max_len, cfg.block_size),
+                    max_len, cfg.model_config.hidden_size, self.dtype, self.device)
+                self.prefill_graphs.capture()
 
     def _capture_sampler_graphs(self) -> None:
         """One rank only: with tensor parallelism the LM head gathers the vocabulary across ranks, and the other
