@@ -5,11 +5,14 @@ Tensor-free: the router tokenizes with it and never loads torch.
 from __future__ import annotations
 
 import functools
+import threading
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Annotated, Any
 
 import msgspec
 
+from common.config import ConfigError
 from common.sampling_params import InvalidRequest
 
 
@@ -19,18 +22,45 @@ _NO_LIMIT = 1 << 62
 def load_tokenizer(model: str | Path) -> Any:
     """The checkpoint's tokenizer. A `tokenizer.json` loads as a fast tokenizer without torch (transformers'
     auto classes import it); a checkpoint with only a slow tokenizer goes through AutoTokenizer."""
-    if (Path(model) / "tokenizer.json").is_file():
-        from transformers import PreTrainedTokenizerFast
+    try:
+        if (Path(model) / "tokenizer.json").is_file():
+            from transformers import PreTrainedTokenizerFast
 
-        tokenizer = PreTrainedTokenizerFast.from_pretrained(str(model))
-    else:
-        from transformers import AutoTokenizer
+            tokenizer = PreTrainedTokenizerFast.from_pretrained(str(model))
+        else:
+            from transformers import AutoTokenizer
 
-        tokenizer = AutoTokenizer.from_pretrained(str(model))
+            tokenizer = AutoTokenizer.from_pretrained(str(model))
+    except (OSError, ValueError) as e:  # missing or unreadable files, a malformed tokenizer.json
+        raise ConfigError(f"tokenizer: cannot load {model}'s tokenizer: {e}") from None
     # A prompt's length is the engine's rule (check_prompt, max_model_len), not the tokenizer's hint, which only
     # warned on every long prompt.
     tokenizer.model_max_length = _NO_LIMIT
     return tokenizer
+
+
+def tokenizer_loading(model: str | Path) -> Future:
+    """`load_tokenizer` on a thread of its own, for a caller with other slow work to do meanwhile (`serve` starts
+    Ray): the tokenizer, or what stopped it, once the future is done. A daemon thread: a process that fails first
+    does not wait for it. A malformed `tokenizer.json` is refused here, before the thread: the Rust tokenizer reads
+    it in a fraction of a second, while the load's imports take seconds."""
+    if (path := Path(model) / "tokenizer.json").is_file():
+        from tokenizers import Tokenizer
+
+        try:
+            Tokenizer.from_file(str(path))
+        except Exception as e:  # the Rust tokenizer's own errors derive from Exception alone
+            raise ConfigError(f"tokenizer: cannot load {model}'s tokenizer: {e}") from None
+    future: Future = Future()
+
+    def load() -> None:
+        try:
+            future.set_result(load_tokenizer(model))
+        except BaseException as e:
+            future.set_exception(e)
+
+    threading.Thread(target=load, name="tokenizer", daemon=True).start()
+    return future
 
 
 def encode_prompt(tokenizer: Any, prompt: str, chat: bool = False) -> list[int]:

@@ -3,6 +3,7 @@ queue of requests waiting for workers, with the overload answers that keep it bo
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from typing import Any
 
 from common import protocol as P
@@ -53,7 +54,9 @@ class WaitQueue:
 
 
 class Admission:
-    def __init__(self, config: RouterConfig, registry: WorkerRegistry, placement: Placement, tokenizer: Any):
+    def __init__(self, config: RouterConfig, registry: WorkerRegistry, placement: Placement,
+                 tokenizer: Callable[[], Any] | None):
+        # `tokenizer` gives the tokenizer when a prompt's text needs it (the router's may still be loading at start)
         self.config, self.registry, self.placement, self.tokenizer = config, registry, placement, tokenizer
         self.queue = WaitQueue()
 
@@ -67,7 +70,7 @@ class Admission:
         if len(self.queue) >= cfg.max_queued_requests:
             raise Refused(P.OVERLOADED, f"{len(self.queue)} requests are queued", cfg.retry_after)
         try:
-            ids = msg.token_ids if msg.token_ids is not None else encode_prompt(self.tokenizer, msg.prompt, msg.chat)
+            ids = msg.token_ids if msg.token_ids is not None else encode_prompt(self.tokenizer(), msg.prompt, msg.chat)
             self.check(ids, *limits)
         except InvalidRequest as e:
             raise Refused(P.BAD_REQUEST, str(e)) from None

@@ -6,13 +6,13 @@ import dataclasses
 import logging
 import os
 import signal
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
 from common import faults
 from common.config import ConfigError, EngineConfig
+from common.prompt import tokenizer_loading
 from common.startup import Startup
 from common.worker.config import WorkerConfig
 from kvtransfer.choice import available_transports
@@ -22,14 +22,13 @@ from router.http.server import HttpServer
 from router.mps import MpsServer, parse_shares
 from router.router import Router
 from router.serve_config import ROLES, ServeConfig
+from router.text import RouterText
+from router.worker_actor import NOSET_CUDA_VISIBLE_DEVICES, WILDCARDS, WorkerActor
 
 log = logging.getLogger(__name__)
 
 ID_PREFIX = {"prefill": "p", "decode": "d", "colocated": "c"}
-WILDCARDS = ("0.0.0.0", "*", "::", "[::]")
 REPO_ROOT = str(Path(__file__).resolve().parent.parent)
-# Set for the workers when they should see their node's GPUs: Ray then leaves CUDA_VISIBLE_DEVICES to us.
-NOSET_CUDA_VISIBLE_DEVICES = "RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES"
 GPU_VISIBILITY = ("node", "own")
 
 
@@ -45,84 +44,6 @@ def nodes_out_of_reach(worker_host: str, here: str, nodes: list[dict], needs: li
     fits = [n for n in nodes if n.get("Alive") and n.get("NodeManagerAddress") != here and any(
         all(n.get("Resources", {}).get(name, 0) >= amount for name, amount in need.items()) for need in needs)]
     return sorted({n["NodeManagerAddress"] for n in fits})
-
-
-def own_gpus_first(assigned: list[str], node_visible: str | None, node_gpus: int) -> str:
-    """CUDA_VISIBLE_DEVICES for a worker that sees its node's GPUs: its own first, so that cuda:0 .. cuda:N-1
-    are still the GPUs Ray gave it (the engine's ranks use cuda:rank), then the node's others."""
-    node = [g.strip() for g in node_visible.split(",") if g.strip()] if node_visible else [
-        str(i) for i in range(node_gpus)]
-    return ",".join(assigned + [g for g in node if g not in assigned])
-
-
-class WorkerActor:
-    """The Ray actor around one worker. `run` blocks in the actor's main thread until the worker stops."""
-
-    def __init__(self, role: str, config: WorkerConfig, engine_config: EngineConfig):
-        import ray
-
-        self.began = time.time()  # the launcher counts its wait for the actor's process up to here
-        logging.basicConfig(stream=sys.stderr, level=logging.INFO,
-                            format=f"%(asctime)s %(levelname)s {config.worker_id}: %(message)s")
-        config.node_id = ray.get_runtime_context().get_node_id()  # its Ray node's: pairs across nodes see it
-        if config.host in WILDCARDS:  # peers on other nodes reach this worker on its node's address
-            config.host = ray.util.get_node_ip_address()
-        gpu_ids = [str(g) for g in ray.get_gpu_ids()]
-        if gpu_ids and os.environ.get(NOSET_CUDA_VISIBLE_DEVICES) == "1":
-            see_node_gpus(gpu_ids)
-        config.device_index = int(gpu_ids[0]) if gpu_ids else 0
-        self.worker, self.refusal, self.startup = None, None, Startup()
-        try:
-            with self.startup.timed("imports"):
-                cls = worker_class(role)
-            start = time.monotonic()
-            self.worker = cls(config, engine_config)
-            self.startup.extend(self.worker.engine.startup)
-            self.startup.add("worker", time.monotonic() - start - self.worker.engine.startup.seconds)
-        except ConfigError as e:  # raised by `ready`: Ray keeps a task's exception, and logs no traceback for it
-            self.refusal = e
-
-    def ready(self) -> tuple[float, Startup]:
-        """When this actor began (wall clock), and how long each part of its start took since."""
-        if self.refusal is not None:
-            raise self.refusal
-        return self.began, self.startup
-
-    def run(self) -> None:
-        self.ready()
-        self.worker.run()
-
-    def stop(self) -> None:
-        if self.worker is not None:
-            self.worker.stop()
-
-
-def worker_class(role: str) -> type:
-    """The worker of `role`, imported in the actor's process: the engine (torch) never loads in the router's."""
-    if role == "prefill":
-        from prefill_worker.worker import PrefillWorker
-
-        return PrefillWorker
-    if role == "decode":
-        from decode_worker.worker import DecodeWorker
-
-        return DecodeWorker
-    from common.worker.runtime import ColocatedWorker
-
-    return ColocatedWorker
-
-
-def see_node_gpus(assigned: list[str]) -> None:
-    """Before CUDA starts in this process: show it the node's GPUs, its own first."""
-    import torch
-
-    if torch.cuda.is_initialized():
-        log.warning("CUDA already started: this worker sees only CUDA_VISIBLE_DEVICES=%s",
-                    os.environ.get("CUDA_VISIBLE_DEVICES"))
-        return
-    # Ray left the node's CUDA_VISIBLE_DEVICES (if any) alone; device_count reads it through NVML, uncached.
-    os.environ["CUDA_VISIBLE_DEVICES"] = own_gpus_first(
-        assigned, os.environ.get("CUDA_VISIBLE_DEVICES"), torch.cuda.device_count())
 
 
 class Cluster:
@@ -324,9 +245,11 @@ class Cluster:
         await asyncio.get_running_loop().run_in_executor(None, self.remove_worker, worker_id)
 
     async def serve(self, stop: asyncio.Event) -> None:
+        import ray  # noqa: F401  (before the tokenizer's thread: two threads importing at once may deadlock)
+
         loop, startup = asyncio.get_running_loop(), Startup()
-        with startup.timed("router"):
-            self.router = Router(self.router_config)
+        with startup.timed("router"):  # its tokenizer loads on a thread of its own while Ray starts
+            self.router = Router(self.router_config, RouterText(tokenizer_loading(self.router_config.model)))
             self.router.scaling.scaler = self
             http = self.http_server()
         why = "stopped"
@@ -335,6 +258,8 @@ class Cluster:
                 await http.start()
             with startup.timed("Ray"):
                 self.start_ray()
+            with startup.timed("tokenizer"):  # the rest of its load, if Ray was quicker; or why it failed
+                self.router.text.tokenizer
             # After ray.init, which installs a SIGTERM handler of its own that aborts the process.
             for sig in (signal.SIGINT, signal.SIGTERM):
                 loop.add_signal_handler(sig, stop.set)

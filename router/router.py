@@ -19,12 +19,10 @@ import zmq.asyncio
 
 from common import auth
 from common import protocol as P
-from common.prompt import load_tokenizer
 from common.stalls import Stalls, startup_heap_frozen
 from kvtransfer.errors import TransferError
 from router.admission import Admission, Refused, WaitQueue
 from router.config import RouterConfig
-from router.detokenizer import IncrementalDetokenizer, text_of
 from router.disagg_policy import DisaggPolicy
 from router.dispatch import Dispatcher
 from router.links import KVLinks
@@ -35,7 +33,7 @@ from router.request import Phase, Request
 from router.request_table import RequestTable
 from router.scaling import Scaling
 from router.sockets import bind_router_socket, bind_worker_socket, receive_forever
-from router.stop import CompletionText
+from router.text import RouterText
 
 log = logging.getLogger(__name__)
 
@@ -46,15 +44,15 @@ LocalSink = Callable[[P.Message], None]
 
 
 class Router:
-    def __init__(self, config: RouterConfig):
+    def __init__(self, config: RouterConfig, text: RouterText | None = None):
+        """`text`: its tokenizer perhaps still loading (`serve` starts Ray meanwhile); by default loaded here."""
         config.check()
         # Before anything slow: serving another machine without a secret is refused outright.
         self.auth_token = auth.load_token(config.auth_token_file)
         auth.require_token_for([config.bind, config.worker_host, *config.http_addresses()], self.auth_token)
         keys = auth.keys_from_token(self.auth_token) if self.auth_token else None
         self.config = config
-        self.tokenizer = load_tokenizer(config.model)
-        self.text_of = text_of(self.tokenizer)  # token ids -> text, as the tokenizer decodes them
+        self.text = text or RouterText.load(config.model)
         self.ctx = zmq.asyncio.Context()
         self._authenticator = auth.start_authenticator(self.ctx, keys) if keys else None
         self.frontend = bind_router_socket(self.ctx, config.bind, keys)
@@ -62,7 +60,7 @@ class Router:
         self.registry = WorkerRegistry(config.max_worker_requests)
         self.placement = Placement(self.registry, config.kv_transport, config.placement)
         self.disagg = DisaggPolicy(config.disagg_policy, config.local_prefill_chunk)
-        self.admission = Admission(config, self.registry, self.placement, self.tokenizer)
+        self.admission = Admission(config, self.registry, self.placement, lambda: self.text.tokenizer)
         self.dispatcher = Dispatcher(config.mode, self.placement, self.disagg,
                                      lambda worker, msg: self.to_worker(worker, msg))
         self.scaling = Scaling(config, self.registry, self.on_worker_lost)
@@ -157,7 +155,7 @@ class Router:
                                                    retry_after=e.retry_after))
             return
         req = Request(self.requests.new_rid(), identity, msg.request_id, ids, msg.sampling, msg.stream,
-                      self._text(msg.stop), may_migrate=msg.migrate)
+                      self.text.completion(msg.stop), may_migrate=msg.migrate)
         self.requests.add(req)
         self.queue.push(req)
         await self.dispatch()
@@ -317,7 +315,7 @@ class Router:
 
     async def restart(self, req: Request) -> None:
         """Start a request over under a new id (late messages about the old attempt are then ignored)."""
-        await self._again(req, lambda rid: req.restart(rid, self._text(req.detok.stops)))
+        await self._again(req, lambda rid: req.restart(rid, self.text.completion(req.detok.stops)))
 
     async def migrate(self, req: Request) -> None:
         """Continue a streamed request elsewhere under a new id: its prompt and the tokens the client has are
@@ -344,7 +342,7 @@ class Router:
                                                          index=len(req.token_ids)))
             text = req.detok.text
         else:
-            text = self.text_of(req.token_ids)
+            text = self.text.decode(req.token_ids)
         timings, usage = req.timings(time.monotonic()), req.usage()
         self.metrics.finished(reason, usage, timings)
         self.prompt_tokens += usage.prompt_tokens
@@ -381,9 +379,6 @@ class Router:
         return P.Stats(uptime=time.monotonic() - self.started, requests_in_flight=len(self.requests),
                        queued_requests=len(self.queue), workers=[w.stats() for w in self.registry.workers.values()],
                        totals=totals, kv_links_opening=self.links.still_opening())
-
-    def _text(self, stops: list[str]) -> CompletionText:
-        return CompletionText(IncrementalDetokenizer(self.tokenizer, self.text_of), stops)
 
     async def to_client(self, identity: bytes, msg: P.Message) -> None:
         sink = self.local_clients.get(identity)

@@ -52,6 +52,18 @@ def test_a_model_folder_without_weights_is_one_line_before_ray_starts(no_weights
                                                          "--prompt", "hi"))
 
 
+def test_a_malformed_tokenizer_is_one_line_naming_it_before_ray_starts(tiny_qwen3_dir, tmp_path):
+    for f in tiny_qwen3_dir.iterdir():
+        (tmp_path / f.name).write_bytes(f.read_bytes())
+    (tmp_path / "tokenizer.json").write_text("{not json")
+    start = time.monotonic()
+    proc = pdcluster("serve", "--model", str(tmp_path), "--device", "cpu", "--bind", f"tcp://127.0.0.1:{free_port()}")
+    assert f"tokenizer: cannot load {tmp_path}'s tokenizer" in one_error_line(proc)
+    assert time.monotonic() - start < 30 and "ray" not in proc.stderr.lower()
+    proc = pdcluster("generate", "--model", str(tmp_path), "--device", "cpu", "--prompt", "hi")
+    assert f"tokenizer: cannot load {tmp_path}'s tokenizer" in one_error_line(proc)
+
+
 def test_a_port_in_use_is_one_line(tiny_qwen3_dir):
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))

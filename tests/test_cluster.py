@@ -78,16 +78,16 @@ def test_the_log_says_how_long_each_worker_and_the_whole_start_took(case, cluste
     roles = {"disagg": [("p0", "prefill"), ("d0", "decode")], "colocated": [("c0", "colocated")]}[case[1]]
     assert [(w, role) for w, role, _, _ in workers] == roles, text
     serving = re.search(rf"serving on \S+ \({case[1]} mode\), ready in {seconds} \(router {seconds}, Ray {seconds}, "
-                        rf"workers {seconds}\)", text)
+                        rf"tokenizer {seconds}, workers {seconds}\)", text)
     assert serving, text
     total, *parts = map(float, serving.groups())
-    assert sum(parts) == pytest.approx(total, abs=0.2)
+    assert sum(parts) == pytest.approx(total, abs=0.25)
     for _, _, took, phases in workers:
         named = dict((name, float(s)) for name, s in re.findall(rf"([\w -]+?) {seconds}(?:, |$)", phases))
         # On a CPU: no CUDA graphs and no kernel warm-up; each worker loads within the launcher's wait for them all.
         assert list(named) == ["Ray actor", "imports", "model", "KV pool", "worker"], phases
         assert sum(named.values()) == pytest.approx(float(took), abs=0.3)
-        assert float(took) <= parts[2] + 0.1
+        assert float(took) <= parts[3] + 0.1
 
 
 def test_streamed_deltas_arrive_in_order_and_join_to_the_result(cluster, expected):

@@ -7,7 +7,8 @@ import pytest
 
 from common.config import ConfigError
 from router.config import RouterConfig
-from router.launcher import Cluster, ServeConfig, own_gpus_first
+from router.launcher import Cluster, ServeConfig
+from router.worker_actor import own_gpus_first
 
 
 @pytest.mark.parametrize("assigned, node, count, expected", [
@@ -33,7 +34,7 @@ def test_unknown_gpu_visibility_is_a_usage_error():
 def test_ray_leaves_cuda_visible_devices_to_workers_only_for_node_visibility(tiny_qwen3_dir, visibility, device,
                                                                              noset):
     from common.config import EngineConfig
-    from router.launcher import NOSET_CUDA_VISIBLE_DEVICES
+    from router.worker_actor import NOSET_CUDA_VISIBLE_DEVICES
 
     engine = EngineConfig(model=str(tiny_qwen3_dir), device=device)
     env = Cluster(ServeConfig(gpu_visibility=visibility), RouterConfig(model="unused"), engine).worker_env("prefill")
@@ -74,7 +75,7 @@ def test_a_worker_shown_its_node_sees_its_own_gpus_first_unless_cuda_started(mon
 
     import torch
 
-    from router.launcher import see_node_gpus
+    from router.worker_actor import see_node_gpus
 
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)

@@ -16,9 +16,7 @@ import zmq.asyncio
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import router.router as router_module
 from common import protocol as P
-from common.prompt import load_tokenizer
 from common.sampling_params import SamplingParams
 from router.admission import WaitQueue
 from router.client.results import readiness_problem
@@ -26,6 +24,7 @@ from router.config import RouterConfig
 from router.request import Request
 from router.request_table import RequestTable
 from router.router import Router
+from router.text import RouterText
 from tests.cluster_harness import free_port
 
 BLOCK = 16
@@ -36,16 +35,11 @@ MAX_MODEL_LEN = 256
 
 @pytest.fixture(scope="module")
 def make_router(tiny_qwen3_dir):
-    tokenizer = load_tokenizer(str(tiny_qwen3_dir))
+    text = RouterText.load(str(tiny_qwen3_dir))  # one load for the whole module
     routers: list[Router] = []
 
     def make(**config) -> Router:
-        saved = router_module.load_tokenizer
-        router_module.load_tokenizer = lambda model: tokenizer  # one load for the whole module
-        try:
-            router = Router(RouterConfig(model=str(tiny_qwen3_dir), bind=f"tcp://127.0.0.1:{free_port()}", **config))
-        finally:
-            router_module.load_tokenizer = saved
+        router = Router(RouterConfig(model=str(tiny_qwen3_dir), bind=f"tcp://127.0.0.1:{free_port()}", **config), text)
         routers.append(router)
         return router
 

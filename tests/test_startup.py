@@ -2,11 +2,17 @@
 from __future__ import annotations
 
 import time
+from concurrent.futures import Future
 
 import pytest
 
 from common.engine.llm import LLM
+from common.prompt import load_tokenizer, tokenizer_loading
 from common.startup import Startup
+from router.config import RouterConfig
+from router.router import Router
+from router.text import RouterText
+from tests.cluster_harness import free_port
 
 
 def test_phases_add_up_in_the_order_they_ran():
@@ -43,3 +49,22 @@ def test_an_engine_times_loading_its_model_and_its_kv_pool(tiny_qwen3_dir):
         assert llm.engine.startup.seconds <= took
     finally:
         llm.close()
+
+
+def test_a_tokenizer_loading_on_its_thread_is_the_one_loaded_at_once(tiny_qwen3_dir):
+    pending = tokenizer_loading(tiny_qwen3_dir)
+    text, now = RouterText(pending), RouterText.load(tiny_qwen3_dir)
+    ids = now.tokenizer.encode("The capital of France is")
+    assert text.tokenizer.encode("The capital of France is") == ids and pending.done()
+    assert text.decode(ids) == now.decode(ids) == "The capital of France is"
+
+
+def test_a_router_takes_its_tokenizer_still_loading_and_waits_for_it_only_to_tokenize(tiny_qwen3_dir):
+    pending: Future = Future()
+    router = Router(RouterConfig(model=str(tiny_qwen3_dir), bind=f"tcp://127.0.0.1:{free_port()}"), RouterText(pending))
+    try:
+        assert not pending.done()  # built, its sockets bound, without the tokenizer
+        pending.set_result(load_tokenizer(tiny_qwen3_dir))
+        assert router.text.decode(router.text.tokenizer.encode("Hello")) == "Hello"
+    finally:
+        router.close()

@@ -89,7 +89,7 @@ class FrontEnd:
         req: ChatRequest = decode_body(await request.body(), ChatRequest)
         self._check_model(req.model)
         try:
-            ids = encode_chat(self.router.tokenizer, req.conversation())
+            ids = encode_chat(self.router.text.tokenizer, req.conversation())
         except InvalidRequest as e:
             raise ApiError.bad_request(e.problem, e.field) from None
         field = "max_tokens" if req.max_completion_tokens is None else "max_completion_tokens"
