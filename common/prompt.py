@@ -32,7 +32,7 @@ def load_tokenizer(model: str | Path) -> Any:
 
             tokenizer = AutoTokenizer.from_pretrained(str(model))
     except (OSError, ValueError) as e:  # missing or unreadable files, a malformed tokenizer.json
-        raise ConfigError(f"tokenizer: cannot load {model}'s tokenizer: {e}") from None
+        raise _unloadable(model, e) from None
     # A prompt's length is the engine's rule (check_prompt, max_model_len), not the tokenizer's hint, which only
     # warned on every long prompt.
     tokenizer.model_max_length = _NO_LIMIT
@@ -50,7 +50,7 @@ def tokenizer_loading(model: str | Path) -> Future:
         try:
             Tokenizer.from_file(str(path))
         except Exception as e:  # the Rust tokenizer's own errors derive from Exception alone
-            raise ConfigError(f"tokenizer: cannot load {model}'s tokenizer: {e}") from None
+            raise _unloadable(model, e) from None
     future: Future = Future()
 
     def load() -> None:
@@ -61,6 +61,10 @@ def tokenizer_loading(model: str | Path) -> Future:
 
     threading.Thread(target=load, name="tokenizer", daemon=True).start()
     return future
+
+
+def _unloadable(model: str | Path, why: Exception) -> ConfigError:
+    return ConfigError(f"tokenizer: cannot load {model}'s tokenizer: {why}")
 
 
 def encode_prompt(tokenizer: Any, prompt: str, chat: bool = False) -> list[int]:

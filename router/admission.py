@@ -3,8 +3,6 @@ queue of requests waiting for workers, with the overload answers that keep it bo
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable
-from typing import Any
 
 from common import protocol as P
 from common.prompt import check_prompt, encode_prompt
@@ -13,6 +11,7 @@ from router.config import RouterConfig
 from router.placement import Placement
 from router.registry import WorkerRegistry
 from router.request import Request
+from router.text import RouterText
 
 
 class Refused(Exception):
@@ -54,10 +53,9 @@ class WaitQueue:
 
 
 class Admission:
-    def __init__(self, config: RouterConfig, registry: WorkerRegistry, placement: Placement,
-                 tokenizer: Callable[[], Any] | None):
-        # `tokenizer` gives the tokenizer when a prompt's text needs it (the router's may still be loading at start)
-        self.config, self.registry, self.placement, self.tokenizer = config, registry, placement, tokenizer
+    def __init__(self, config: RouterConfig, registry: WorkerRegistry, placement: Placement, text: RouterText | None):
+        # `text` tokenizes a prompt given as text (its tokenizer may still be loading while the workers start)
+        self.config, self.registry, self.placement, self.text = config, registry, placement, text
         self.queue = WaitQueue()
 
     def admit(self, msg: P.Submit) -> list[int]:
@@ -70,7 +68,7 @@ class Admission:
         if len(self.queue) >= cfg.max_queued_requests:
             raise Refused(P.OVERLOADED, f"{len(self.queue)} requests are queued", cfg.retry_after)
         try:
-            ids = msg.token_ids if msg.token_ids is not None else encode_prompt(self.tokenizer(), msg.prompt, msg.chat)
+            ids = msg.token_ids if msg.token_ids is not None else encode_prompt(self.text.tokenizer, msg.prompt, msg.chat)
             self.check(ids, *limits)
         except InvalidRequest as e:
             raise Refused(P.BAD_REQUEST, str(e)) from None

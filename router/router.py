@@ -60,7 +60,7 @@ class Router:
         self.registry = WorkerRegistry(config.max_worker_requests)
         self.placement = Placement(self.registry, config.kv_transport, config.placement)
         self.disagg = DisaggPolicy(config.disagg_policy, config.local_prefill_chunk)
-        self.admission = Admission(config, self.registry, self.placement, lambda: self.text.tokenizer)
+        self.admission = Admission(config, self.registry, self.placement, self.text)
         self.dispatcher = Dispatcher(config.mode, self.placement, self.disagg,
                                      lambda worker, msg: self.to_worker(worker, msg))
         self.scaling = Scaling(config, self.registry, self.on_worker_lost)

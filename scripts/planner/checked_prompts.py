@@ -24,7 +24,7 @@ class CheckedAdmission(Admission):
 
     def __init__(self, config: RouterConfig, registry: WorkerRegistry, placement: Placement,
                  passed: dict[CheckKey, list[int]]):
-        super().__init__(config, registry, placement, tokenizer=None)
+        super().__init__(config, registry, placement, text=None)
         self.passed = passed
 
     def check(self, ids: list[int], max_model_len: int, vocab_size: int) -> None:
