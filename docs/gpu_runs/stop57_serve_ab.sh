@@ -10,7 +10,7 @@ export TRITON_CACHE_DIR=/tmp/tc_serve57ab
 start() {  # TREE LABEL
   local log=/tmp/serve-$2.log t0=$(date +%s.%N)
   (cd $1 && PYTHONPATH=$DEPS:$PWD timeout 80 python -m scripts.cli serve --model /tmp/q06 --device cuda \
-    --gpus-per-worker 0.5 --mode colocated --workers 2 --bind tcp://127.0.0.1:57$RANDOM > $log 2>&1) &
+    --gpus-per-worker 0.5 --mode colocated --workers 2 --bind tcp://127.0.0.1:$((20000 + RANDOM % 20000)) > $log 2>&1) &
   local pid=$!
   while ! grep -q "serving on" $log; do sleep 0.1; kill -0 $pid 2>/dev/null || break; done
   echo "$2: $(python -c "print(round($(date +%s.%N) - $t0, 1))") s; $(grep -o 'ready in.*' $log | tail -1)"

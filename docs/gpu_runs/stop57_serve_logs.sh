@@ -9,7 +9,7 @@ for run in colocated-cold:colocated colocated-warm:colocated disagg-warm:disagg;
   label=${run%%:*}; mode=${run##*:}
   t0=$(date +%s.%N); echo "$label started at $(date +%H:%M:%S.%N | cut -c1-12)"
   timeout 80 python -m scripts.cli serve --model /tmp/q06 --device cuda --gpus-per-worker 0.5 --mode $mode --workers 2 \
-    --bind tcp://127.0.0.1:57$RANDOM > $OUT/serve-$label.log 2>&1 &
+    --bind tcp://127.0.0.1:$((20000 + RANDOM % 20000)) > $OUT/serve-$label.log 2>&1 &
   pid=$!
   while ! grep -q "serving on" $OUT/serve-$label.log; do sleep 0.1; kill -0 $pid || break; done
   echo "$label ready after $(python -c "print(round($(date +%s.%N) - $t0, 1))") s"
