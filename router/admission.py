@@ -68,7 +68,9 @@ class Admission:
         if len(self.queue) >= cfg.max_queued_requests:
             raise Refused(P.OVERLOADED, f"{len(self.queue)} requests are queued", cfg.retry_after)
         try:
-            ids = msg.token_ids if msg.token_ids is not None else encode_prompt(self.text.tokenizer, msg.prompt, msg.chat)
+            ids = msg.token_ids
+            if ids is None:
+                ids = encode_prompt(self.text.tokenizer, msg.prompt, msg.chat)
             self.check(ids, *limits)
         except InvalidRequest as e:
             raise Refused(P.BAD_REQUEST, str(e)) from None
