@@ -8,5 +8,5 @@ gpu_tests() { timeout ${LIMIT:-560} python -m pytest -q -p no:cacheprovider -m g
 case ${STEP:-1} in
   1) gpu_tests tests/test_kvtransfer_gpu.py tests/test_multinode_gpu.py;;
   2) gpu_tests tests/test_gpu_engine.py tests/test_gpu_warmup.py;;
-  ls|ph) OUT=$OUT N=150 STEP=bench MIX=$STEP LAYOUTS="1P1D colo" bash docs/gpu_runs/splits.sh;;
+  ls|ph) mix=$STEP; OUT=$OUT N=150 STEP=bench MIX=$mix LAYOUTS="1P1D colo" bash docs/gpu_runs/splits.sh;;
 esac
