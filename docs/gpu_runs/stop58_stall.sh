@@ -6,4 +6,4 @@ KEEP=/tmp/stop58; N=${N:-1000}
 source docs/gpu_runs/one_gpu_validation.sh
 SERVE=--mps bench ph disagg $PH --rates 16,32 --unloaded-requests 0
 SERVE=--mps bench ls disagg $LS --rates 16,24 --unloaded-requests 0
-for m in ph ls; do echo "## $m"; python -m scripts.timeline $KEEP/$m-disagg-timeline 2>&1 | grep -E "^(#|point|pauses)|send" | head -20; done
+for m in ph ls; do echo "## $m"; python -m scripts.timeline $KEEP/$m-disagg-timeline 2>&1 | head -60; done
