@@ -14,6 +14,7 @@ its own GPUs, and pairs across GPUs use `nccl`).
 from __future__ import annotations
 
 import os
+import time
 import weakref
 from contextlib import nullcontext
 
@@ -84,7 +85,7 @@ class CudaIPCTransport(Transport):
         self.strategy = strategy
         # peer id -> (its descriptor, its mapped pool, the block-copy kernel into it)
         self.peers: dict[str, tuple[CudaIpcDescriptor, torch.Tensor, object]] = {}
-        self.streams: dict[torch.device, tuple[torch.cuda.Stream, torch.cuda.Event]] = {}
+        self.streams: dict[torch.device, tuple[torch.cuda.Stream, torch.cuda.Event, torch.cuda.Event]] = {}
         self._ids = torch.empty(0, dtype=torch.int64)  # pinned block ids, read by the kernel in place
         self._descriptor: CudaIpcDescriptor | None = None
 
@@ -118,8 +119,8 @@ class CudaIPCTransport(Transport):
         check_block_ids(dst_block_ids, dst_kv.shape[0], f"{peer_id}'s")
         if len(src_block_ids) != len(dst_block_ids):
             raise TransferError(f"{len(src_block_ids)} source blocks for {len(dst_block_ids)} destination blocks")
-        self.copy(src_block_ids, dst_block_ids, dst_kv, peer_id)
-        return Sent()
+        waited, copy_gpu = self.copy(src_block_ids, dst_block_ids, dst_kv, peer_id)
+        return Sent(waited=waited, copy_gpu=copy_gpu)
 
     def peer_pool(self, peer_id: str, d: CudaIpcDescriptor | None) -> torch.Tensor:
         """The peer's KV pool, mapped into this process on first use (and again if its descriptor changes)."""
@@ -151,8 +152,10 @@ class CudaIPCTransport(Transport):
         self.peers[peer_id] = (d, kv, BlockCopy(self.pool.kv, kv))
         return kv
 
-    def copy(self, src_block_ids: list[int], dst_block_ids: list[int], dst_kv: torch.Tensor, peer_id: str) -> None:
-        """src blocks of this pool -> dst blocks of `dst_kv`, on a side stream; returns when the copy is done.
+    def copy(self, src_block_ids: list[int], dst_block_ids: list[int], dst_kv: torch.Tensor,
+             peer_id: str) -> tuple[float, float]:
+        """src blocks of this pool -> dst blocks of `dst_kv`, on a side stream; returns when the copy is done, with
+        the seconds it waited for the copy and the copy's GPU time (a send that took long says which it was).
 
         Few runs of ids consecutive on both sides: one copy_ per run (copy engines, no SMs). Many: one
         block-copy kernel for all of them, on the destination's GPU, reading this pool over the link when
@@ -167,23 +170,28 @@ class CudaIPCTransport(Transport):
         runs = None if self.strategy == "kernel" else joint_runs(
             src_block_ids, dst_block_ids, None if self.strategy == "runs" else MAX_COPY_RUNS)
         if runs is not None:
-            stream, done = self._stream(src_kv.device)  # a cross-device copy_ runs on the source's current stream
-            remote, _ = self._stream(dst_kv.device)  # ... and orders the destination's current stream after it
+            stream, start, done = self._stream(src_kv.device)  # a cross-device copy_ runs on the source's stream
+            remote, _, _ = self._stream(dst_kv.device)  # ... and orders the destination's current stream after it
             with torch.cuda.stream(stream), torch.cuda.stream(remote) if remote is not stream else nullcontext():
+                start.record(stream)
                 for off, n in runs:
                     s, d = src_block_ids[off], dst_block_ids[off]
                     dst_kv[d:d + n].copy_(src_kv[s:s + n], non_blocking=True)
         else:  # on the destination's GPU (see block_copy)
-            stream, done = self._stream(dst_kv.device)
+            stream, start, done = self._stream(dst_kv.device)
             with torch.cuda.stream(stream):
+                start.record(stream)
                 self.peers[peer_id][2](*self._pinned_ids(src_block_ids, dst_block_ids))
         done.record(stream)  # an event: stream.synchronize() took 20-80 us longer a handoff (H100, A/B)
+        began = time.monotonic()
         done.synchronize()
+        return time.monotonic() - began, start.elapsed_time(done) / 1e3
 
-    def _stream(self, device: torch.device) -> tuple[torch.cuda.Stream, torch.cuda.Event]:
-        """The side stream on `device`, and the event each copy on it records."""
+    def _stream(self, device: torch.device) -> tuple[torch.cuda.Stream, torch.cuda.Event, torch.cuda.Event]:
+        """The side stream on `device`, and the events each copy on it records at its start and end."""
         if device not in self.streams:
-            self.streams[device] = (torch.cuda.Stream(device), torch.cuda.Event())
+            self.streams[device] = (torch.cuda.Stream(device), torch.cuda.Event(enable_timing=True),
+                                    torch.cuda.Event(enable_timing=True))
         return self.streams[device]
 
     def _pinned_ids(self, src: list[int], dst: list[int]) -> tuple[torch.Tensor, torch.Tensor]:

@@ -29,6 +29,9 @@ class Sent:
     payload: list = field(default_factory=list)
     nccl: NcclStream | None = None
     done: Future | None = None
+    # A direct copy's (cuda_ipc) seconds: `send`'s wait for it, and its GPU time; the rest of a send is host work
+    waited: float = 0.0
+    copy_gpu: float = 0.0
 
 
 class Transport(ABC):

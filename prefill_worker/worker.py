@@ -98,6 +98,7 @@ class PrefillWorker(KVWorker):
         fault = next((f for f in ("kv_send_error", "kv_drop", "kv_corrupt")
                       if self.faults.claim(f, [seq.token_ids], self.config.worker_id)), None)
         h.sent_at = began = time.monotonic()
+        cpu = time.thread_time()
         h.sent_bytes = len(task.dst_block_ids) * self.engine.runner.kv_pool.layout.block_bytes
         try:
             if fault == "kv_send_error":
@@ -113,7 +114,9 @@ class PrefillWorker(KVWorker):
                                  reply_to=self.kv.address, cached_tokens=seq.num_cached_tokens, nccl=sent.nccl)
             payload = [memoryview(b"\0")] if fault == "kv_corrupt" else sent.payload
             # before the send: the decode worker may mark its receipt first
-            self.timeline.mark(seq.request_id, "kv_sent", send_us=round((time.monotonic() - began) * 1e6))
+            self.timeline.mark(seq.request_id, "kv_sent", send_us=round((time.monotonic() - began) * 1e6),
+                               wait_us=round(sent.waited * 1e6), copy_us=round(sent.copy_gpu * 1e6),
+                               cpu_us=round((time.thread_time() - cpu) * 1e6))
             if fault != "kv_drop":  # a dropped handoff is found out by the deadlines on both sides
                 self.kv.channel.send(task.decode_kv_address, record, payload)
         except Exception as e:  # the request fails and its blocks are freed on both sides; the worker goes on

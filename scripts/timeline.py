@@ -80,6 +80,7 @@ def load_steps(folder: Path) -> list[dict]:
 
 
 PAUSES = {"gc_pause": "gc", "flush_pause": "timeline flush"}  # a worker's own pauses (common/worker/timeline.py)
+LONG_SEND_US = 20_000  # a KV send this long is broken down (its wait, its copy, its CPU), the longest three a point
 
 
 def load_pauses(folder: Path) -> list[dict]:
@@ -96,10 +97,20 @@ def pause_report(point: list[dict], pauses: list[dict]) -> str | None:
         us = [e["us"] for e in pauses if e["event"] == kind and first <= e["t"] <= last]
         if us:
             cells.append(f"{name} {len(us)} (longest {max(us) / 1e3:.1f} ms)")
-    sends = [r[("prefill", "kv_sent")]["send_us"] for r in point if "send_us" in r.get(("prefill", "kv_sent"), {})]
-    if sends:
+    marks = [r[("prefill", "kv_sent")] for r in point if "send_us" in r.get(("prefill", "kv_sent"), {})]
+    if marks:
+        sends = [m["send_us"] for m in marks]
         cells.append(f"kv send p99 {percentile(sends, 99) / 1e3:.2f} ms (longest {max(sends) / 1e3:.1f})")
+        cells += [long_send(m) for m in sorted(marks, key=lambda m: -m["send_us"])[:3] if m["send_us"] >= LONG_SEND_US]
     return "pauses: " + ", ".join(cells) if cells else None
+
+
+def long_send(mark: dict) -> str:
+    """Where a long KV send's time went, as far as its worker marked it: the wait for its copy, the copy's GPU time,
+    the sending thread's CPU time (a thread off the CPU, or waiting for the GIL, has little)."""
+    parts = [f"{name} {mark[key] / 1e3:.1f}" for key, name in
+             (("wait_us", "waited"), ("copy_us", "copy on the GPU"), ("cpu_us", "CPU")) if key in mark]
+    return f"a send of {mark['send_us'] / 1e3:.1f} ms" + (f" ({', '.join(parts)})" if parts else "")
 
 
 def span(point: list[dict]) -> tuple[float, float]:

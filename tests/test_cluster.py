@@ -202,7 +202,9 @@ def test_the_timeline_shows_each_finished_requests_path_in_order(case, cluster, 
         assert times == sorted(times), (r, path)
         if mode == "disagg":
             assert all(x >= 0 for x in parts(r).values())
-            assert r[("prefill", "kv_sent")]["send_us"] >= 0  # the transport's own part of the handoff
+            sent = r[("prefill", "kv_sent")]  # the transport's own part of the handoff, and what of it was CPU
+            assert sent["send_us"] >= 0 and 0 <= sent["cpu_us"] <= sent["send_us"] + 1_000
+            assert sent["wait_us"] == sent["copy_us"] == 0  # host: nothing to wait for
     # each worker marks its steps too: those that gave the requests their tokens
     steps = [json.loads(line) for path in cluster.timeline_dir.glob("*.jsonl")
              for line in path.read_text().splitlines() if '"event": "step"' in line]

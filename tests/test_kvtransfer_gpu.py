@@ -189,6 +189,8 @@ def run_handoffs(kind: str, src_device: str, dst_device: str) -> None:
                 if sent.done is not None:
                     sent.done.result(timeout=60)
                 assert problem == "", f"{kind} {strategy} {src_ids[:4]}... -> {dst_ids[:4]}...: {problem}"
+                if kind == "cuda_ipc":  # a direct copy times itself: on the GPU, and the send's wait for it
+                    assert 0 < sent.copy_gpu < 1 and 0 <= sent.waited < 1, (sent.copy_gpu, sent.waited)
         if kind == "nccl":  # a refused handoff is drained and the link stays aligned
             sent = sender.send("refused", "d0", peer.descriptor, [1, 2, 3], [4, 5, 6])
             assert peer.ask("discard", "refused", [], sent, None) == ""

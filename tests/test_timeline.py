@@ -211,7 +211,7 @@ def test_a_workers_own_pauses_are_marked_from_the_threshold_and_reported_by_load
     gc.collect()  # no longer watched
     tl.mark("r0", "launched", t=0.001)
     tl.mark("r0", "prefilled", t=0.002)
-    tl.mark("r0", "kv_sent", t=0.003, send_us=250_000)
+    tl.mark("r0", "kv_sent", t=0.003, send_us=250_000, wait_us=249_000, copy_us=300, cpu_us=900)
     tl.flush()  # its own pause is held for the next flush
     tl.mark("r0", "finished", t=0.004)
     tl.flush()
@@ -225,6 +225,7 @@ def test_a_workers_own_pauses_are_marked_from_the_threshold_and_reported_by_load
     report = timeline.pause_report(point, pauses)
     assert report.startswith("pauses: gc 1 (longest") and "timeline flush 1" in report
     assert "kv send p99 250.00 ms (longest 250.0)" in report
+    assert "a send of 250.0 ms (waited 249.0, copy on the GPU 0.3, CPU 0.9)" in report  # a long one, broken down
     quiet = Timeline(str(tmp_path / "q"), "p1", "prefill")  # the default threshold: a fast flush is no pause
     quiet.mark("r1", "received", t=0.0)
     quiet.flush()
