@@ -15,7 +15,8 @@ A worker also marks each of its steps, with no request: `step` (`t`: when its ba
 (since the step before ended), `gpu_us` (its batch's GPU time; 0 off CUDA) and `seqs` (the sequences given a token);
 and the pauses of its own process that hold its loop, with `us` (`t`: when the pause ended), from PAUSE_S on:
 `gc_pause`, a full collection of the garbage collector; `flush_pause`, this timeline's own write to its file.
-A prefill worker's `kv_sent` has `send_us`, the transport's part of the handoff.
+A prefill worker's `kv_sent` has `send_us`, the transport's part of the handoff; of it, `wait_us` waiting for a direct
+copy (cuda_ipc) and `copy_us` that copy's GPU time (0 for the other transports), and `cpu_us` the sending thread's CPU.
 """
 from __future__ import annotations
 
