@@ -24,9 +24,10 @@ class RouterText:
         loaded.set_result(load_tokenizer(model))
         return cls(loaded)
 
-    @property
+    @functools.cached_property
     def tokenizer(self) -> Any:
-        """Waits for it while it loads; raises what stopped it loading."""
+        """Waits for it while it loads; raises what stopped it loading. Kept once loaded: every prompt given as text
+        and every new completion reads it on the router's loop."""
         return self._tokenizer.result()
 
     @functools.cached_property

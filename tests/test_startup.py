@@ -68,3 +68,12 @@ def test_a_router_takes_its_tokenizer_still_loading_and_waits_for_it_only_to_tok
         assert router.text.decode(router.text.tokenizer.encode("Hello")) == "Hello"
     finally:
         router.close()
+
+
+def test_a_tokenizer_that_failed_to_load_says_why_at_every_read():
+    failed: Future = Future()
+    failed.set_exception(ValueError("tokenizer: cannot load it"))
+    text = RouterText(failed)
+    for _ in range(2):  # a failure is not kept as the tokenizer
+        with pytest.raises(ValueError, match="cannot load it"):
+            text.tokenizer
